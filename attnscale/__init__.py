@@ -1,0 +1,13 @@
+"""attnscale: how should dot-product attention be scaled?
+
+The library: `attention` (pure functional, with a `scale_fn`) and the registry of
+scalings in `attnscale.scalings`.
+"""
+
+from attnscale import scalings
+from attnscale.attention import attention
+from attnscale.scalings import Scaled
+from attnscale.visibility import VisibleKeys
+
+__all__ = ["attention", "scalings", "Scaled", "VisibleKeys"]
+__version__ = "0.1.0"

@@ -1,0 +1,173 @@
+"""Pure functional dot-product attention with a pluggable scaling.
+
+    z_i = c_i * sum_j p_ij v_j,   p_i = normalizer_j((q'_i . k'_j) * s_i)
+
+where (q', k', s_i, c_i) come from the scaling (`attnscale.scalings`) and only the
+keys visible to query i (mask, causality) take part. Two implementations:
+
+* "reference": plain einsums, the T x S logits materialised, softmax in float32 (or wider).
+  This is the definition.
+* the fused path (default): s_i folded into q, c_i applied to the output, and one
+  call of `jax.nn.dot_product_attention` with scale 1, so the XLA fused kernel (or
+  cuDNN flash attention on a GPU) serves every scaling.
+
+Dimension legend: B batch, T query length, S key/value length, N query heads,
+K key/value heads (K divides N: grouped-query attention), H head dim.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attnscale import scalings as scalings_lib
+from attnscale.visibility import VisibleKeys, upcast
+
+Array = jax.Array
+
+IMPLEMENTATIONS = (None, "reference", "xla", "cudnn")
+NORMALIZERS = ("softmax", "sigmoid")
+
+
+def attention(q_BTNH: Array,
+              k_BSKH: Array,
+              v_BSKH: Array,
+              *,
+              scale_fn: scalings_lib.ScaleFn | None = None,
+              mask: Array | None = None,
+              is_causal: bool = False,
+              implementation: str | None = None,
+              normalizer: str = "softmax") -> Array:
+  """Multi-head dot-product attention with the scaling `scale_fn`.
+
+  Args:
+    q_BTNH: queries [batch, q_len, heads, head_dim].
+    k_BSKH: keys [batch, kv_len, kv_heads, head_dim], kv_heads dividing heads.
+    v_BSKH: values, same shape as the keys.
+    scale_fn: a scaling from `attnscale.scalings.get(name, ...)` or any callable
+      with the same signature; None means standard (1/sqrt(head_dim)).
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = may
+      attend (padding and any custom pattern). Masked keys count nowhere: not
+      in key-norm sums, not in n.
+    is_causal: query i attends to keys j <= i only (top-left aligned).
+    implementation: None (fused, JAX picks the kernel), "xla" or "cudnn" (fused,
+      that kernel), or "reference". With normalizer="sigmoid", None means
+      "reference" (no fused sigmoid kernel).
+    normalizer: "softmax", or "sigmoid": p_ij = sigmoid(logit_ij - log n_i),
+      Ramapuram et al. 2024, "Theory, Analysis, and Best Practices for
+      Sigmoid Self-Attention" (arXiv 2409.04431), reference path only.
+
+  Returns:
+    [batch, q_len, heads, head_dim] in q's dtype. A query that sees no key gets
+    zeros.
+  """
+  mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, implementation, normalizer)
+  if normalizer == "sigmoid" and implementation not in (None, "reference"):
+    raise ValueError("normalizer='sigmoid' has no fused kernel: implementation must "
+                     f"be None or 'reference', got {implementation!r}")
+  B, T, N, H = q_BTNH.shape
+  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
+  scaled = (scale_fn or scalings_lib.Standard())(q_BTNH, k_BSKH, keys)
+
+  out_scale_BTN = scaled.output_scale
+  if mask_BNTS is not None:
+    # A query with no visible key returns zeros, never NaN or a mean of values.
+    n_BTN = keys.count()
+    base = 1.0 if out_scale_BTN is None else out_scale_BTN
+    out_scale_BTN = jnp.where(n_BTN > 0, base, 0.0)
+
+  if normalizer == "sigmoid" or implementation == "reference":
+    z_BTNH = _reference(scaled, v_BSKH, keys, normalizer)
+  else:
+    z_BTNH = _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation)
+  if out_scale_BTN is not None:
+    z_BTNH = z_BTNH * _per_query(out_scale_BTN)
+  return z_BTNH.astype(q_BTNH.dtype)
+
+
+def _per_query(x_BTN) -> Array:
+  """A factor broadcastable to [B, T, N] -> broadcastable to [B, T, N, H]."""
+  return upcast(x_BTN)[..., None]
+
+
+def _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation):
+  """Folds s_i into q and calls the fused kernel with scale 1."""
+  dtype = v_BSKH.dtype
+  q_BTNH = (upcast(scaled.q) * _per_query(scaled.logit_scale)).astype(dtype)
+  return jax.nn.dot_product_attention(q_BTNH, scaled.k.astype(dtype), v_BSKH,
+                                      mask=mask_BNTS, scale=1.0, is_causal=is_causal,
+                                      implementation=implementation)
+
+
+def _reference(scaled, v_BSKH, keys, normalizer):
+  """The definition: materialised logits, float32 normaliser, einsums."""
+  B, S, K, H = v_BSKH.shape
+  T, N = keys.q_len, keys.num_heads
+  G = N // K
+  # Group query heads by their key/value head: n = k * G + g.
+  q_BTKGH = upcast(scaled.q).reshape(B, T, K, G, H)
+  k_BSKH = upcast(scaled.k)
+  logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH)
+  s_BTN = jnp.broadcast_to(upcast(scaled.logit_scale), (B, T, N))
+  s_BKGT1 = s_BTN.reshape(B, T, K, G).transpose(0, 2, 3, 1)[..., None]
+  logits_BKGTS = logits_BKGTS * s_BKGT1
+
+  visible_BNTS = jnp.ones((1, 1, T, S), bool)
+  if keys.is_causal:
+    visible_BNTS = visible_BNTS & jnp.tril(jnp.ones((T, S), bool))
+  if keys.mask_BNTS is not None:
+    visible_BNTS = visible_BNTS & keys.mask_BNTS
+  visible_BKGTS = jnp.broadcast_to(visible_BNTS, (B, N, T, S)).reshape(B, K, G, T, S)
+
+  if normalizer == "softmax":
+    masked_BKGTS = jnp.where(visible_BKGTS, logits_BKGTS, -jnp.inf)
+    max_BKGT1 = jnp.max(masked_BKGTS, axis=-1, keepdims=True)
+    max_BKGT1 = jax.lax.stop_gradient(jnp.where(jnp.isfinite(max_BKGT1), max_BKGT1, 0.0))
+    e_BKGTS = jnp.where(visible_BKGTS, jnp.exp(logits_BKGTS - max_BKGT1), 0.0)
+    denom_BKGT1 = e_BKGTS.sum(axis=-1, keepdims=True)
+    p_BKGTS = e_BKGTS / jnp.where(denom_BKGT1 > 0, denom_BKGT1, 1.0)
+  else:
+    n_BTN = jnp.broadcast_to(keys.count(), (B, T, N))
+    log_n_BKGT1 = jnp.log(jnp.maximum(n_BTN, 1.0)).reshape(B, T, K, G).transpose(0, 2, 3, 1)
+    p_BKGTS = jnp.where(visible_BKGTS,
+                        jax.nn.sigmoid(logits_BKGTS - log_n_BKGT1[..., None]), 0.0)
+
+  z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
+  return z_BTKGH.reshape(B, T, N, H)
+
+
+def _check_inputs(q, k, v, mask, implementation, normalizer):
+  """Validates shapes and options; returns the mask as rank 4 (or None)."""
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    if x.ndim != 4:
+      raise ValueError(f"{name} must have rank 4 [batch, len, heads, head_dim], "
+                       f"got shape {tuple(x.shape)}")
+  if not q.dtype == k.dtype == v.dtype:
+    raise ValueError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+  if k.shape != v.shape:
+    raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} "
+                     f"and v {tuple(v.shape)}")
+  if q.shape[0] != k.shape[0]:
+    raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} "
+                     f"and {k.shape[0]}")
+  if q.shape[-1] != k.shape[-1]:
+    raise ValueError(f"q and k must have the same head_dim, got {q.shape[-1]} "
+                     f"and {k.shape[-1]}")
+  if q.shape[2] % k.shape[2]:
+    raise ValueError(f"kv_heads ({k.shape[2]}) must divide heads ({q.shape[2]})")
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, "
+                     f"got {implementation!r}")
+  if normalizer not in NORMALIZERS:
+    raise ValueError(f"normalizer must be one of {NORMALIZERS}, got {normalizer!r}")
+  if mask is None:
+    return None
+  mask = jnp.asarray(mask)
+  if mask.dtype != jnp.bool_:
+    raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+  full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+  if mask.ndim > 4 or any(m not in (1, f) for m, f in zip(mask.shape[::-1], full[::-1])):
+    raise ValueError(f"mask must broadcast to [batch, heads, q_len, kv_len] = "
+                     f"{list(full)}, got shape {tuple(mask.shape)}")
+  return mask.reshape((1,) * (4 - mask.ndim) + mask.shape)

@@ -1,0 +1,23 @@
+"""Data pipelines: TFDS builders read without TensorFlow, and batching.
+
+`$ATTNSCALE_DATA` (see `paths`) makes every builder read local copies of its
+source files instead of downloading them.
+"""
+
+from attnscale.data.char_lm import CharDataset
+from attnscale.data.char_lm import eval_batches
+from attnscale.data.char_lm import get_batch
+from attnscale.data.char_lm import load_tiny_shakespeare
+from attnscale.data.paths import data_root
+from attnscale.data.paths import local_file
+from attnscale.data.tiny_shakespeare import TinyShakespeareChar
+
+__all__ = [
+    "CharDataset",
+    "TinyShakespeareChar",
+    "data_root",
+    "eval_batches",
+    "get_batch",
+    "load_tiny_shakespeare",
+    "local_file",
+]

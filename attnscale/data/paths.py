@@ -1,0 +1,70 @@
+"""Local copies of raw data files, for machines without network access.
+
+`$ATTNSCALE_DATA` may point at a folder laid out like
+
+    tinyshakespeare/input.txt
+    wikitext-2/{train,valid,test}.txt
+
+When it is set, the dataset builders read their source files from there and
+never touch the network; when it is unset they download (with a checksum check).
+Every local copy is checked against the same sha256 as a download would be, so a
+run never silently trains on a different file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+
+ENV_VAR = "ATTNSCALE_DATA"
+
+
+def data_root() -> pathlib.Path | None:
+  """The folder named by `$ATTNSCALE_DATA`, or None when it is unset or empty."""
+  root = os.environ.get(ENV_VAR, "")
+  return pathlib.Path(root).expanduser() if root else None
+
+
+def sha256_of(path: pathlib.Path) -> str:
+  """Hex sha256 of a file, read in 1 MiB blocks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def local_file(relpath: str, url: str, sha256: str | None) -> pathlib.Path | None:
+  """The verified local copy of `url` under `$ATTNSCALE_DATA`.
+
+  Args:
+    relpath: where the file lives under the data root, e.g.
+      "tinyshakespeare/input.txt" or "wikitext-2/train.txt".
+    url: where the file comes from; only used in error messages.
+    sha256: expected hex digest of the file, or None to skip the check.
+
+  Returns:
+    The path of the local copy, or None when `$ATTNSCALE_DATA` is unset (the
+    caller then downloads `url` itself).
+
+  Raises:
+    FileNotFoundError: `$ATTNSCALE_DATA` is set but the file is not there. The
+      message gives the full path to put it at and the URL to fetch it from.
+    ValueError: the local copy's sha256 differs from `sha256`.
+  """
+  root = data_root()
+  if root is None:
+    return None
+  path = (root / relpath).absolute()
+  if not path.is_file():
+    raise FileNotFoundError(
+        f"{ENV_VAR}={root} but {path} does not exist: download {url} and save "
+        f"it as {path} (or unset {ENV_VAR} to download automatically).")
+  if sha256 is not None:
+    actual = sha256_of(path)
+    if actual != sha256.lower():
+      raise ValueError(
+          f"sha256 mismatch for {path}: expected {sha256}, got {actual}. "
+          f"Replace it with a fresh copy of {url}.")
+  return path

@@ -1,0 +1,252 @@
+"""The registry of attention scalings: how to set the softmax temperature.
+
+A scaling is any callable `scale_fn(q_BTNH, k_BSKH, keys) -> Scaled` where `keys`
+is a `VisibleKeys` (which keys each query may see). It returns possibly transformed
+queries and keys, a per-query logit factor s_i and a per-query output factor c_i:
+
+    logits_ij = (q'_i . k'_j) * s_i,   z_i = c_i * sum_j softmax_j(logits_ij) v_j.
+
+Because s_i is per query it can be folded into q before a fused kernel, and c_i is
+applied to the kernel's output, so every scaling runs on `jax.nn.dot_product_attention`
+(see "Folding" in SCIENCE.md). A per-query factor is never folded into k (that
+would change the relative logits) nor an output factor into v.
+
+Writing your own takes a few lines; register it to make it nameable from configs:
+
+    @attnscale.scalings.register("key_norm_max")
+    def key_norm_max():
+      def scale_fn(q, k, keys):
+        norms = jnp.linalg.norm(k, axis=-1)          # [B, S, K]
+        # Careful: a max over *all* keys leaks the future in a causal model;
+        # keys.sum only ever sums the visible ones.
+        return Scaled(q, k, logit_scale=1.0 / keys.sum(norms) ** 0.5)
+      return scale_fn
+
+Dimension legend: B batch, T queries, S keys, N query heads, K key/value heads,
+H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from attnscale.visibility import VisibleKeys, upcast
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaled:
+  """What a scaling returns.
+
+  Attributes:
+    q: transformed queries [B, T, N, H] (or the input queries).
+    k: transformed keys [B, S, K, H].
+    logit_scale: s_i, broadcastable to [B, T, N]; a Python float for constants.
+    output_scale: c_i, broadcastable to [B, T, N]; None means 1.
+  """
+
+  q: Array
+  k: Array
+  logit_scale: Array | float = 1.0
+  output_scale: Array | float | None = None
+
+
+class ScaleFn(Protocol):
+
+  def __call__(self, q_BTNH: Array, k_BSKH: Array, keys: VisibleKeys) -> Scaled:
+    ...
+
+
+_REGISTRY: dict[str, Callable[..., ScaleFn]] = {}
+
+
+def register(name: str):
+  """Decorator: registers a factory `f(**params) -> scale_fn` under `name`."""
+
+  def wrap(factory):
+    _REGISTRY[name] = factory
+    return factory
+
+  return wrap
+
+
+def names() -> list[str]:
+  """The registered scaling names."""
+  return list(_REGISTRY)
+
+
+def get(name: str, **params) -> ScaleFn:
+  """Returns the scaling `name` built with `params`.
+
+  Raises:
+    ValueError: unknown name (the message lists the valid ones) or bad params.
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f"scaling must be one of {names()}, got {name!r}")
+  try:
+    return _REGISTRY[name](**params)
+  except TypeError as e:  # an unknown keyword: say which scaling it was for.
+    raise ValueError(f"bad params {params} for scaling {name!r}: {e}") from None
+
+
+# ---------------------------------------------------------------------------
+# Helpers with gradients that stay finite at zero vectors (padded keys are
+# often exact zeros, and d||x||/dx is undefined there).
+
+
+def safe_norm_pow(x_XH: Array, p: float = 1.0) -> Array:
+  """||x||_2^p over the last axis, in float32 or wider; 0 (with zero gradient) at x = 0."""
+  sq_X = jnp.sum(jnp.square(upcast(x_XH)), axis=-1)
+  nonzero_X = sq_X > 0
+  return jnp.where(nonzero_X, jnp.where(nonzero_X, sq_X, 1.0) ** (p / 2), 0.0)
+
+
+def safe_reciprocal(x: Array) -> Array:
+  """1/x, and 0 where x == 0 (a query with no visible keys)."""
+  nonzero = x != 0
+  return jnp.where(nonzero, 1.0 / jnp.where(nonzero, x, 1.0), 0.0)
+
+
+def l2_normalize(x_XH: Array) -> Array:
+  """x / ||x||_2 over the last axis (a zero vector stays zero), float32 or wider."""
+  return upcast(x_XH) * safe_reciprocal(safe_norm_pow(x_XH))[..., None]
+
+
+def cosine_temperature_init(train_len: int) -> float:
+  """Henry et al. 2020's initial temperature g0 = log2(L^2 - L) for length L."""
+  if train_len < 2:
+    raise ValueError(f"train_len must be >= 2, got {train_len}")
+  return math.log2(train_len**2 - train_len)
+
+
+# ---------------------------------------------------------------------------
+# The scalings. Each class docstring states the formula and its source.
+
+
+@dataclasses.dataclass(frozen=True)
+class Standard:
+  """s = 1/sqrt(d). Vaswani et al. 2017, "Attention is all you need", footnote 4."""
+
+  def __call__(self, q, k, keys):
+    return Scaled(q, k, logit_scale=q.shape[-1] ** -0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoScaling:
+  """s = 1: the unscaled dot product (the cosine-vs-dot-product question)."""
+
+  def __call__(self, q, k, keys):
+    return Scaled(q, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyNormPower:
+  """s_i = 1 / sum_{j visible to i} ||k_j||_2^p  (times n_i when `mean`).
+
+  Bernhard 2023, "Scaling dot-product attention by the sum of key norms"
+  (arXiv 2311.09406): p = 1 is the sum of key norms, `mean` the average key
+  length n_i / sum ||k_j||, other p the "sums of powers of key lengths".
+  Invariant to rescaling all keys when p = 1. Under causality the sum is a
+  prefix sum, under a padding mask it skips padded keys.
+  """
+
+  p: float = 1.0
+  mean: bool = False
+
+  def __post_init__(self):
+    if not self.p >= 0:
+      raise ValueError(f"key norm power p must be >= 0, got {self.p}")
+    if self.mean and self.p != 1:
+      raise ValueError(f"key_norm_mean takes p = 1, got p={self.p}")
+
+  def __call__(self, q, k, keys):
+    s_BTN = safe_reciprocal(keys.sum(safe_norm_pow(k, self.p)))
+    if self.mean:
+      s_BTN = s_BTN * keys.count()
+    return Scaled(q, k, logit_scale=s_BTN)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cosine:
+  """logits = g * (q_i/||q_i||) . (k_j/||k_j||), g a temperature.
+
+  Henry et al. 2020, "Query-Key Normalization for Transformers" (arXiv
+  2010.04245). g is learnable per layer, initialised to g0 = log2(L^2 - L) for
+  training length L (`cosine_temperature_init`). `temperature` may be a traced
+  array (scalar or broadcastable to [B, T, N], e.g. one per head) so a model can
+  learn it. With temperature=None, g0 of the key length S is used: a
+  convenience for analysis; models pass their own learned g.
+  """
+
+  temperature: Any = None
+
+  def __call__(self, q, k, keys):
+    g = self.temperature
+    if g is None:
+      g = cosine_temperature_init(max(keys.kv_len, 2))
+    return Scaled(l2_normalize(q), l2_normalize(k),
+                  logit_scale=upcast(g))
+
+
+@dataclasses.dataclass(frozen=True)
+class QKLayerNorm:
+  """LayerNorm(q), LayerNorm(k) over the head dim (no bias), then s = 1/sqrt(d).
+
+  Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"
+  (arXiv 2302.05442); Flax's `normalize_qk`. `q_scale` / `k_scale` are the
+  LayerNorm gains (shape [H] or [N|K, H], learnable), None = 1.
+  """
+
+  q_scale: Any = None
+  k_scale: Any = None
+  eps: float = 1e-6
+
+  def __call__(self, q, k, keys):
+    return Scaled(_layer_norm(q, self.q_scale, self.eps),
+                  _layer_norm(k, self.k_scale, self.eps),
+                  logit_scale=q.shape[-1] ** -0.5)
+
+
+def _layer_norm(x_XH, scale_H, eps):
+  x_XH = upcast(x_XH)
+  mean_X1 = x_XH.mean(-1, keepdims=True)
+  var_X1 = jnp.square(x_XH - mean_X1).mean(-1, keepdims=True)
+  y_XH = (x_XH - mean_X1) * jax.lax.rsqrt(var_X1 + eps)
+  return y_XH if scale_H is None else y_XH * scale_H
+
+
+@dataclasses.dataclass(frozen=True)
+class FullyScaled:
+  """s = 1/sqrt(d), output factor c_i = max(1, sqrt(n_i / e)).
+
+  Graphcore Research, "Almost-scaled dot-product attention" (2023): with q, k, v
+  ~ N(0, 1) the standard attention output has std about sqrt(e/n) (0.10 at
+  n = 256), so multiplying by sqrt(n/e) restores unit scale. n_i is the number
+  of keys query i sees (causal prefix, non-padded). For tiny n the factor
+  sqrt(n/e) is wrong (std 0.6 at n = 1, where 1 is right), so by default it is
+  clamped at 1, the documented causal rule; `clamp=False` gives plain sqrt(n/e).
+  """
+
+  clamp: bool = True
+
+  def __call__(self, q, k, keys):
+    c_BTN = jnp.sqrt(keys.count() / math.e)
+    if self.clamp:
+      c_BTN = jnp.maximum(c_BTN, 1.0)
+    return Scaled(q, k, logit_scale=q.shape[-1] ** -0.5, output_scale=c_BTN)
+
+
+register("standard")(Standard)
+register("none")(NoScaling)
+register("key_norm_sum")(lambda: KeyNormPower(p=1.0))
+register("key_norm_mean")(lambda: KeyNormPower(p=1.0, mean=True))
+register("key_norm_power")(lambda p=2.0: KeyNormPower(p=p))
+register("cosine")(Cosine)
+register("qk_layernorm")(QKLayerNorm)
+register("fully_scaled")(FullyScaled)
