@@ -5,9 +5,9 @@ scalings in `attnscale.scalings`.
 """
 
 from attnscale import scalings
-from attnscale.attention import attention
+from attnscale.attention import attention, attention_weights
 from attnscale.scalings import Scaled
 from attnscale.visibility import VisibleKeys
 
-__all__ = ["attention", "scalings", "Scaled", "VisibleKeys"]
+__all__ = ["attention", "attention_weights", "scalings", "Scaled", "VisibleKeys"]
 __version__ = "0.1.0"

@@ -100,15 +100,44 @@ def _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation):
                                       implementation=implementation)
 
 
+def attention_weights(q_BTNH: Array,
+                      k_BSKH: Array,
+                      *,
+                      scale_fn: scalings_lib.ScaleFn | None = None,
+                      mask: Array | None = None,
+                      is_causal: bool = False,
+                      normalizer: str = "softmax") -> tuple[Array, Array]:
+  """The reference path's logits and attention weights, for analysis.
+
+  Returns:
+    (logits_BNTS, probs_BNTS), float32 (or wider): the scaled logits (-inf where
+    a key is not visible) and the normalised weights p_ij (0 where not visible).
+    The output is c_i * probs @ v; `attention` applies c_i.
+  """
+  v_BSKH = jnp.zeros_like(k_BSKH)
+  mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, "reference", normalizer)
+  B, T, N, _ = q_BTNH.shape
+  S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+  keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
+  scaled = (scale_fn or scalings_lib.Standard())(q_BTNH, k_BSKH, keys)
+  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer)
+  return logits_BKGTS.reshape(B, N, T, S), p_BKGTS.reshape(B, N, T, S)
+
+
 def _reference(scaled, v_BSKH, keys, normalizer):
   """The definition: materialised logits, float32 normaliser, einsums."""
   B, S, K, H = v_BSKH.shape
-  T, N = keys.q_len, keys.num_heads
-  G = N // K
+  _, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer)
+  z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
+  return z_BTKGH.reshape(B, keys.q_len, keys.num_heads, H)
+
+
+def _logits_and_probs(scaled, keys, B, normalizer):
+  T, S, N, K = keys.q_len, keys.kv_len, keys.num_heads, keys.num_kv_heads
+  G, H = N // K, scaled.q.shape[-1]
   # Group query heads by their key/value head: n = k * G + g.
   q_BTKGH = upcast(scaled.q).reshape(B, T, K, G, H)
-  k_BSKH = upcast(scaled.k)
-  logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH)
+  logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, upcast(scaled.k))
   s_BTN = jnp.broadcast_to(upcast(scaled.logit_scale), (B, T, N))
   s_BKGT1 = s_BTN.reshape(B, T, K, G).transpose(0, 2, 3, 1)[..., None]
   logits_BKGTS = logits_BKGTS * s_BKGT1
@@ -119,10 +148,11 @@ def _reference(scaled, v_BSKH, keys, normalizer):
   if keys.mask_BNTS is not None:
     visible_BNTS = visible_BNTS & keys.mask_BNTS
   visible_BKGTS = jnp.broadcast_to(visible_BNTS, (B, N, T, S)).reshape(B, K, G, T, S)
+  logits_BKGTS = jnp.where(visible_BKGTS, logits_BKGTS, -jnp.inf)
 
   if normalizer == "softmax":
-    masked_BKGTS = jnp.where(visible_BKGTS, logits_BKGTS, -jnp.inf)
-    max_BKGT1 = jnp.max(masked_BKGTS, axis=-1, keepdims=True)
+    max_BKGT1 = jnp.max(logits_BKGTS, axis=-1, keepdims=True)
+    # A row with no visible key has max -inf: shift by 0 instead (its weights are 0).
     max_BKGT1 = jax.lax.stop_gradient(jnp.where(jnp.isfinite(max_BKGT1), max_BKGT1, 0.0))
     e_BKGTS = jnp.where(visible_BKGTS, jnp.exp(logits_BKGTS - max_BKGT1), 0.0)
     denom_BKGT1 = e_BKGTS.sum(axis=-1, keepdims=True)
@@ -132,9 +162,7 @@ def _reference(scaled, v_BSKH, keys, normalizer):
     log_n_BKGT1 = jnp.log(jnp.maximum(n_BTN, 1.0)).reshape(B, T, K, G).transpose(0, 2, 3, 1)
     p_BKGTS = jnp.where(visible_BKGTS,
                         jax.nn.sigmoid(logits_BKGTS - log_n_BKGT1[..., None]), 0.0)
-
-  z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
-  return z_BTKGH.reshape(B, T, N, H)
+  return logits_BKGTS, p_BKGTS
 
 
 def _check_inputs(q, k, v, mask, implementation, normalizer):

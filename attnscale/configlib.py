@@ -1,0 +1,76 @@
+"""Config helpers: the `key=value,...` argument of `get_config(arg)`, and validation.
+
+Configs are ml_collections ConfigDicts built by `configs/*.py:get_config(arg)`
+(big_vision style: `--config=configs/shakespeare_char.py:preset=cpu,scaling=cosine`).
+Every bad value fails at start with a one-line ValueError naming the field and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from attnscale import scalings
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """Parses "k1=v1,k2=v2" into a ConfigDict, typed like `defaults`.
+
+  Raises:
+    ValueError: an unknown key (lists the known ones) or a value of the wrong type.
+  """
+  out = dict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f"config argument {key!r} is not one of {sorted(defaults)}")
+    out[key] = _coerce(key, value.strip(), defaults[key])
+  return ml_collections.ConfigDict(out)
+
+
+def _coerce(key, value, default):
+  if default is None or isinstance(default, str):
+    return value
+  try:
+    if isinstance(default, bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError
+      return value.lower() in ("true", "1")
+    return type(default)(value)
+  except ValueError:
+    raise ValueError(f"config argument {key}={value!r} must be a "
+                     f"{type(default).__name__}") from None
+
+
+def check_choice(field: str, value, allowed) -> None:
+  if value not in allowed:
+    raise ValueError(f"{field} must be one of {list(allowed)}, got {value!r}")
+
+
+def check_positive(field: str, value, *, allow_zero: bool = False) -> None:
+  ok = value >= 0 if allow_zero else value > 0
+  if not ok:
+    raise ValueError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
+  """Checks the fields train.py relies on; raises a one-line ValueError."""
+  check_choice("config.task", config.task, ("char_lm",))
+  check_choice("config.optimizer", config.optimizer, ("adamw", "adam"))
+  check_choice("config.lr_schedule", config.lr_schedule, ("constant", "cosine"))
+  check_choice("model.scaling", config.model.scaling, scalings.names())
+  for field in ("batch_size", "seq_len", "num_train_steps", "log_every", "eval_every",
+                "checkpoint_every", "keep_checkpoints", "eval_batches"):
+    check_positive(f"config.{field}", config[field])
+  for field in ("learning_rate", "warmup_steps", "min_learning_rate", "weight_decay",
+                "grad_clip"):
+    check_positive(f"config.{field}", config[field], allow_zero=True)
+  if config.learning_rate == 0:
+    raise ValueError("config.learning_rate must be > 0, got 0")
+  if config.batch_size % num_devices:
+    raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
+                     f"number of devices ({num_devices})")
+  if config.seq_len > config.model.block_size:
+    raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
+                     f"({config.model.block_size}), the number of learned positions")

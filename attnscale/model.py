@@ -1,0 +1,209 @@
+"""A GPT-style transformer (Flax NNX) whose attention goes through `attnscale.attention`.
+
+nanoGPT's architecture: pre-LN blocks, learned positions, tied input/output
+embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections at
+0.02 / sqrt(2 L). The attention's scaling is a config value (`scaling`), plus the
+model-level options compared against the same baselines: QK-LayerNorm before any
+scaling, a shared key/value projection (W_K = W_V), and the sigmoid alternative
+to softmax.
+
+Dimension legend: B batch, T sequence, D width, N heads, K key/value heads,
+H head dim, F MLP hidden, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attnscale import scalings
+# The module's name is shadowed by the function in attnscale/__init__.py.
+from attnscale.attention import IMPLEMENTATIONS, NORMALIZERS, attention
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of `Transformer` (mirrors `config.model`)."""
+
+  vocab_size: int = 65
+  block_size: int = 256  # maximum sequence length (learned positions)
+  num_layers: int = 6
+  num_heads: int = 6
+  num_kv_heads: int | None = None  # None = num_heads; fewer = grouped-query
+  width: int = 384
+  mlp_ratio: int = 4
+  dropout: float = 0.0  # on embeddings and residual branches
+  scaling: str = "standard"  # a name from attnscale.scalings.names()
+  scaling_params: Any = None  # extra params for the scaling, e.g. {"p": 2.0}
+  qk_layernorm: bool = False  # learned LayerNorm on q and k before the scaling
+  shared_kv: bool = False  # one projection for keys and values (W_K = W_V)
+  normalizer: str = "softmax"  # or "sigmoid" (reference path only)
+  attention_impl: str | None = None  # None/"xla"/"cudnn" fused, or "reference"
+  causal: bool = True
+  dtype: str = "float32"  # compute dtype; params stay float32
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    if self.scaling not in scalings.names():
+      raise ValueError(f"model.scaling must be one of {scalings.names()}, got {self.scaling!r}")
+    if self.width % self.num_heads:
+      raise ValueError(f"model.num_heads ({self.num_heads}) must divide model.width "
+                       f"({self.width})")
+    if self.num_heads % self.kv_heads:
+      raise ValueError(f"model.num_kv_heads ({self.kv_heads}) must divide model.num_heads "
+                       f"({self.num_heads})")
+    if self.qk_layernorm and self.scaling in ("qk_layernorm", "cosine"):
+      raise ValueError(f"model.qk_layernorm=True with scaling={self.scaling!r} would "
+                       "normalise q and k twice: use one of them")
+    if self.normalizer not in NORMALIZERS:
+      raise ValueError(f"model.normalizer must be one of {NORMALIZERS}, "
+                       f"got {self.normalizer!r}")
+    if self.attention_impl not in IMPLEMENTATIONS:
+      raise ValueError(f"model.attention_impl must be one of "
+                       f"{IMPLEMENTATIONS}, got {self.attention_impl!r}")
+    if not 0 <= self.dropout < 1:
+      raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def head_dim(self) -> int:
+    return self.width // self.num_heads
+
+
+def _dropout(x, rate, key):
+  if key is None or rate == 0:
+    return x
+  keep = jax.random.bernoulli(key, 1 - rate, x.shape)
+  return jnp.where(keep, x / (1 - rate), 0).astype(x.dtype)
+
+
+def _normal(std):
+  return nnx.initializers.normal(stddev=std)
+
+
+class Attention(nnx.Module):
+  """Multi-head self-attention with a configurable scaling."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    dense = lambda out, std: nnx.Linear(D, out, use_bias=False, kernel_init=_normal(std),
+                                        dtype=cfg.dtype, rngs=rngs)
+    self.q_proj = dense(N * H, cfg.init_std)
+    self.k_proj = dense(K * H, cfg.init_std)
+    self.v_proj = None if cfg.shared_kv else dense(K * H, cfg.init_std)
+    self.out_proj = dense(D, cfg.init_std / math.sqrt(2 * cfg.num_layers))
+    if cfg.qk_layernorm or cfg.scaling == "qk_layernorm":
+      self.q_norm_scale = nnx.Param(jnp.ones((H,)))
+      self.k_norm_scale = nnx.Param(jnp.ones((H,)))
+    if cfg.scaling == "cosine":
+      # Henry et al. 2020: a learned scalar per layer, g0 = log2(L^2 - L).
+      self.temperature = nnx.Param(jnp.array(scalings.cosine_temperature_init(cfg.block_size)))
+
+  def scale_fn(self) -> scalings.ScaleFn:
+    """The configured scaling, holding this layer's learned parameters."""
+    cfg, params = self.cfg, dict(self.cfg.scaling_params or {})
+    if cfg.scaling == "cosine":
+      params["temperature"] = self.temperature[...]
+    if cfg.scaling == "qk_layernorm":
+      params.update(q_scale=self.q_norm_scale[...], k_scale=self.k_norm_scale[...])
+    return scalings.get(cfg.scaling, **params)
+
+  def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
+    """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm)."""
+    cfg = self.cfg
+    B, T, _ = x_BTD.shape
+    q_BTNH = self.q_proj(x_BTD).reshape(B, T, cfg.num_heads, cfg.head_dim)
+    k_BTKH = self.k_proj(x_BTD).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+    v_BTKH = k_BTKH if cfg.shared_kv else self.v_proj(x_BTD).reshape(k_BTKH.shape)
+    if cfg.qk_layernorm:
+      ln = scalings.QKLayerNorm(self.q_norm_scale[...], self.k_norm_scale[...])
+      normed = ln(q_BTNH, k_BTKH, None)
+      q_BTNH, k_BTKH = normed.q.astype(q_BTNH.dtype), normed.k.astype(k_BTKH.dtype)
+    return q_BTNH, k_BTKH, v_BTKH
+
+  def __call__(self, x_BTD: Array, mask: Array | None = None) -> Array:
+    B, T, D = x_BTD.shape
+    q_BTNH, k_BTKH, v_BTKH = self.qkv(x_BTD)
+    z_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, scale_fn=self.scale_fn(),
+                                     mask=mask, is_causal=self.cfg.causal,
+                                     implementation=self.cfg.attention_impl,
+                                     normalizer=self.cfg.normalizer)
+    return self.out_proj(z_BTNH.reshape(B, T, D))
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, F = cfg.width, cfg.mlp_ratio * cfg.width
+    self.up = nnx.Linear(D, F, use_bias=False, kernel_init=_normal(cfg.init_std),
+                         dtype=cfg.dtype, rngs=rngs)
+    self.down = nnx.Linear(F, D, use_bias=False,
+                           kernel_init=_normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)),
+                           dtype=cfg.dtype, rngs=rngs)
+
+  def __call__(self, x_BTD):
+    return self.down(jax.nn.gelu(self.up(x_BTD)))
+
+
+class Block(nnx.Module):
+  """Pre-LN: x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    self.ln1, self.attn, self.ln2, self.mlp = ln(), Attention(cfg, rngs=rngs), ln(), MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BTD, mask=None, dropout_key=None):
+    k1, k2 = jax.random.split(dropout_key) if dropout_key is not None else (None, None)
+    x_BTD = x_BTD + _dropout(self.attn(self.ln1(x_BTD), mask), self.cfg.dropout, k1)
+    return x_BTD + _dropout(self.mlp(self.ln2(x_BTD)), self.cfg.dropout, k2)
+
+
+class Transformer(nnx.Module):
+  """Token + position embeddings, L blocks, final LN, tied output embedding."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.width, embedding_init=_normal(cfg.init_std),
+                           rngs=rngs)
+    self.pos_embed = nnx.Param(_normal(cfg.init_std)(rngs.params(), (cfg.block_size, cfg.width)))
+    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+
+  def embed_tokens(self, tokens_BT, dropout_key=None):
+    T = tokens_BT.shape[1]
+    x_BTD = self.embed(tokens_BT) + self.pos_embed[:T]
+    return _dropout(x_BTD.astype(self.cfg.dtype), self.cfg.dropout, dropout_key)
+
+  def __call__(self, tokens_BT: Array, *, mask: Array | None = None,
+               dropout_key: Array | None = None) -> Array:
+    """Logits [B, T, V] in float32. Dropout is on iff `dropout_key` is given.
+
+    Args:
+      tokens_BT: int token ids.
+      mask: optional boolean attention mask broadcastable to [B, N, T, T]
+        (e.g. padding [B, 1, 1, T]), combined with causality when causal.
+      dropout_key: PRNG key for dropout; None = deterministic (evaluation).
+    """
+    T = tokens_BT.shape[1]
+    if T > self.cfg.block_size:
+      raise ValueError(f"sequence length {T} exceeds model.block_size {self.cfg.block_size}")
+    keys = (jax.random.split(dropout_key, self.cfg.num_layers + 1) if dropout_key is not None
+            else [None] * (self.cfg.num_layers + 1))
+    x_BTD = self.embed_tokens(tokens_BT, keys[0])
+    for block, key in zip(self.blocks, keys[1:]):
+      x_BTD = block(x_BTD, mask, key)
+    x_BTD = self.ln_f(x_BTD)
+    # Tied embeddings; logits in float32 for a stable softmax cross-entropy.
+    return self.embed.attend(x_BTD).astype(jnp.float32)

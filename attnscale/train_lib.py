@@ -1,0 +1,233 @@
+"""The training loop behind train.py: jit-compiled, data parallel, resumable.
+
+    train_and_evaluate(config, workdir)
+
+* One jitted train step with donated state over a `data` mesh of all devices.
+* Auto-resume from the latest orbax checkpoint in WORKDIR (state, data position
+  and RNG: all three are functions of the saved step), periodic and final saves,
+  and a save on SIGTERM (preemption).
+* TensorBoard event files, metrics.jsonl and the resolved config.json in WORKDIR,
+  a progress line with loss, steps/s and tokens/s, periodic validation loss.
+* A NaN or inf loss (or gradient) stops the run before anything non-finite is
+  saved: the last good checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from attnscale import configlib, tasks
+from attnscale import train_state as ts
+from attnscale.metrics_writer import MetricsWriter
+
+# Fields that may change when a run resumes: bookkeeping, not the experiment.
+RESUMABLE_CHANGES = ("num_train_steps", "log_every", "eval_every", "eval_batches",
+                     "checkpoint_every", "keep_checkpoints", "data_dir")
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or gradient became NaN/inf; nothing after the last good step was saved."""
+
+
+def log(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def dropout_key(seed: int, step):
+  """Dropout randomness is a function of (seed, step): resumable without RNG state."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
+
+
+def make_train_step(graphdef, task, config, state_shardings, batch_sharding):
+  tx = ts.make_optimizer(config)
+  schedule = ts.learning_rate_schedule(config)
+
+  def train_step(state, batch):
+    step = state["step"]
+
+    def loss_fn(params):
+      return task.loss(nnx.merge(graphdef, params), batch, dropout_key(config.seed, step))
+
+    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    new_state = {"step": step + 1, "params": optax.apply_updates(state["params"], updates),
+                 "opt_state": opt_state}
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(step)}
+    return new_state, metrics
+
+  return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, None), donate_argnums=0)
+
+
+def make_eval_step(graphdef, task, param_shardings, batch_sharding):
+  def eval_step(params, batch):
+    _, sums = task.loss(nnx.merge(graphdef, params), batch)
+    return sums
+
+  return jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding))
+
+
+def global_batch(local_batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+  """Assembles each process's rows into global arrays sharded on `data`."""
+  return {k: jax.make_array_from_process_local_data(sharding, v)
+          for k, v in local_batch.items()}
+
+
+def evaluate(eval_step, params, batches, sharding) -> float:
+  """Mean loss per target token over `batches` (sums, so padding weighs 0)."""
+  total = count = 0.0
+  for batch in batches:
+    sums = jax.device_get(eval_step(params, global_batch(batch, sharding)))
+    total, count = total + float(sums["loss_sum"]), count + float(sums["count"])
+  return total / max(count, 1.0)
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes WORKDIR/config.json; refuses to resume a run with another experiment.
+
+  Raises:
+    ValueError: the workdir holds a run whose config differs in a field that is
+      not bookkeeping (the message lists them). Nothing in WORKDIR is touched.
+  """
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(config.to_json())
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _flat_diff(old, new)
+             if k not in RESUMABLE_CHANGES]
+    if diffs:
+      raise ValueError(f"--workdir {workdir} holds a run with a different config "
+                       f"({'; '.join(diffs)}): use a new --workdir to start another run")
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(new, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def _flat_diff(old, new, prefix=""):
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      yield from _flat_diff(a, b, f"{prefix}{key}.")
+    elif a != b:
+      yield f"{prefix}{key}", a, b
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks at each step boundary."""
+
+  def __init__(self):
+    self.requested = False
+
+  def __enter__(self):
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def __exit__(self, *exc):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains (or resumes) the run in `workdir`; returns the final metrics."""
+  configlib.validate(config, num_devices=jax.device_count())
+  ts.model_config(config)  # validates the model fields before any work
+  os.makedirs(workdir, exist_ok=True)
+  save_config(config, workdir)
+  task = tasks.get_task(config)
+
+  mesh = ts.make_mesh()
+  batch_sharding = NamedSharding(mesh, P("data"))
+  graphdef, state, shardings = ts.create_state(config, mesh)
+  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
+  if checkpoints.latest_step() is not None:
+    state = checkpoints.restore(state, shardings)
+    log(f"resumed from {workdir} at step {int(state['step'])}")
+  train_step = make_train_step(graphdef, task, config, shardings, batch_sharding)
+  eval_step = make_eval_step(graphdef, task, shardings["params"], batch_sharding)
+  writer = MetricsWriter(workdir)
+  num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+  log(f"{config.task} | {config.model.scaling} | {num_params / 1e6:.2f}M params | "
+      f"{jax.device_count()} devices ({jax.devices()[0].platform}) | workdir {workdir}")
+
+  step = int(state["step"])
+  last_good = checkpoints.latest_step()
+  pending, summary, first_step = [], {}, True
+  tick, tick_step = time.perf_counter(), step
+  try:
+    with _Preemption() as preemption:
+      while step < config.num_train_steps:
+        batch = global_batch(task.train_batch(step), batch_sharding)
+        if first_step:  # report compile time (target: < 10 s for the cpu preset)
+          first_step = False
+          compile_start = time.perf_counter()
+          state, metrics = train_step(state, batch)
+          jax.block_until_ready(metrics)
+          log(f"step {step + 1}: compiled and ran in {time.perf_counter() - compile_start:.1f}s")
+          tick, tick_step = time.perf_counter(), step + 1  # speed excludes compilation
+        else:
+          state, metrics = train_step(state, batch)
+        step += 1
+        pending.append(metrics)
+        done = step == config.num_train_steps
+        save = done or preemption.requested or step % config.checkpoint_every == 0
+        if save or step % config.log_every == 0:
+          # Reading the metrics waits for the device; do it only here, and
+          # always before a save so that nothing non-finite is ever saved.
+          summary = _summarise(jax.device_get(pending), step, last_good, workdir)
+          elapsed = time.perf_counter() - tick
+          steps_per_s = (step - tick_step) / elapsed
+          summary.update({"steps_per_s": steps_per_s,
+                          "tokens_per_s": steps_per_s * task.tokens_per_batch})
+          writer.write(step, {f"train/{k}": v for k, v in summary.items()})
+          log(f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
+              f"lr {summary['lr']:.2e} | {steps_per_s:.2f} steps/s | "
+              f"{summary['tokens_per_s'] / 1e3:.1f}k tok/s")
+          pending, tick, tick_step = [], time.perf_counter(), step
+        if done or step % config.eval_every == 0:
+          val = evaluate(eval_step, state["params"],
+                         (task.val_batch(i) for i in range(config.eval_batches)),
+                         batch_sharding)
+          summary["val_loss"] = val
+          writer.write(step, {"val/loss": val})
+          log(f"step {step} | val loss {val:.4f}")
+          tick = time.perf_counter()  # validation time is not training speed
+        if save:
+          checkpoints.save(step, state)
+          last_good = step
+        if preemption.requested:
+          log(f"SIGTERM: saved a checkpoint at step {step} in {workdir}; exiting")
+          break
+  finally:
+    checkpoints.close()
+    writer.close()
+  return {"step": step, **summary}
+
+
+def _summarise(metrics: list[dict], step: int, last_good: int | None, workdir: str):
+  """Means over the logging interval; stops on a non-finite loss or gradient."""
+  for i, m in enumerate(metrics):
+    if not (np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])):
+      bad_step = step - len(metrics) + i + 1
+      kept = (f"the last good checkpoint (step {last_good}) is kept in {workdir}/checkpoints"
+              if last_good is not None else "no checkpoint had been saved yet")
+      raise NonFiniteLossError(
+          f"loss {m['loss']} / grad norm {m['grad_norm']} at step {bad_step}: stopping; "
+          f"{kept}. Try a lower config.learning_rate.")
+  return {k: float(np.mean([m[k] for m in metrics])) for k in ("loss", "grad_norm")} | {
+      "lr": float(metrics[-1]["lr"])}

@@ -1,0 +1,101 @@
+r"""Character-level language model on tiny Shakespeare: nanoGPT's shakespeare_char in JAX.
+
+Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
+
+  python train.py --config=configs/shakespeare_char.py:preset=cpu,scaling=key_norm_sum \
+      --workdir=runs/char_cpu_key_norm_sum
+  python eval.py --workdir=runs/char_cpu_key_norm_sum
+  python train.py --config=configs/shakespeare_char.py:preset=nanogpt --workdir=runs/nanogpt \
+      --config.num_train_steps=2000
+
+Config argument keys: preset (nanogpt | graphcore | cpu | test), scaling, p (the
+power for scaling=key_norm_power), seed.
+
+Presets and what to expect:
+  nanogpt   nanoGPT's config/train_shakespeare_char.py exactly (6 layers, 6 heads,
+            width 384, block 256, batch 64, dropout 0.2, AdamW 1e-3 cosine to 1e-4,
+            warm-up 100, beta2 0.99, clip 1.0, 5000 steps). nanoGPT reports a best
+            validation loss of 1.4697. A GPU job (minutes on one GPU).
+  graphcore Graphcore's almost-scaled-attention demo: 4 layers, width 256, 4 heads,
+            seq 256, batch 16, Adam, constant LR, no warm-up, no dropout, 5000
+            steps; sweep LR over 2^-7 ... 2^-12. Graphcore (byte-level complete
+            works) report baseline about 1.2, fully scaled about 1.4.
+  cpu       4 layers, width 128, 4 heads, seq 128, batch 32, 1000 steps: a
+            useful model in about 10 minutes on 2 CPU cores (see README).
+  test      seconds: for the test suite.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from attnscale import configlib
+
+PRESETS = ("nanogpt", "graphcore", "cpu", "test")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  arg = configlib.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, seed=0)
+  configlib.check_choice("preset", arg.preset, PRESETS)
+
+  c = ml_collections.ConfigDict()
+  c.task = "char_lm"  # what train.py trains: the task decides data, loss and eval
+  c.dataset = "tiny_shakespeare_char"  # TFDS builder in attnscale/data
+  c.data_dir = config_dict.placeholder(str)  # TFDS data dir; None = TFDS's default
+  c.seed = arg.seed  # one seed for init, data order and dropout: a run is (config, seed)
+
+  # Optimisation.
+  c.batch_size = 64  # global batch (sequences), split over all devices
+  c.seq_len = 256  # training window length (<= model.block_size)
+  c.num_train_steps = 5000  # total optimizer steps
+  c.optimizer = "adamw"  # adamw | adam (adam: no weight decay)
+  c.learning_rate = 1e-3  # peak learning rate
+  c.lr_schedule = "cosine"  # cosine (to min_learning_rate) | constant
+  c.warmup_steps = 100  # linear warm-up from 0
+  c.min_learning_rate = 1e-4  # end of the cosine decay
+  c.b1 = 0.9  # Adam beta1
+  c.b2 = 0.99  # Adam beta2 (nanoGPT's shakespeare_char uses 0.99)
+  c.weight_decay = 0.1  # decoupled, on matrices and embeddings only (nanoGPT)
+  c.grad_clip = 1.0  # global-norm clipping; 0 = off
+
+  # Bookkeeping.
+  c.log_every = 50  # steps between progress lines / metric writes
+  c.eval_every = 250  # steps between validation estimates
+  c.eval_batches = 20  # random validation batches per estimate (nanoGPT estimate_loss)
+  c.checkpoint_every = 500  # steps between checkpoints (plus one at the end)
+  c.keep_checkpoints = 3  # how many recent checkpoints to keep
+
+  # Model (fields of attnscale.model.ModelConfig).
+  c.model = ml_collections.ConfigDict()
+  m = c.model
+  m.vocab_size = 65  # tiny Shakespeare's characters (checked against the data)
+  m.block_size = 256  # learned positions = longest sequence
+  m.num_layers = 6
+  m.num_heads = 6
+  m.num_kv_heads = config_dict.placeholder(int)  # None = num_heads; fewer = GQA
+  m.width = 384  # d_model
+  m.mlp_ratio = 4  # MLP hidden = mlp_ratio * width
+  m.dropout = 0.2  # embeddings and residual branches
+  m.scaling = arg.scaling  # attention scaling: attnscale.scalings.names()
+  m.scaling_params = {"p": arg.p} if arg.scaling == "key_norm_power" else {}  # its params
+  m.qk_layernorm = False  # learned LayerNorm on q, k before the scaling
+  m.shared_kv = False  # W_K = W_V
+  m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
+  m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
+  m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
+
+  if arg.preset == "graphcore":
+    c.batch_size, c.seq_len = 16, 256
+    c.optimizer, c.lr_schedule, c.learning_rate = "adam", "constant", 2.0**-10
+    c.warmup_steps, c.weight_decay, c.grad_clip, c.b2 = 0, 0.0, 0.0, 0.999
+    m.num_layers, m.num_heads, m.width, m.dropout = 4, 4, 256, 0.0
+  elif arg.preset == "cpu":
+    c.batch_size, c.seq_len, c.num_train_steps = 32, 128, 1000
+    c.learning_rate, c.min_learning_rate, c.warmup_steps = 2e-3, 2e-4, 50
+    c.eval_every, c.checkpoint_every = 250, 250
+    m.block_size, m.num_layers, m.num_heads, m.width, m.dropout = 128, 4, 4, 128, 0.0
+  elif arg.preset == "test":
+    c.batch_size, c.seq_len, c.num_train_steps = 8, 32, 20
+    c.learning_rate, c.min_learning_rate, c.warmup_steps = 3e-3, 3e-4, 2
+    c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 5, 10, 2, 10
+    m.block_size, m.num_layers, m.num_heads, m.width, m.dropout = 32, 2, 2, 32, 0.1
+  return c

@@ -1,0 +1,39 @@
+r"""Trains a model from a config; resumes from the latest checkpoint in --workdir.
+
+  python train.py --config=configs/shakespeare_char.py:preset=cpu,scaling=key_norm_sum \
+      --workdir=runs/char_cpu --config.num_train_steps=2000
+
+Multi-host (TPU pods, several GPU hosts): start the same command on every host
+with --multihost, which calls jax.distributed.initialize() (it reads the cluster
+from the TPU / SLURM / Open MPI environment; set JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES and JAX_PROCESS_ID elsewhere).
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
+_MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize().")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
+  logging.set_verbosity(logging.WARNING)
+  import jax
+  if _MULTIHOST.value:
+    jax.distributed.initialize()
+  from attnscale import train_lib
+  try:
+    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, train_lib.NonFiniteLossError) as e:
+    sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)
