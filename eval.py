@@ -1,0 +1,37 @@
+r"""Evaluates a train.py run: whole-split validation loss, bits per character, a
+sample and per-layer attention diagnostics. Writes WORKDIR/eval.json.
+
+  python eval.py --workdir=runs/char_cpu
+  python eval.py --workdir=runs/char_cpu --prompt="ROMEO:" --length=500 --temperature=0.8 --top_k=40
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A train.py run directory.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+_PROMPT = flags.DEFINE_string("prompt", "\n", "Sampling prompt.")
+_LENGTH = flags.DEFINE_integer("length", 300, "Characters to sample.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Sampling temperature.")
+_TOP_K = flags.DEFINE_integer("top_k", 200, "Sample from the top k tokens (0 = all).")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.mark_flag_as_required("workdir")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from attnscale import eval_lib
+  try:
+    result = eval_lib.evaluate_run(_WORKDIR.value, step=_STEP.value, prompt=_PROMPT.value,
+                                   sample_length=_LENGTH.value,
+                                   temperature=_TEMPERATURE.value, top_k=_TOP_K.value or None,
+                                   seed=_SEED.value)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  print(eval_lib.format_summary(result))
+
+
+if __name__ == "__main__":
+  app.run(main)
