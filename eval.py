@@ -28,7 +28,7 @@ def main(argv):
                                    sample_length=_LENGTH.value,
                                    temperature=_TEMPERATURE.value, top_k=_TOP_K.value or None,
                                    seed=_SEED.value)
-  except ValueError as e:
+  except (ValueError, FileNotFoundError) as e:
     sys.exit(f"error: {e}")
   print(eval_lib.format_summary(result))
 

@@ -31,7 +31,7 @@ def main(argv):
   from attnscale import train_lib
   try:
     train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (ValueError, train_lib.NonFiniteLossError) as e:
+  except (ValueError, FileNotFoundError, train_lib.NonFiniteLossError) as e:
     sys.exit(f"error: {e}")
 
 

@@ -64,11 +64,15 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding):
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     new_state = {"step": step + 1, "params": optax.apply_updates(state["params"], updates),
                  "opt_state": opt_state}
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(step)}
+    metrics = {"loss": loss, "grad_norm": _global_norm(grads), "lr": schedule(step)}
     return new_state, metrics
 
   return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, None), donate_argnums=0)
+
+
+def _global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
 
 
 def make_eval_step(graphdef, task, param_shardings, batch_sharding):
