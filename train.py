@@ -35,5 +35,14 @@ def main(argv):
     sys.exit(f"error: {e}")
 
 
+def parse_flags(argv):
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    # A bad config argument (e.g. an unknown preset) fails here, and config_flags
+    # wraps get_config's error in a traceback: keep its last line.
+    sys.exit(f"error: {str(e).strip().splitlines()[-1].split(': ', 1)[-1]}")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

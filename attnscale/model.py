@@ -53,6 +53,7 @@ class ModelConfig:
   def __post_init__(self):
     if self.scaling not in scalings.names():
       raise ValueError(f"model.scaling must be one of {scalings.names()}, got {self.scaling!r}")
+    scalings.get(self.scaling, **dict(self.scaling_params or {}))  # bad params fail now
     if self.width % self.num_heads:
       raise ValueError(f"model.num_heads ({self.num_heads}) must divide model.width "
                        f"({self.width})")

@@ -32,8 +32,10 @@ from attnscale import train_state as ts
 from attnscale.metrics_writer import MetricsWriter
 
 # Fields that may change when a run resumes: bookkeeping, not the experiment.
-RESUMABLE_CHANGES = ("num_train_steps", "log_every", "eval_every", "eval_batches",
-                     "checkpoint_every", "keep_checkpoints", "data_dir")
+# num_train_steps joins them only under a constant learning rate: it is the
+# length of the cosine decay, so changing it would change the finished steps' run.
+RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
+                     "keep_checkpoints", "data_dir")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -110,8 +112,10 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
+    resumable = RESUMABLE_CHANGES + (
+        ("num_train_steps",) if config.lr_schedule == "constant" else ())
     diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _flat_diff(old, new)
-             if k not in RESUMABLE_CHANGES]
+             if k not in resumable]
     if diffs:
       raise ValueError(f"--workdir {workdir} holds a run with a different config "
                        f"({'; '.join(diffs)}): use a new --workdir to start another run")
@@ -149,11 +153,13 @@ class _Preemption:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the run in `workdir`; returns the final metrics."""
+  # Everything that can be wrong with the config fails here, before the
+  # workdir is created or touched.
   configlib.validate(config, num_devices=jax.device_count())
-  ts.model_config(config)  # validates the model fields before any work
+  ts.model_config(config)
+  task = tasks.get_task(config)
   os.makedirs(workdir, exist_ok=True)
   save_config(config, workdir)
-  task = tasks.get_task(config)
 
   mesh = ts.make_mesh()
   batch_sharding = NamedSharding(mesh, P("data"))
@@ -194,14 +200,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           # Reading the metrics waits for the device; do it only here, and
           # always before a save so that nothing non-finite is ever saved.
           summary = _summarise(jax.device_get(pending), step, last_good, workdir)
-          elapsed = time.perf_counter() - tick
-          steps_per_s = (step - tick_step) / elapsed
-          summary.update({"steps_per_s": steps_per_s,
-                          "tokens_per_s": steps_per_s * task.tokens_per_batch})
+          speed = ""
+          if step > tick_step:  # else only the (compiling) first step ran
+            steps_per_s = (step - tick_step) / (time.perf_counter() - tick)
+            summary.update({"steps_per_s": steps_per_s,
+                            "tokens_per_s": steps_per_s * task.tokens_per_batch})
+            speed = (f" | {steps_per_s:.2f} steps/s | "
+                     f"{summary['tokens_per_s'] / 1e3:.1f}k tok/s")
           writer.write(step, {f"train/{k}": v for k, v in summary.items()})
           log(f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
-              f"lr {summary['lr']:.2e} | {steps_per_s:.2f} steps/s | "
-              f"{summary['tokens_per_s'] / 1e3:.1f}k tok/s")
+              f"lr {summary['lr']:.2e}{speed}")
           pending, tick, tick_step = [], time.perf_counter(), step
         if done or step % config.eval_every == 0:
           val = evaluate(eval_step, state["params"],
