@@ -5,9 +5,10 @@ scalings in `attnscale.scalings`.
 """
 
 from attnscale import scalings
+from attnscale import unit_scaling  # registers the "unit_scaled" scaling
 from attnscale.attention import attention, attention_weights
 from attnscale.scalings import Scaled
 from attnscale.visibility import VisibleKeys
 
-__all__ = ["attention", "attention_weights", "scalings", "Scaled", "VisibleKeys"]
+__all__ = ["attention", "attention_weights", "scalings", "unit_scaling", "Scaled", "VisibleKeys"]
 __version__ = "0.1.0"

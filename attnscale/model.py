@@ -39,7 +39,7 @@ class ModelConfig:
   num_kv_heads: int | None = None  # None = num_heads; fewer = grouped-query
   width: int = 384
   mlp_ratio: int = 4
-  dropout: float = 0.0  # on embeddings and residual branches
+  dropout: float = 0.0  # embeddings and residual branches; none on attention weights
   scaling: str = "standard"  # a name from attnscale.scalings.names()
   scaling_params: Any = None  # extra params for the scaling, e.g. {"p": 2.0}
   qk_layernorm: bool = False  # learned LayerNorm on q and k before the scaling

@@ -6,7 +6,8 @@
 For each sequence length (batch x heads fixed), each scaling and each
 implementation ("fused": folded into `jax.nn.dot_product_attention`; "reference":
 materialised logits) it times a jitted value-and-grad of the attention output
-w.r.t. q, k and v (median over --iters runs after a warm-up) and reports memory:
+w.r.t. q, k and v (median over --iters rounds that time every case in turn, after
+a warm-up) and reports memory:
 the device's peak bytes in use where the backend reports it (GPU/TPU), else the
 compiled program's temporary buffers from XLA's memory analysis (CPU). The
 ratio columns compare with `standard` on the same path; the target is every
@@ -40,20 +41,29 @@ def _fwd_bwd(name, implementation, is_causal):
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
 
-def measure(name, implementation, seq, args):
+def compile_case(name, implementation, seq, args):
   dtype = jnp.dtype(args.dtype)
   shape = (args.batch, seq, args.heads, args.head_dim)
-  q, k, v = (jax.random.normal(key, shape, dtype)
-             for key in jax.random.split(jax.random.key(0), 3))
-  fn = _fwd_bwd(name, implementation, args.causal)
-  compiled = fn.lower(q, k, v).compile()
-  jax.block_until_ready(compiled(q, k, v))  # warm-up
-  times = []
-  for _ in range(args.iters):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(q, k, v))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times) * 1e3, _memory_bytes(compiled)
+  qkv = tuple(jax.random.normal(key, shape, dtype)
+              for key in jax.random.split(jax.random.key(0), 3))
+  compiled = _fwd_bwd(name, implementation, args.causal).lower(*qkv).compile()
+  jax.block_until_ready(compiled(*qkv))  # warm-up
+  return compiled, qkv
+
+
+def time_round_robin(cases, iters):
+  """Median ms per case, timing the cases in turn, `iters` rounds.
+
+  Interleaving spreads a noisy machine's slow spells over every case instead of
+  charging them to whichever case happened to be running.
+  """
+  times = {key: [] for key in cases}
+  for _ in range(iters):
+    for key, (compiled, qkv) in cases.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(compiled(*qkv))
+      times[key].append(time.perf_counter() - t0)
+  return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
 
 def _memory_bytes(compiled):
@@ -72,7 +82,7 @@ def main(argv=None):
   parser.add_argument("--head_dim", type=int, default=64)
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--causal", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
-  parser.add_argument("--iters", type=int, default=5)
+  parser.add_argument("--iters", type=int, default=7)
   parser.add_argument("--scalings", default=",".join(scalings.names()))
   parser.add_argument("--implementations", default="fused,reference")
   args = parser.parse_args(argv)
@@ -80,27 +90,30 @@ def main(argv=None):
   device = jax.devices()[0]
   print(f"# {device.platform}: {getattr(device, 'device_kind', '?')} ({platform.processor() or platform.machine()}),"
         f" JAX {jax.__version__}, batch {args.batch} x heads {args.heads}, head_dim {args.head_dim},"
-        f" {args.dtype}, causal={args.causal}, median of {args.iters}")
+        f" {args.dtype}, causal={args.causal}, median of {args.iters} interleaved rounds")
   print("| seq | scaling | fused ms | fused / std | fused mem MiB | ref ms | ref / std | ref mem MiB |")
   print("|---:|---|---:|---:|---:|---:|---:|---:|")
   impls = {"fused": None, "reference": "reference"}
-  chosen = args.implementations.split(",")
+  labels = [label for label in impls if label in args.implementations.split(",")]
+  names = ["standard"] + [n for n in args.scalings.split(",") if n != "standard"]
   worst = 0.0
   for seq in map(int, args.seq.split(",")):
-    base = {}
-    for name in ["standard"] + [n for n in args.scalings.split(",") if n != "standard"]:
+    cases = {(name, label): compile_case(name, impls[label], seq, args)
+             for name in names for label in labels}
+    ms = time_round_robin(cases, args.iters)
+    for name in names:
       cells = []
-      for label in ("fused", "reference"):
-        if label not in chosen:
+      for label in impls:
+        if label not in labels:
           cells += ["-", "-", "-"]
           continue
-        ms, mem = measure(name, impls[label], seq, args)
-        base.setdefault(label, ms)
-        ratio = ms / base[label]
+        ratio = ms[name, label] / ms["standard", label]
         if label == "fused":
           worst = max(worst, ratio)
-        cells += [f"{ms:.2f}", f"{ratio:.2f}", f"{mem / 2**20:.0f}"]
+        mem = _memory_bytes(cases[name, label][0])
+        cells += [f"{ms[name, label]:.2f}", f"{ratio:.2f}", f"{mem / 2**20:.0f}"]
       print(f"| {seq} | {name} | " + " | ".join(cells) + " |", flush=True)
+    del cases
   print(f"\nworst fused / standard ratio: {worst:.2f} (target <= 1.15)")
 
 

@@ -74,7 +74,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.num_kv_heads = config_dict.placeholder(int)  # None = num_heads; fewer = GQA
   m.width = 384  # d_model
   m.mlp_ratio = 4  # MLP hidden = mlp_ratio * width
-  m.dropout = 0.2  # embeddings and residual branches
+  m.dropout = 0.2  # embeddings and residual branches (the fused kernel has no attention dropout)
   m.scaling = arg.scaling  # attention scaling: attnscale.scalings.names()
   m.scaling_params = {"p": arg.p} if arg.scaling == "key_norm_power" else {}  # its params
   m.qk_layernorm = False  # learned LayerNorm on q, k before the scaling

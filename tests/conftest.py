@@ -17,6 +17,7 @@ SCALING_CASES = [
     ("cosine", "cosine", {"temperature": 6.0}),
     ("qk_layernorm", "qk_layernorm", {}),
     ("fully_scaled", "fully_scaled", {}),
+    ("unit_scaled", "unit_scaled", {}),
 ]
 
 

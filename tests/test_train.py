@@ -348,9 +348,11 @@ MODEL_OPTIONS = {
     "shared_kv": {"model.shared_kv": True},
     "sigmoid": {"model.normalizer": "sigmoid"},
     "mqa": {"model.num_kv_heads": 1},
+    "bf16_compute": {"model.dtype": "bfloat16"},
 }
 SMOKE_CASES = ([pytest.param(f"scaling={name}", {}, id=name) for name in scalings.names()] +
-               [pytest.param("scaling=standard", o, id=i) for i, o in MODEL_OPTIONS.items()])
+               [pytest.param("scaling=standard", o, id=i) for i, o in MODEL_OPTIONS.items()] +
+               [pytest.param("scaling=key_norm_power,p=0.5", {}, id="key_norm_power_half")])
 
 
 @pytest.mark.parametrize("arg, overrides", SMOKE_CASES)
