@@ -49,6 +49,12 @@ class ModelConfig:
   causal: bool = True
   dtype: str = "float32"  # compute dtype; params stay float32
   init_std: float = 0.02
+  # The unit-scaled, residual-weighted variant (attnscale/unit_model.py).
+  variant: str = "standard"  # standard | unit_scaled
+  residual_mult: float = 1.0  # u-muP: branches' total weight against the embedding
+  residual_attn_ratio: float = 1.0  # u-muP: attention / MLP branch weight ratio
+  residual_rule: str = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
+  attn_residual: str = "rule"  # rule (depth rule only) | relative (x sqrt(e/n): Graphcore's fix)
 
   def __post_init__(self):
     if self.scaling not in scalings.names():
@@ -69,6 +75,19 @@ class ModelConfig:
     if self.attention_impl not in IMPLEMENTATIONS:
       raise ValueError(f"model.attention_impl must be one of "
                        f"{IMPLEMENTATIONS}, got {self.attention_impl!r}")
+    if self.variant not in VARIANTS:
+      raise ValueError(f"model.variant must be one of {VARIANTS}, got {self.variant!r}")
+    if self.variant == "unit_scaled":
+      if self.scaling in ("cosine", "qk_layernorm") or self.qk_layernorm:
+        raise ValueError(f"model.variant='unit_scaled' takes a scaling without learned "
+                         f"q/k parameters (e.g. fully_scaled, unit_scaled), got "
+                         f"scaling={self.scaling!r}, qk_layernorm={self.qk_layernorm}")
+      if self.residual_rule not in ("umup", "2023"):
+        raise ValueError(f"model.residual_rule must be one of ['umup', '2023'], "
+                         f"got {self.residual_rule!r}")
+      if self.attn_residual not in ("rule", "relative"):
+        raise ValueError(f"model.attn_residual must be one of ['rule', 'relative'], "
+                         f"got {self.attn_residual!r}")
     if not 0 <= self.dropout < 1:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
 
@@ -79,6 +98,19 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.width // self.num_heads
+
+
+VARIANTS = ("standard", "unit_scaled")
+
+
+def scale_fn_for(cfg: ModelConfig, layer) -> scalings.ScaleFn:
+  """The configured scaling, holding `layer`'s learned parameters (if any)."""
+  params = dict(cfg.scaling_params or {})
+  if cfg.scaling == "cosine":
+    params["temperature"] = layer.temperature[...]
+  if cfg.scaling == "qk_layernorm":
+    params.update(q_scale=layer.q_norm_scale[...], k_scale=layer.k_norm_scale[...])
+  return scalings.get(cfg.scaling, **params)
 
 
 def _dropout(x, rate, key):
@@ -113,12 +145,7 @@ class Attention(nnx.Module):
 
   def scale_fn(self) -> scalings.ScaleFn:
     """The configured scaling, holding this layer's learned parameters."""
-    cfg, params = self.cfg, dict(self.cfg.scaling_params or {})
-    if cfg.scaling == "cosine":
-      params["temperature"] = self.temperature[...]
-    if cfg.scaling == "qk_layernorm":
-      params.update(q_scale=self.q_norm_scale[...], k_scale=self.k_norm_scale[...])
-    return scalings.get(cfg.scaling, **params)
+    return scale_fn_for(self.cfg, self)
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
     """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm)."""

@@ -195,7 +195,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         step += 1
         pending.append(metrics)
         done = step == config.num_train_steps
-        save = done or preemption.requested or step % config.checkpoint_every == 0
+        # Read the flag once: a SIGTERM arriving later in this iteration is
+        # handled (saved, then exit) at the next one, never exit-without-save.
+        preempted = preemption.requested
+        save = done or preempted or step % config.checkpoint_every == 0
         if save or step % config.log_every == 0:
           # Reading the metrics waits for the device; do it only here, and
           # always before a save so that nothing non-finite is ever saved.
@@ -222,7 +225,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if save:
           checkpoints.save(step, state)
           last_good = step
-        if preemption.requested:
+        if preempted:
           log(f"SIGTERM: saved a checkpoint at step {step} in {workdir}; exiting")
           break
   finally:

@@ -26,6 +26,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from attnscale.model import ModelConfig, Transformer
+from attnscale.unit_model import UnitScaledTransformer
 
 State = dict[str, Any]
 
@@ -67,8 +68,10 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return opt
 
 
-def init_model(config) -> Transformer:
-  return Transformer(model_config(config), rngs=nnx.Rngs(params=config.seed))
+def init_model(config) -> Transformer | UnitScaledTransformer:
+  cfg = model_config(config)
+  model_cls = UnitScaledTransformer if cfg.variant == "unit_scaled" else Transformer
+  return model_cls(cfg, rngs=nnx.Rngs(params=config.seed))
 
 
 def create_state(config, mesh) -> tuple[nnx.GraphDef, State, Any]:

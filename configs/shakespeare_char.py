@@ -9,7 +9,9 @@ Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
       --config.num_train_steps=2000
 
 Config argument keys: preset (nanogpt | graphcore | cpu | test), scaling, p (the
-power for scaling=key_norm_power), seed.
+power for scaling=key_norm_power), seed. scaling=unit_scaled selects the
+unit-scaled, residual-weighted transformer (model.variant) with fully scaled
+attention and Graphcore's relative attention weight.
 
 Presets and what to expect:
   nanogpt   nanoGPT's config/train_shakespeare_char.py exactly (6 layers, 6 heads,
@@ -82,6 +84,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
   m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
   m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
+  # The unit-scaled, residual-weighted transformer (attnscale/unit_model.py).
+  m.variant = "standard"  # standard | unit_scaled
+  m.residual_mult = 1.0  # u-muP: all branches' weight against the embedding
+  m.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
+  m.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
+  m.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
+  if arg.scaling == "unit_scaled":
+    # The experiment "unit_scaled" (SCIENCE.md): fully scaled attention inside the
+    # unit-scaled transformer, its branch weighted to sqrt(e/n) of the skip.
+    # (--config.model.scaling=unit_scaled instead picks u-muP's 1/d attention.)
+    m.variant, m.scaling, m.attn_residual = "unit_scaled", "fully_scaled", "relative"
 
   if arg.preset == "graphcore":
     c.batch_size, c.seq_len = 16, 256

@@ -349,6 +349,7 @@ MODEL_OPTIONS = {
     "sigmoid": {"model.normalizer": "sigmoid"},
     "mqa": {"model.num_kv_heads": 1},
     "bf16_compute": {"model.dtype": "bfloat16"},
+    "unit_variant_2023_rule": {"model.variant": "unit_scaled", "model.residual_rule": "2023"},
 }
 SMOKE_CASES = ([pytest.param(f"scaling={name}", {}, id=name) for name in scalings.names()] +
                [pytest.param("scaling=standard", o, id=i) for i, o in MODEL_OPTIONS.items()] +
