@@ -113,6 +113,24 @@ def scale_fn_for(cfg: ModelConfig, layer) -> scalings.ScaleFn:
   return scalings.get(cfg.scaling, **params)
 
 
+def residual_stream(model, tokens_BT, mask=None, dropout_key=None):
+  """Embeddings then every block: the final residual stream [B, T, D].
+
+  Shared by `Transformer` and the unit-scaled variant; each layer gets its own
+  dropout key (split from `dropout_key`; None = no dropout).
+  """
+  cfg = model.cfg
+  T = tokens_BT.shape[1]
+  if T > cfg.block_size:
+    raise ValueError(f"sequence length {T} exceeds model.block_size {cfg.block_size}")
+  keys = (jax.random.split(dropout_key, cfg.num_layers + 1) if dropout_key is not None
+          else [None] * (cfg.num_layers + 1))
+  x_BTD = model.embed_tokens(tokens_BT, keys[0])
+  for block, key in zip(model.blocks, keys[1:]):
+    x_BTD = block(x_BTD, mask, key)
+  return x_BTD
+
+
 def _dropout(x, rate, key):
   if key is None or rate == 0:
     return x
@@ -224,14 +242,6 @@ class Transformer(nnx.Module):
         (e.g. padding [B, 1, 1, T]), combined with causality when causal.
       dropout_key: PRNG key for dropout; None = deterministic (evaluation).
     """
-    T = tokens_BT.shape[1]
-    if T > self.cfg.block_size:
-      raise ValueError(f"sequence length {T} exceeds model.block_size {self.cfg.block_size}")
-    keys = (jax.random.split(dropout_key, self.cfg.num_layers + 1) if dropout_key is not None
-            else [None] * (self.cfg.num_layers + 1))
-    x_BTD = self.embed_tokens(tokens_BT, keys[0])
-    for block, key in zip(self.blocks, keys[1:]):
-      x_BTD = block(x_BTD, mask, key)
-    x_BTD = self.ln_f(x_BTD)
+    x_BTD = self.ln_f(residual_stream(self, tokens_BT, mask, dropout_key))
     # Tied embeddings; logits in float32 for a stable softmax cross-entropy.
     return self.embed.attend(x_BTD).astype(jnp.float32)

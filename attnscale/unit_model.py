@@ -38,7 +38,7 @@ from flax import nnx
 
 from attnscale import unit_scaling as us
 from attnscale.attention import attention
-from attnscale.model import ModelConfig, _dropout, scale_fn_for
+from attnscale.model import ModelConfig, _dropout, residual_stream, scale_fn_for
 
 Array = jax.Array
 
@@ -154,13 +154,6 @@ class UnitScaledTransformer(nnx.Module):
 
   def __call__(self, tokens_BT, *, mask=None, dropout_key=None):
     """Logits [B, T, V] (float32), unit-scale at init. Same contract as `Transformer`."""
-    T = tokens_BT.shape[1]
-    if T > self.cfg.block_size:
-      raise ValueError(f"sequence length {T} exceeds model.block_size {self.cfg.block_size}")
-    keys = (jax.random.split(dropout_key, self.cfg.num_layers + 1) if dropout_key is not None
-            else [None] * (self.cfg.num_layers + 1))
-    x_BTD = self.embed_tokens(tokens_BT, keys[0])
-    for block, key in zip(self.blocks, keys[1:]):
-      x_BTD = block(x_BTD, mask, key)
+    x_BTD = residual_stream(self, tokens_BT, mask, dropout_key)
     # Tied readout, unit-scaled: logits = LN(x) @ E^T / sqrt(D).
     return us.linear(self.ln_f(x_BTD), self.embed[...].T).astype(jnp.float32)
