@@ -1,7 +1,6 @@
 """No scaling lets a causal query see the future, nor any query see padding."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import attnscale
-from attnscale import diagnostics, eval_lib, scalings, train_lib
+from attnscale import diagnostics, eval_lib, train_lib
 from attnscale.data import char_lm
 from configs import shakespeare_char
 
