@@ -21,6 +21,18 @@ dynamics. This model is that experiment built from unit scaling (Blake et al.
   attention enters the stream at about sqrt(e/n) of the skip, as the standard
   model's attention does: Graphcore's "relative weight" fix.
 
+Gradients. Inside a residual branch every op's backward is unit-scaled on its
+own (the MLP's linears and GELU with separate forward/backward scales, the
+attention input's fan-out to q, k and v normalised, q/k gradients rescaled by
+the attention's logit scale), and one `scale_bwd` at the branch's entry
+multiplies back the product of (backward / forward) ratios along the branch.
+A branch is a chain between two cut edges (`residual_split`'s output and
+`residual_add`'s input) and every path through it carries the same ratio, so
+this restores dL/dx of the residual stream to plain autodiff *exactly* (tested),
+while every weight gradient and every gradient inside the branch has std about 1
+at initialisation (Blake et al. 2023, section 5.2: scales may differ forward and
+backward except where that would change the gradient's direction).
+
 The interface matches `attnscale.model.Transformer` (blocks with `ln1`, `attn.qkv`,
 `attn.scale_fn`), so training, evaluation and diagnostics serve both.
 
@@ -69,6 +81,19 @@ def _unit_normal(rngs, shape):
   return nnx.Param(jax.random.normal(rngs.params(), shape))
 
 
+def qk_grad_std(cfg: ModelConfig) -> float:
+  """Std of dL/dq (and dL/dk) at init for a unit cotangent on a unit-scale output.
+
+  dq_i = s sum_j dlogit_ij k_j with dlogit_ij ~ p_ij c (g_i . v_j): about
+  s sqrt(d) c sqrt(sum_j p_ij^2) = s sqrt(d) when the output is unit scale
+  (c^2 sum_j p_ij^2 = 1). So 1 for fully scaled attention (s = 1/sqrt(d)) and
+  mult / sqrt(d) for u-muP's 1/d logits; other scalings are treated as 1.
+  """
+  if cfg.scaling == "unit_scaled":
+    return float((cfg.scaling_params or {}).get("mult", 1.0)) / math.sqrt(cfg.head_dim)
+  return 1.0
+
+
 class UnitAttention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -78,6 +103,11 @@ class UnitAttention(nnx.Module):
     self.w_k = _unit_normal(rngs, (D, K * H))
     self.w_v = None if cfg.shared_kv else _unit_normal(rngs, (D, K * H))
     self.w_o = _unit_normal(rngs, (N * H, D))
+    # The input feeds q, k and v: its gradient sums three terms of std
+    # qk, qk and 1. Dividing each by their total keeps it unit; the block
+    # multiplies the total back at the branch's entry (`entry_grad_scale`).
+    self.qk_grad = qk_grad_std(cfg)
+    self.entry_grad_scale = math.sqrt(1.0 + 2.0 * self.qk_grad**2)
 
   def scale_fn(self):
     return scale_fn_for(self.cfg, self)
@@ -85,11 +115,22 @@ class UnitAttention(nnx.Module):
   def qkv(self, x_BTD):
     cfg = self.cfg
     B, T, _ = x_BTD.shape
-    q_BTNH = us.linear(x_BTD, self.w_q[...]).reshape(B, T, cfg.num_heads, cfg.head_dim)
-    k_BTKH = us.linear(x_BTD, self.w_k[...]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+    x_BTD = us.scale_bwd(x_BTD, 1.0 / self.entry_grad_scale)
+    # q and k: gradients scaled to unit after the projection and back before
+    # it, so w_q, w_k get unit gradients and the input's gradient is exact.
+    x_qk_BTD = us.scale_bwd(x_BTD, self.qk_grad)
+    to_qk = lambda y: us.scale_bwd(y, 1.0 / self.qk_grad)
+    q_BTNH = to_qk(us.linear(x_qk_BTD, self.w_q[...])).reshape(B, T, cfg.num_heads,
+                                                                cfg.head_dim)
     if cfg.shared_kv:
-      return q_BTNH, k_BTKH, k_BTKH
-    return q_BTNH, k_BTKH, us.linear(x_BTD, self.w_v[...]).reshape(k_BTKH.shape)
+      # k and v share a projection: rescaling only k's gradient would change
+      # the gradient's direction, so w_k keeps plain scaling (dv dominates it).
+      kv_BTKH = us.linear(x_BTD, self.w_k[...]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+      return q_BTNH, kv_BTKH, kv_BTKH
+    k_BTKH = to_qk(us.linear(x_qk_BTD, self.w_k[...])).reshape(B, T, cfg.kv_heads,
+                                                                cfg.head_dim)
+    v_BTKH = us.linear(x_BTD, self.w_v[...]).reshape(k_BTKH.shape)
+    return q_BTNH, k_BTKH, v_BTKH
 
   def __call__(self, x_BTD, mask=None):
     B, T, D = x_BTD.shape
@@ -105,15 +146,25 @@ _GELU_STD_OVER_RMS = 1 / math.sqrt(1 + 1 / (4 * math.pi * us.gelu_scales()[0]**2
 
 
 class UnitMLP(nnx.Module):
+  """down(gelu(up(x))), each op unit-scaled forward and backward separately.
+
+  Backward/forward ratios: up sqrt(D/F), GELU std/grad_rms, the RMS rescale
+  1/_GELU_STD_OVER_RMS, down sqrt(F/D); their product is rms/grad_rms of the
+  GELU output, and `entry_grad_scale` (its inverse) restores the true gradient
+  at the branch's entry.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, F = cfg.width, cfg.mlp_ratio * cfg.width
     self.w_up = _unit_normal(rngs, (D, F))
     self.w_down = _unit_normal(rngs, (F, D))
+    out_std, grad_rms = us.gelu_scales()
+    self.entry_grad_scale = grad_rms * _GELU_STD_OVER_RMS / out_std
 
   def __call__(self, x_BTD):
-    h_BTF = us.scale_fwd(us.gelu(us.linear(x_BTD, self.w_up[...])), _GELU_STD_OVER_RMS)
-    return us.linear(h_BTF, self.w_down[...])
+    u_BTF = us.linear(x_BTD, self.w_up[...], constraint=None)
+    h_BTF = us.scale_fwd(us.gelu(u_BTF, constraint=None), _GELU_STD_OVER_RMS)
+    return us.linear(h_BTF, self.w_down[...], constraint=None)
 
 
 class UnitBlock(nnx.Module):
@@ -127,9 +178,13 @@ class UnitBlock(nnx.Module):
   def __call__(self, x_BTD, mask=None, dropout_key=None):
     k1, k2 = jax.random.split(dropout_key) if dropout_key is not None else (None, None)
     rule, rate = self.cfg.residual_rule, self.cfg.dropout
-    x_BTD = us.residual_apply(lambda h: _dropout(self.attn(self.ln1(h), mask), rate, k1),
+    # Each branch's entry multiplies its gradient back to plain autodiff (the
+    # ops inside scale theirs to unit): see the module docstring.
+    attn_in = lambda h: self.ln1(us.scale_bwd(h, self.attn.entry_grad_scale))
+    mlp_in = lambda h: self.ln2(us.scale_bwd(h, self.mlp.entry_grad_scale))
+    x_BTD = us.residual_apply(lambda h: _dropout(self.attn(attn_in(h), mask), rate, k1),
                               x_BTD, self.tau_attn, rule)
-    return us.residual_apply(lambda h: _dropout(self.mlp(self.ln2(h)), rate, k2),
+    return us.residual_apply(lambda h: _dropout(self.mlp(mlp_in(h)), rate, k2),
                              x_BTD, self.tau_mlp, rule)
 
 
