@@ -8,12 +8,16 @@
   and a save on SIGTERM (preemption).
 * TensorBoard event files, metrics.jsonl and the resolved config.json in WORKDIR,
   a progress line with loss, steps/s and tokens/s, periodic validation loss.
+  Each log also records `loss_last20` (the mean loss of the last 20 steps this
+  process ran: Graphcore's final-loss metric) and `elapsed_s` (seconds since
+  this process started training), which the sweep tables read.
 * A NaN or inf loss (or gradient) stops the run before anything non-finite is
   saved: the last good checkpoint stays.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -36,6 +40,9 @@ from attnscale.metrics_writer import MetricsWriter
 # length of the cosine decay, so changing it would change the finished steps' run.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_checkpoints", "data_dir")
+
+
+LAST_LOSSES = 20  # Graphcore's final training loss: the mean of the last 20 steps
 
 
 class NonFiniteLossError(RuntimeError):
@@ -177,6 +184,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   step = int(state["step"])
   last_good = checkpoints.latest_step()
+  start_time = time.perf_counter()
+  last_losses = collections.deque(maxlen=LAST_LOSSES)
   pending, summary, first_step = [], {}, True
   tick, tick_step = time.perf_counter(), step
   try:
@@ -202,7 +211,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if save or step % config.log_every == 0:
           # Reading the metrics waits for the device; do it only here, and
           # always before a save so that nothing non-finite is ever saved.
-          summary = _summarise(jax.device_get(pending), step, last_good, workdir)
+          pending = jax.device_get(pending)
+          summary = _summarise(pending, step, last_good, workdir)
+          last_losses.extend(float(m["loss"]) for m in pending)
+          summary.update({"loss_last20": float(np.mean(last_losses)),
+                          "elapsed_s": time.perf_counter() - start_time})
           speed = ""
           if step > tick_step:  # else only the (compiling) first step ran
             steps_per_s = (step - tick_step) / (time.perf_counter() - tick)

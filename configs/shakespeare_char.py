@@ -8,7 +8,7 @@ Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
   python train.py --config=configs/shakespeare_char.py:preset=nanogpt --workdir=runs/nanogpt \
       --config.num_train_steps=2000
 
-Config argument keys: preset (nanogpt | graphcore | cpu | test), scaling, p (the
+Config argument keys: preset (nanogpt | graphcore | graphcore_cpu | cpu | test), scaling, p (the
 power for scaling=key_norm_power), seed. scaling=unit_scaled selects the
 unit-scaled, residual-weighted transformer (model.variant) with fully scaled
 attention and Graphcore's relative attention weight.
@@ -22,6 +22,8 @@ Presets and what to expect:
             seq 256, batch 16, Adam, constant LR, no warm-up, no dropout, 5000
             steps; sweep LR over 2^-7 ... 2^-12. Graphcore (byte-level complete
             works) report baseline about 1.2, fully scaled about 1.4.
+  graphcore_cpu  Graphcore's recipe at 4 layers, width 64, seq 64, batch 16,
+            1500 steps: the CPU learning-rate sweep (get_sweep("graphcore_cpu")).
   cpu       4 layers, width 128, 4 heads, seq 128, batch 32, 1000 steps: a
             useful model in about 10 minutes on 2 CPU cores (see README).
   test      seconds: for the test suite.
@@ -32,7 +34,31 @@ from ml_collections import config_dict
 
 from attnscale import configlib
 
-PRESETS = ("nanogpt", "graphcore", "cpu", "test")
+PRESETS = ("nanogpt", "graphcore", "graphcore_cpu", "cpu", "test")
+
+
+# Sweeps are data: lists of points (a config argument plus field overrides),
+# each an ordinary train.py run; `python sweep.py --config=configs/shakespeare_char.py
+# --sweep=NAME --workdir=DIR` runs them (attnscale/sweeps.py).
+SWEEP_SCALINGS = ("standard", "fully_scaled", "unit_scaled", "key_norm_sum", "cosine")
+SWEEPS = {
+    # Graphcore's almost-scaled attention sweep at full size (a GPU job):
+    # Adam at constant LR 2^-7 ... 2^-12, 5000 steps.
+    "graphcore": ("graphcore", SWEEP_SCALINGS, [2.0**-e for e in range(7, 13)], (0,)),
+    # The same at CPU size (preset graphcore_cpu): 25 runs, about an hour on 2 cores.
+    "graphcore_cpu": ("graphcore_cpu", SWEEP_SCALINGS, [2.0**-e for e in range(5, 10)], (0,)),
+    # Seconds: the test suite's.
+    "test": ("test", ("standard", "fully_scaled"), [2.0**-8, 2.0**-6], (0,)),
+}
+
+
+def get_sweep(name: str) -> list[dict]:
+  """The points of sweep `name`: scaling x learning rate x seed."""
+  configlib.check_choice("sweep", name, SWEEPS)
+  preset, scalings, learning_rates, seeds = SWEEPS[name]
+  return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
+           "overrides": {"learning_rate": lr}}
+          for scaling in scalings for lr in learning_rates for seed in seeds]
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -101,6 +127,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optimizer, c.lr_schedule, c.learning_rate = "adam", "constant", 2.0**-10
     c.warmup_steps, c.weight_decay, c.grad_clip, c.b2 = 0, 0.0, 0.0, 0.999
     m.num_layers, m.num_heads, m.width, m.dropout = 4, 4, 256, 0.0
+  elif arg.preset == "graphcore_cpu":
+    # Graphcore's recipe (Adam, constant LR, no warm-up, dropout or clipping) at
+    # a size whose whole sweep runs in about an hour on 2 CPU cores.
+    c.batch_size, c.seq_len, c.num_train_steps = 16, 64, 1500
+    c.optimizer, c.lr_schedule, c.learning_rate = "adam", "constant", 2.0**-7
+    c.warmup_steps, c.weight_decay, c.grad_clip, c.b2 = 0, 0.0, 0.0, 0.999
+    c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 20, 500, 10, 500
+    m.block_size, m.num_layers, m.num_heads, m.width, m.dropout = 64, 4, 4, 64, 0.0
   elif arg.preset == "cpu":
     c.batch_size, c.seq_len, c.num_train_steps = 32, 128, 1000
     c.learning_rate, c.min_learning_rate, c.warmup_steps = 2e-3, 2e-4, 50

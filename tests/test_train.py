@@ -187,13 +187,15 @@ def run_a(tfds_dir, tmp_path_factory):
 def test_loss_goes_down_and_workdir_holds_outputs(run_a):
   config, workdir, result = run_a
   assert set(result) == {"step", "loss", "grad_norm", "lr", "steps_per_s", "tokens_per_s",
-                         "val_loss"}
+                         "val_loss", "loss_last20", "elapsed_s"}
   assert result["step"] == NUM_STEPS
   losses = train_losses(workdir)
   assert sorted(losses) == list(range(1, NUM_STEPS + 1))  # one line per log step
   assert losses[1] == pytest.approx(LN_VOCAB, abs=0.05)  # uniform at init
   assert result["loss"] == losses[NUM_STEPS]
   assert result["loss"] < LN_VOCAB - 0.5, losses
+  assert result["loss_last20"] == pytest.approx(np.mean([losses[s] for s in range(1, 21)]))
+  assert 0 < result["elapsed_s"] < 600
   assert math.isfinite(result["val_loss"]) and result["val_loss"] < LN_VOCAB - 0.4
 
   with open(os.path.join(workdir, "config.json")) as f:

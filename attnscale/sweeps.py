@@ -1,0 +1,333 @@
+"""Learning-rate x scaling sweeps: points as data, ordinary train.py runs, one table.
+
+A sweep is a list of points, each a config argument plus field overrides,
+defined next to its config (`configs/*.py:get_sweep(name)`):
+
+    {"arg": "preset=graphcore,scaling=fully_scaled,seed=0",
+     "overrides": {"learning_rate": 2**-9}}
+
+Each point is one `train.py` command in its own sub-directory of the sweep's
+workdir, so a point can run anywhere (a cluster array job, a second machine)
+and `train.py` resumes it where it stopped. `run_sweep` runs the points one
+after another, skipping finished ones; `collect` reads every point's
+`config.json` and `metrics.jsonl` into rows; `write_results` writes the table
+(CSV and Markdown) and Graphcore-style figures: final training loss (mean of the
+last 20 steps) against the learning rate per scaling, and the loss curves at
+each scaling's best learning rate.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py is
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One run of a sweep: `train.py --config=FILE:arg --config.K=V ...`."""
+
+  arg: str
+  overrides: tuple[tuple[str, object], ...] = ()
+
+  @property
+  def name(self) -> str:
+    """A directory name: the argument's values and the overrides, e.g.
+    `graphcore-fully_scaled-0-lr0.001953125` (no shell metacharacters)."""
+    parts = [v for _, _, v in (kv.partition("=") for kv in self.arg.split(",") if kv)]
+    for key, value in self.overrides:
+      parts.append(f"{_short(key)}{value:g}" if isinstance(value, float) else
+                   f"{_short(key)}{value}")
+    return "-".join(parts).replace("/", "_")
+
+  def command(self, config_file: str, workdir: str, python: str = sys.executable) -> list[str]:
+    """The train.py command line of this point (runs from the repository root)."""
+    cmd = [python, "train.py", f"--config={config_file}:{self.arg}",
+           f"--workdir={os.path.join(workdir, self.name)}"]
+    return cmd + [f"--config.{key}={value!r}" if isinstance(value, str) else
+                  f"--config.{key}={value}" for key, value in self.overrides]
+
+
+def _short(key: str) -> str:
+  return {"learning_rate": "lr"}.get(key, key.rsplit(".", 1)[-1])
+
+
+def _format_value(value) -> str:
+  """2**-9 as `2^-9` (sweeps are usually powers of two), else as written."""
+  if isinstance(value, float) and value > 0:
+    exponent = math.log2(value)
+    if exponent == round(exponent):
+      return f"2^{int(exponent)}"
+  return str(value)
+
+
+def load_sweep(config_file: str, name: str) -> list[Point]:
+  """The points of sweep `name` in `config_file` (which defines `get_sweep(name)`).
+
+  Raises:
+    ValueError: the config has no sweeps, or no sweep of that name (the
+      message lists the known ones).
+  """
+  spec = importlib.util.spec_from_file_location("_sweep_config", config_file)
+  if spec is None or not os.path.exists(config_file):
+    raise ValueError(f"--config {config_file} is not a config file")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_sweep"):
+    raise ValueError(f"--config {config_file} defines no sweeps (no get_sweep)")
+  known = getattr(module, "SWEEPS", ())
+  if name not in known:
+    raise ValueError(f"--sweep must be one of {list(known)}, got {name!r}")
+  points = [Point(p["arg"], tuple(sorted(p.get("overrides", {}).items())))
+            for p in module.get_sweep(name)]
+  names = [p.name for p in points]
+  if len(set(names)) != len(names):
+    raise ValueError(f"sweep {name!r} has two points with the same directory name")
+  return points
+
+
+def status(run_dir: str) -> str:
+  """'done' (a checkpoint at num_train_steps), 'partial' (started) or 'new'."""
+  config_path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(config_path):
+    return "new"
+  with open(config_path) as f:
+    num_steps = json.load(f)["num_train_steps"]
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  steps = [int(d) for d in os.listdir(ckpt_dir) if d.isdigit()] if os.path.isdir(ckpt_dir) else []
+  return "done" if steps and max(steps) >= num_steps else "partial"
+
+
+def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
+              log=print) -> list[tuple[Point, int]]:
+  """Runs every point that is not done, one after another; returns the failures.
+
+  A point that fails (non-zero exit: a NaN at a too-high learning rate, say) is
+  reported and the sweep goes on; its directory keeps what it had.
+  """
+  failures = []
+  config_file, workdir = os.path.abspath(config_file), os.path.abspath(workdir)
+  for i, point in enumerate(points):
+    run_dir = os.path.join(workdir, point.name)
+    state = status(run_dir)
+    if state == "done":
+      log(f"[{i + 1}/{len(points)}] {point.name}: done, skipped")
+      continue
+    log(f"[{i + 1}/{len(points)}] {point.name}: {'resuming' if state == 'partial' else 'starting'}")
+    start = time.perf_counter()
+    returncode = subprocess.call(point.command(config_file, workdir), cwd=ROOT)
+    log(f"[{i + 1}/{len(points)}] {point.name}: exit {returncode} after "
+        f"{time.perf_counter() - start:.0f}s")
+    if returncode:
+      failures.append((point, returncode))
+  return failures
+
+
+# ---------------------------------------------------------------------------
+# Collecting results.
+
+COLUMNS = ("scaling", "variant", "learning_rate", "seed", "steps", "final_train_loss",
+           "best_val_loss", "wall_s", "status", "run")
+
+
+def read_run(run_dir: str) -> dict | None:
+  """One row of the results table from a run directory (None if never started).
+
+  final_train_loss is the last logged `train/loss_last20` (Graphcore's metric:
+  the mean training loss over the last 20 steps); wall_s sums every process's
+  `elapsed_s` (a resumed run adds its segments). A run that stopped on a NaN
+  has status 'diverged' and final_train_loss NaN.
+  """
+  config_path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(config_path):
+    return None
+  with open(config_path) as f:
+    config = json.load(f)
+  records = []
+  metrics_path = os.path.join(run_dir, "metrics.jsonl")
+  if os.path.exists(metrics_path):
+    with open(metrics_path) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+  train = [r for r in records if "train/loss" in r]
+  val = [r["val/loss"] for r in records if "val/loss" in r]
+  wall, previous = 0.0, 0.0
+  for r in train:
+    elapsed = r.get("train/elapsed_s", 0.0)
+    if elapsed < previous:  # a new process (resume) started a new segment
+      wall += previous
+    previous = elapsed
+  state = status(run_dir)
+  last_step = train[-1]["step"] if train else 0
+  if state != "done" and train and not all(math.isfinite(r["train/loss"]) for r in train):
+    state = "diverged"
+  model = config["model"]
+  return {
+      "scaling": model["scaling"] if model.get("variant", "standard") == "standard"
+                 else model["variant"],
+      "variant": model.get("variant", "standard"),
+      "learning_rate": config["learning_rate"],
+      "seed": config["seed"],
+      "steps": last_step,
+      "final_train_loss": train[-1].get("train/loss_last20", math.nan) if state == "done"
+                          else math.nan,
+      "best_val_loss": min(val) if val else math.nan,
+      "wall_s": wall + previous,
+      "status": state,
+      "run": os.path.basename(os.path.normpath(run_dir)),
+      "curve": [(r["step"], r["train/loss"]) for r in train],
+  }
+
+
+def collect(workdir: str, points: Sequence[Point] | None = None) -> list[dict]:
+  """Rows for `points` (default: every run directory in `workdir`), sorted by
+  scaling, learning rate and seed. A point not started yet has status 'new'."""
+  if points is None:
+    names = sorted(d for d in os.listdir(workdir) if os.path.isdir(os.path.join(workdir, d)))
+  else:
+    names = [p.name for p in points]
+  rows = []
+  for name in names:
+    row = read_run(os.path.join(workdir, name))
+    rows.append(row if row is not None else
+                {**{c: math.nan for c in COLUMNS}, "scaling": "?", "status": "new",
+                 "run": name, "curve": []})
+  return sorted(rows, key=lambda r: (str(r["scaling"]), _num(r["learning_rate"]),
+                                     _num(r["seed"])))
+
+
+def _num(x) -> float:
+  return x if isinstance(x, (int, float)) else math.inf
+
+
+def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
+  """Per scaling, the learning rate with the lowest final training loss (mean
+  over seeds), as {scaling: {"learning_rate", "final_train_loss", "seeds"}}."""
+  by_key: dict[tuple[str, float], list[float]] = {}
+  for r in rows:
+    if r["status"] == "done" and math.isfinite(r["final_train_loss"]):
+      by_key.setdefault((r["scaling"], r["learning_rate"]), []).append(r["final_train_loss"])
+  best: dict[str, dict] = {}
+  for (scaling, lr), losses in sorted(by_key.items()):
+    mean = sum(losses) / len(losses)
+    if scaling not in best or mean < best[scaling]["final_train_loss"]:
+      best[scaling] = {"learning_rate": lr, "final_train_loss": mean, "seeds": len(losses)}
+  return best
+
+
+def _fmt(value, key: str) -> str:
+  if isinstance(value, float):
+    if math.isnan(value):
+      return "-"
+    if key == "learning_rate":
+      return _format_value(value)
+    return f"{value:.0f}" if key == "wall_s" else f"{value:.4f}"
+  return str(value)
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+  """The results as a Markdown table, the best learning rate per scaling in bold."""
+  best = best_per_scaling(rows)
+  lines = ["| " + " | ".join(COLUMNS[:-1]) + " |",
+           "|" + "|".join("---:" if c not in ("scaling", "variant", "status") else "---"
+                          for c in COLUMNS[:-1]) + "|"]
+  for r in rows:
+    cells = [_fmt(r[c], c) for c in COLUMNS[:-1]]
+    if best.get(r["scaling"], {}).get("learning_rate") == r["learning_rate"]:
+      cells[COLUMNS.index("final_train_loss")] = f"**{cells[COLUMNS.index('final_train_loss')]}**"
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dict[str, str]:
+  """Writes results.csv, results.md, loss_vs_lr.png and loss_curves.png; returns the paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {name: os.path.join(out_dir, name) for name in
+           ("results.csv", "results.md", "loss_vs_lr.png", "loss_curves.png")}
+  with open(paths["results.csv"], "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+  best = best_per_scaling(rows)
+  with open(paths["results.md"], "w") as f:
+    if title:
+      f.write(f"# {title}\n\n")
+    f.write("Best learning rate per scaling (final training loss = mean of the last 20 "
+            "steps, mean over seeds):\n\n| scaling | best lr | final train loss |\n|---|---:|---:|\n")
+    for scaling, b in sorted(best.items(), key=lambda kv: kv[1]["final_train_loss"]):
+      f.write(f"| {scaling} | {_format_value(b['learning_rate'])} | "
+              f"{b['final_train_loss']:.4f} |\n")
+    f.write("\nAll points:\n\n" + markdown_table(rows))
+  fig = plot_loss_vs_lr(rows, title=title)
+  fig.savefig(paths["loss_vs_lr.png"], dpi=120, bbox_inches="tight", metadata={"Software": None})
+  fig = plot_loss_curves(rows, title=title)
+  fig.savefig(paths["loss_curves.png"], dpi=120, bbox_inches="tight", metadata={"Software": None})
+  return paths
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg")  # files only; no display
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
+  """Final training loss against learning rate (log2), one line per scaling
+  (Graphcore's almost-scaled attention figure); diverged points marked x at the top."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  done = [r for r in rows if r["status"] in ("done", "diverged")]
+  finite = [r["final_train_loss"] for r in done if math.isfinite(r["final_train_loss"])]
+  ceiling = max(finite) + 0.05 if finite else 1.0
+  for scaling in sorted({r["scaling"] for r in done}):
+    points: dict[float, list[float]] = {}
+    for r in done:
+      if r["scaling"] == scaling:
+        points.setdefault(r["learning_rate"], []).append(r["final_train_loss"])
+    lrs = sorted(points)
+    means = [sum(v) / len(v) for v in (points[lr] for lr in lrs)]
+    line, = ax.plot([lr for lr, m in zip(lrs, means) if math.isfinite(m)],
+                    [m for m in means if math.isfinite(m)], marker="o", label=scaling)
+    bad = [lr for lr, m in zip(lrs, means) if not math.isfinite(m)]
+    if bad:
+      ax.plot(bad, [ceiling] * len(bad), "x", color=line.get_color())
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("learning rate")
+  ax.set_ylabel("final training loss (mean of last 20 steps)")
+  ax.set_title(title or "final training loss vs learning rate")
+  ax.grid(True, alpha=0.3)
+  ax.legend()
+  return fig
+
+
+def plot_loss_curves(rows: Sequence[dict], *, title: str = ""):
+  """Training loss against step at each scaling's best learning rate."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  for scaling, b in sorted(best_per_scaling(rows).items()):
+    runs = [r for r in rows if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
+            and r["curve"]]
+    if runs:
+      steps, losses = zip(*runs[0]["curve"])
+      ax.plot(steps, losses, label=f"{scaling} (lr {_format_value(b['learning_rate'])})")
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss")
+  ax.set_title(title or "training loss at each scaling's best learning rate")
+  ax.grid(True, alpha=0.3)
+  ax.legend()
+  return fig
+
+
+def shell_commands(config_file: str, points: Sequence[Point], workdir: str) -> list[str]:
+  """One shell line per point, for a cluster's job array or GNU parallel."""
+  return [shlex.join(p.command(config_file, workdir, python="python")) for p in points]

@@ -1,0 +1,48 @@
+r"""Runs a learning-rate x scaling sweep and writes its results table and figures.
+
+  python sweep.py --config=configs/shakespeare_char.py --sweep=graphcore_cpu --workdir=runs/sweep
+  python sweep.py --config=configs/shakespeare_char.py --sweep=graphcore --workdir=runs/gc \
+      --print_commands          # one train.py line per point, for a cluster
+  python sweep.py --config=configs/shakespeare_char.py --sweep=graphcore --workdir=runs/gc \
+      --collect_only            # tables and figures from whatever has finished
+
+Each point is an ordinary train.py run in WORKDIR/<point>; finished points are
+skipped and interrupted ones resume. Results: WORKDIR/results.{csv,md},
+WORKDIR/loss_vs_lr.png, WORKDIR/loss_curves.png.
+"""
+
+import sys
+
+from absl import app, flags
+
+_CONFIG = flags.DEFINE_string("config", None, "A config file that defines get_sweep().")
+_SWEEP = flags.DEFINE_string("sweep", None, "The sweep's name (the config's SWEEPS).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's directory: one sub-directory a point.")
+_PRINT = flags.DEFINE_bool("print_commands", False, "Print each point's train.py command and exit.")
+_COLLECT = flags.DEFINE_bool("collect_only", False, "Only write the results of finished points.")
+flags.mark_flags_as_required(["config", "sweep", "workdir"])
+
+
+def main(argv):
+  del argv
+  from attnscale import sweeps
+  try:
+    points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  if _PRINT.value:
+    print("\n".join(sweeps.shell_commands(_CONFIG.value, points, _WORKDIR.value)))
+    return
+  failures = []
+  if not _COLLECT.value:
+    failures = sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value)
+  rows = sweeps.collect(_WORKDIR.value, points)
+  paths = sweeps.write_results(rows, _WORKDIR.value, title=f"{_SWEEP.value} sweep")
+  print(sweeps.markdown_table(rows))
+  print("wrote " + ", ".join(paths.values()))
+  for point, code in failures:
+    print(f"failed (exit {code}): {point.name}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,99 @@
+"""Sweeps: points as data, ordinary train.py runs, skip/resume, the results table."""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnscale import sweeps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = "configs/shakespeare_char.py"
+
+
+def test_sweeps_are_lists_of_points():
+  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "graphcore_cpu")
+  assert len(points) == 5 * 5  # scalings x learning rates x 1 seed
+  assert len({p.name for p in points}) == len(points)
+  assert points[0].name == "graphcore_cpu-standard-0-lr0.03125"
+  scalings = {p.arg.split("scaling=")[1].split(",")[0] for p in points}
+  assert scalings == {"standard", "fully_scaled", "unit_scaled", "key_norm_sum", "cosine"}
+  full = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "graphcore")
+  assert sorted({dict(p.overrides)["learning_rate"] for p in full}) == [
+      2.0**-e for e in range(12, 6, -1)]
+
+
+def test_unknown_sweep_or_config_is_a_one_line_error():
+  with pytest.raises(ValueError, match=r"--sweep must be one of \['graphcore'"):
+    sweeps.load_sweep(os.path.join(ROOT, CONFIG), "nope")
+  with pytest.raises(ValueError, match="is not a config file"):
+    sweeps.load_sweep("configs/missing.py", "test")
+
+
+def test_print_commands_gives_one_train_py_line_per_point(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
+       f"--workdir={tmp_path}", "--print_commands"],
+      cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+  assert len(out) == 25
+  assert out[0] == (f"python train.py --config={CONFIG}:preset=graphcore_cpu,scaling=standard,"
+                    f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.03125 "
+                    "--config.learning_rate=0.03125")
+  assert not os.listdir(tmp_path)  # printing runs nothing
+
+
+def _fake_run(run_dir, *, lr, scaling="standard", losses, num_steps, elapsed, checkpoint=None):
+  os.makedirs(run_dir)
+  with open(os.path.join(run_dir, "config.json"), "w") as f:
+    json.dump({"learning_rate": lr, "seed": 0, "num_train_steps": num_steps,
+               "model": {"scaling": scaling, "variant": "standard"}}, f)
+  with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+    for (step, loss), t in zip(losses, elapsed):
+      f.write(json.dumps({"step": step, "train/loss": loss, "train/loss_last20": loss,
+                          "train/elapsed_s": t}) + "\n")
+    f.write(json.dumps({"step": num_steps, "val/loss": 2.5}) + "\n")
+  if checkpoint is not None:
+    os.makedirs(os.path.join(run_dir, "checkpoints", str(checkpoint)))
+
+
+def test_collect_reads_final_loss_wall_time_and_status(tmp_path):
+  # Resumed once (elapsed restarts at 5 s): wall time 30 + 20 s.
+  _fake_run(tmp_path / "a", lr=0.01, losses=[(10, 3.0), (20, 2.5), (30, 2.2), (40, 2.0)],
+            num_steps=40, elapsed=[10, 30, 5, 20], checkpoint=40)
+  _fake_run(tmp_path / "b", lr=0.1, losses=[(10, 3.0), (20, math.nan)], num_steps=40,
+            elapsed=[10, 20])
+  _fake_run(tmp_path / "c", lr=0.001, losses=[(10, 3.0)], num_steps=40, elapsed=[10],
+            checkpoint=10)
+  rows = {r["run"]: r for r in sweeps.collect(str(tmp_path))}
+  assert rows["a"]["status"] == "done" and rows["a"]["final_train_loss"] == 2.0
+  assert rows["a"]["wall_s"] == 50 and rows["a"]["best_val_loss"] == 2.5
+  assert rows["b"]["status"] == "diverged" and math.isnan(rows["b"]["final_train_loss"])
+  assert rows["c"]["status"] == "partial"
+  assert sweeps.best_per_scaling(rows.values()) == {
+      "standard": {"learning_rate": 0.01, "final_train_loss": 2.0, "seeds": 1}}
+
+
+@pytest.mark.slow
+def test_sweep_runs_points_skips_finished_and_writes_results(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=test",
+         f"--workdir={tmp_path}"]
+  first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+  assert first.returncode == 0, first.stderr[-2000:]
+  names = [p.name for p in sweeps.load_sweep(os.path.join(ROOT, CONFIG), "test")]
+  assert all(sweeps.status(os.path.join(tmp_path, n)) == "done" for n in names)
+  for f in ("results.csv", "results.md", "loss_vs_lr.png", "loss_curves.png"):
+    assert os.path.getsize(os.path.join(tmp_path, f)) > 0, f
+  with open(os.path.join(tmp_path, "results.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 4 and {r["scaling"] for r in rows} == {"standard", "fully_scaled"}
+  assert all(r["status"] == "done" and 1.0 < float(r["final_train_loss"]) < 4.2 for r in rows)
+  # Run again: every point is skipped, the table is the same.
+  second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+  assert second.stdout.count("done, skipped") == 4
+  with open(os.path.join(tmp_path, "results.csv")) as f:
+    assert list(csv.DictReader(f)) == rows
