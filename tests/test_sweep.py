@@ -17,7 +17,7 @@ CONFIG = "configs/shakespeare_char.py"
 
 def test_sweeps_are_lists_of_points():
   points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "graphcore_cpu")
-  assert len(points) == 5 * 5  # scalings x learning rates x 1 seed
+  assert len(points) == 5 * 8  # scalings x learning rates x 1 seed
   assert len({p.name for p in points}) == len(points)
   assert points[0].name == "graphcore_cpu-standard-0-lr0.03125"
   scalings = {p.arg.split("scaling=")[1].split(",")[0] for p in points}
@@ -39,7 +39,7 @@ def test_print_commands_gives_one_train_py_line_per_point(tmp_path):
       [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
        f"--workdir={tmp_path}", "--print_commands"],
       cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
-  assert len(out) == 25
+  assert len(out) == 40
   assert out[0] == (f"python train.py --config={CONFIG}:preset=graphcore_cpu,scaling=standard,"
                     f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.03125 "
                     "--config.learning_rate=0.03125")
