@@ -16,20 +16,20 @@ for tables), a plot function returning a matplotlib Figure, and one CLI name in
 `write_tables` and `save_figure` write a study's CSV/Markdown and PNG.
 """
 
-from attnscale.studies.key_norm_kde import (DISTRIBUTIONS, KeyNormResult, Method, gaussian_kde,
-                                         key_norms, plot_key_norms, sample_qk,
-                                         silverman_bandwidth, summary)
+from attnscale.studies.key_norm_kde import (DEFAULT_METHODS, DISTRIBUTIONS, KeyNormResult,
+                                          Method, gaussian_kde, key_norms, plot_key_norms,
+                                          sample_qk, silverman_bandwidth, summary)
 from attnscale.studies.output_std import (OutputScaleResult, TemperatureResult,
-                                            default_scalings, graphcore_theory, output_scale,
-                                            plot_output_scale, plot_temperature,
-                                            temperature_sweep, with_temperature)
+                                        default_scalings, graphcore_theory, output_scale,
+                                        plot_output_scale, plot_temperature,
+                                        temperature_sweep, with_temperature)
 from attnscale.studies.plotting import save_figure
 from attnscale.studies.tables import to_csv, to_markdown, write_tables
 from attnscale.studies.trained import (RunDiagnostics, TrainedResult, plot_trained,
                                        run_diagnostics, trained_diagnostics)
 
 __all__ = [
-    "DISTRIBUTIONS", "KeyNormResult", "Method", "OutputScaleResult", "RunDiagnostics",
+    "DEFAULT_METHODS", "DISTRIBUTIONS", "KeyNormResult", "Method", "OutputScaleResult", "RunDiagnostics",
     "TemperatureResult", "TrainedResult", "default_scalings", "gaussian_kde",
     "graphcore_theory", "key_norms", "output_scale", "plot_key_norms", "plot_output_scale",
     "plot_temperature", "plot_trained", "run_diagnostics", "sample_qk", "save_figure",

@@ -103,10 +103,14 @@ def sample_qk(key, dist: str = "normal", *, queries: int = 500, keys: int = 32, 
   return q_QD, k_SD
 
 
+# One compilation per (scaling, shape) instead of one per operation.
+_attention_weights = jax.jit(attention_weights, static_argnames=("scale_fn",))
+
+
 def first_key_values(q_QD, k_SD, method: Method) -> np.ndarray:
   """The first key's logit or attention weight for every query, [Q]."""
-  logits, probs = attention_weights(q_QD[None, :, None, :], k_SD[None, :, None, :],
-                                    scale_fn=method.scale_fn())
+  logits, probs = _attention_weights(q_QD[None, :, None, :], k_SD[None, :, None, :],
+                                     scale_fn=method.scale_fn())
   x_BNQS = logits if method.quantity == "logit" else probs
   return np.asarray(x_BNQS[0, 0, :, 0], np.float64)
 

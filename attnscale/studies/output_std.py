@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +73,7 @@ class Tempered:
   """A scaling with its logits divided by a softmax temperature t."""
 
   base: scalings.ScaleFn
-  temperature: float
+  temperature: Any  # a float or a traced scalar
 
   def __call__(self, q, k, keys):
     scaled = self.base(q, k, keys)
@@ -82,9 +82,9 @@ class Tempered:
 
 def with_temperature(scale_fn: scalings.ScaleFn, t: float) -> scalings.ScaleFn:
   """`scale_fn` with logits divided by t (t > 1 flattens the softmax)."""
-  if not t > 0:
+  if isinstance(t, (int, float)) and not t > 0:  # t may also be a traced array
     raise ValueError(f"temperature must be > 0, got {t}")
-  return Tempered(scale_fn, float(t))
+  return Tempered(scale_fn, t)
 
 
 def normal_qkv(key, B, T, S, N, H):
@@ -106,6 +106,12 @@ def _causal_std_per_position(q_BTNH, k_BTNH, v_BTNH, scale_fn):
   z_BTNH = attention(q_BTNH, k_BTNH, v_BTNH, scale_fn=scale_fn, is_causal=True)
   # Position i sees n_i = i + 1 keys: its std is over batch, heads and features.
   return jnp.std(z_BTNH, axis=(0, 2, 3)), jnp.std(z_BTNH)
+
+
+@functools.partial(jax.jit, static_argnames=("scale_fn",))
+def _std_at_temperature(q_BTNH, k_BSNH, v_BSNH, t, scale_fn):
+  # t is traced: one compilation serves the whole sweep.
+  return jnp.std(attention(q_BTNH, k_BSNH, v_BSNH, scale_fn=with_temperature(scale_fn, t)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,12 +302,14 @@ def temperature_sweep(temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
   softmax of temperature t; compare with `graphcore_theory(n, t)`, which holds
   for t near 1 and above (below, the softmax saturates and std -> 1).
   """
+  if not all(t > 0 for t in temperatures):
+    raise ValueError(f"temperatures must be > 0, got {temperatures}")
   base = scalings.get("standard")
   key = jax.random.key(seed)
   std = {}
   for n in n_values:
     q, k, v = normal_qkv(jax.random.fold_in(key, n), batch, queries, n, heads, d)
-    std[int(n)] = np.asarray([float(_bidirectional_stats(q, k, v, with_temperature(base, t))[0])
+    std[int(n)] = np.asarray([float(_std_at_temperature(q, k, v, jnp.float32(t), base))
                               for t in temperatures])
   return TemperatureResult(tuple(float(t) for t in temperatures),
                            tuple(int(n) for n in n_values), std, d, seed)

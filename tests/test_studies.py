@@ -1,0 +1,239 @@
+"""The scale studies: published numbers within stated tolerances, CLI, notebook.
+
+Sizes are small so the whole file runs in well under a minute; every study is
+seeded, so the measured values (and tolerances) are deterministic.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attnscale import studies
+from attnscale.studies import __main__ as cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(ROOT, "notebooks", "scale_studies.ipynb")
+
+
+def _scalings(*names):
+  return {name: studies.default_scalings()[name] for name in names}
+
+
+@pytest.fixture(scope="module")
+def output_scale():
+  # Graphcore's setting at n = 256, d = 64; causal sequences of 64.
+  return studies.output_scale((256,), d=64, queries=64, batch=4, heads=8, causal_len=64,
+                              causal_batch=4, scale_fns=_scalings("standard", "fully_scaled"))
+
+
+def test_graphcore_headline(output_scale):
+  # SCIENCE.md: standard about 0.10 (theory sqrt(e/256) = 0.103), fully scaled about 1.0.
+  # Measured (seed 0): 0.1014 and 0.984.
+  assert abs(output_scale.std["standard"][0] - 0.10) <= 0.01
+  assert abs(output_scale.std["fully_scaled"][0] - 1.0) <= 0.1
+  assert output_scale.theory("standard", 256) == pytest.approx(math.sqrt(math.e / 256))
+
+
+def test_causal_per_position_and_pooled(output_scale):
+  standard = output_scale.causal_position["standard"]
+  fully = output_scale.causal_position["fully_scaled"]
+  assert standard.shape == (64,)
+  # Position 0 sees one key: z_0 = v_0 exactly, std 1 (2048 samples).
+  assert abs(standard[0] - 1) < 0.05 and fully[0] == standard[0]
+  # Position 63 (n = 64): Graphcore's sqrt(e/n) = 0.206 within 15% (measured 0.201).
+  assert abs(standard[63] / math.sqrt(math.e / 64) - 1) < 0.15
+  # Fully scaled: unit scale once n > e (the causal rule max(1, sqrt(n/e))), measured 0.98.
+  assert abs(fully[63] - 1) < 0.1
+  assert np.all(np.diff(standard[::8]) < 0)  # shrinks with n
+  pooled = output_scale.causal_pooled["standard"][0]
+  assert standard.min() < pooled < standard.max()
+  assert pooled == pytest.approx(output_scale.pooled_theory("standard", 64), rel=0.2)
+
+
+def test_temperature_sweep_matches_theory_for_t_at_least_1():
+  r = studies.temperature_sweep((2.0**-4, 1.0, 2.0, 4.0, 16.0), (256,), d=64, queries=64,
+                                batch=4, heads=8)
+  rows = {row["t"]: row for row in r.rows()}
+  # Theory sqrt(exp(t^-2)/n) within 5% for t >= 1 (measured: 2.5% at most).
+  for t in (1.0, 2.0, 4.0, 16.0):
+    assert abs(rows[t]["std_over_theory"] - 1) < 0.05, rows[t]
+  # t = 1/16: the softmax is nearly one-hot, std near 1, the formula far off.
+  assert 0.8 < rows[2.0**-4]["std"] < 1.0 and rows[2.0**-4]["theory"] > 1e50
+
+
+def test_with_temperature_divides_logits():
+  import attnscale
+  import jax
+  q, k = (jax.random.normal(key, (1, 4, 2, 8)) for key in jax.random.split(jax.random.key(0)))
+  base = attnscale.scalings.get("standard")
+  hot, _ = attnscale.attention_weights(q, k, scale_fn=studies.with_temperature(base, 2.0))
+  ref, _ = attnscale.attention_weights(q, k, scale_fn=base)
+  np.testing.assert_allclose(hot, ref / 2, rtol=1e-6)
+  with pytest.raises(ValueError, match="temperature must be > 0"):
+    studies.with_temperature(base, 0.0)
+
+
+def _skew(result, d, scaling, quantity="weight"):
+  (label,) = [m.label for m in result.methods
+              if m.scaling == scaling and m.quantity == quantity and not m.params]
+  return studies.summary(result.values[d][label])["skewness"]
+
+
+@pytest.mark.parametrize("dist", ["normal", "uniform", "nonzero_mean", "unequal_lengths"])
+def test_bernhard_sum_of_key_norms_keeps_gaussian_shape(dist):
+  # Bernhard 2023's setting: 32 keys drawn once, 500 queries, d = 16 and 256.
+  r = studies.key_norms((16, 256), queries=500, keys=32, dist=dist, seed=0)
+  for d in (16, 256):
+    # Measured |skew| <= 0.14 for the sum of key norms, 0.11 for the raw dot
+    # products; 1/sqrt(d) softmax: skew 2.4 ... 3.9 (right-skewed).
+    assert abs(_skew(r, d, "key_norm_sum")) < 0.25, (dist, d)
+    assert abs(_skew(r, d, "none", "logit")) < 0.25, (dist, d)
+    assert _skew(r, d, "standard") > 1.5, (dist, d)
+    weights = r.values[d]["softmax(q.k / sum ||k||)"]
+    assert weights.mean() == pytest.approx(1 / 32, rel=0.02)  # near uniform, 1/n
+
+
+def test_key_norms_other_distributions_and_unsaturated_softmax():
+  # Same shapes as above (500 queries, 32 keys): no new compilations.
+  r = studies.key_norms((256,), queries=500, dist="student_t", df=3.0, seed=1)
+  rows = r.rows()
+  assert len(rows) == len(studies.DEFAULT_METHODS)
+  assert all(np.isfinite([row["mean"], row["sd"], row["skewness"]]).all() for row in rows)
+  # Unscaled softmax at d = 256 saturates: weights pile up at 0 (and 1).
+  normal = studies.key_norms((256,), queries=500, seed=1)
+  x = normal.values[256]["softmax(q.k)"]
+  assert np.mean(x < 1e-3) > 0.8 and x.max() > 0.9
+  with pytest.raises(ValueError, match="dist must be one of"):
+    studies.key_norms((16,), dist="cauchy")
+
+
+def test_gaussian_kde_and_summary():
+  x = np.random.default_rng(0).normal(size=4000)
+  grid = np.linspace(-6, 6, 1201)
+  density = studies.gaussian_kde(x, grid)
+  assert np.sum(density) * (grid[1] - grid[0]) == pytest.approx(1.0, abs=1e-3)
+  # Its expectation is N(0, 1) smoothed by the kernel: N(0, 1 + h^2).
+  var = 1 + studies.silverman_bandwidth(x)**2
+  np.testing.assert_allclose(density, np.exp(-grid**2 / (2 * var)) / np.sqrt(2 * np.pi * var),
+                             atol=0.03)
+  h = 0.9 * min(x.std(), np.subtract(*np.percentile(x, [75, 25])) / 1.34) * 4000**-0.2
+  assert studies.silverman_bandwidth(x) == pytest.approx(h)
+  exp = np.random.default_rng(0).exponential(size=200_000)  # skewness 2, excess kurtosis 6
+  s = studies.summary(exp)
+  assert s["skewness"] == pytest.approx(2, abs=0.1) and s["excess_kurtosis"] == pytest.approx(6, abs=0.6)
+
+
+def test_tables_format():
+  rows = [{"name": "a", "x": 0.123456789, "n": 3, "opt": None}]
+  assert studies.to_csv(rows) == "name,x,n,opt\na,0.123457,3,\n"
+  assert studies.to_markdown(rows).splitlines()[1] == "|---|---:|---:|---:|"
+
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+  """Two tiny train.py runs (test preset, 5 steps): standard and fully_scaled."""
+  if not os.environ.get("ATTNSCALE_DATA"):
+    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
+  from attnscale import train_lib
+  from configs import shakespeare_char
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  workdirs = []
+  for scaling in ("standard", "fully_scaled"):
+    config = shakespeare_char.get_config(f"preset=test,scaling={scaling}")
+    config.data_dir = data_dir
+    config.num_train_steps = 5
+    workdir = str(tmp_path_factory.mktemp(scaling))
+    train_lib.train_and_evaluate(config, workdir)
+    workdirs.append(workdir)
+  return workdirs
+
+
+def test_trained_diagnostics_from_checkpoint_and_eval_json(trained_runs):
+  r = studies.trained_diagnostics(trained_runs)
+  assert [run.scaling for run in r.runs] == ["standard", "fully_scaled"]
+  assert all(run.source == "checkpoint" and run.step == 5 for run in r.runs)
+  rows = r.rows()
+  assert len(rows) == 2 * 2  # test preset: 2 layers
+  assert all(np.isfinite([row["output_std"], row["entropy"], row["max_logit"]]).all()
+             for row in rows)
+  # Fully scaled attention's output is up to sqrt(n/e) larger (n_i up to the
+  # block size); after 5 steps both models are near init. Measured ratio: 2.0.
+  assert rows[2]["output_std"] > 1.5 * rows[0]["output_std"]
+  # With an eval.json present (as eval.py writes it), that is what is read.
+  path = os.path.join(trained_runs[0], "eval.json")
+  with open(path, "w") as f:
+    json.dump({"scaling": "standard", "step": 5, "attention": r.runs[0].layers}, f)
+  try:
+    again = studies.run_diagnostics(trained_runs[0])
+    assert again.source == "eval.json" and again.layers == r.runs[0].layers
+    assert studies.run_diagnostics(trained_runs[0], recompute=True).source == "checkpoint"
+  finally:
+    os.remove(path)
+  fig = studies.plot_trained(r)
+  assert len(fig.axes) == 3
+
+
+def _cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "attnscale.studies", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, check=True).stdout
+
+
+TINY = ["--min-n", "16", "--max-n", "32", "--causal-len", "16", "--batch", "1", "--heads", "2",
+        "--queries-per-sequence", "8", "--temperature-n", "16",
+        "--scalings", "standard", "fully_scaled", "key_norm_sum",
+        "--dims", "8", "--queries", "40", "--keys", "8"]
+
+
+def test_cli_writes_figures_and_tables_deterministically(tmp_path):
+  out = tmp_path / "a"
+  stdout = _cli("all", "--out", str(out), *TINY)
+  assert "Headline (bidirectional, n = 32)" in stdout
+  for name in ("output_scale", "temperature", "key_norms"):
+    for ext in ("png", "csv", "md"):
+      assert (out / f"{name}.{ext}").stat().st_size > 0, (name, ext)
+  header = (out / "output_scale.csv").read_text().splitlines()[0]
+  assert header == "scaling,mode,n,std,theory,logit_std"
+  assert "| d | method | scaling | mean | sd | skewness | excess_kurtosis |" in (
+      out / "key_norms.md").read_text()
+  # Seeded: the same command (here in this process) writes the same tables and figure bytes.
+  cli.main(["key_norms", "--out", str(tmp_path / "b"), *TINY])
+  for ext in ("csv", "md", "png"):
+    assert (out / f"key_norms.{ext}").read_bytes() == (tmp_path / "b" / f"key_norms.{ext}").read_bytes()
+
+
+def test_cli_rejects_bad_arguments(tmp_path):
+  with pytest.raises(subprocess.CalledProcessError) as e:
+    _cli("output_scale", "--out", str(tmp_path), "--max-n", "100")
+  assert "must be a power of 2" in e.value.stderr
+
+
+def test_studies_are_deterministic():
+  fns = _scalings("standard", "key_norm_sum")
+  a, b = (studies.output_scale((16,), queries=8, batch=1, heads=2, causal_len=8,
+                               causal_batch=1, scale_fns=fns, seed=3) for _ in range(2))
+  assert studies.to_csv(a.rows()) == studies.to_csv(b.rows())
+
+
+def test_notebook_executes(tmp_path, trained_runs, monkeypatch):
+  nbformat = pytest.importorskip("nbformat")
+  nbclient = pytest.importorskip("nbclient")
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
+      "store the notebook without outputs")
+  monkeypatch.setenv("ATTNSCALE_NOTEBOOK_SMALL", "1")
+  monkeypatch.setenv("ATTNSCALE_WORKDIRS", " ".join(trained_runs))
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  # The kernel runs in tmp_path: import this checkout's attnscale, whatever is installed.
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+  client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                                   resources={"metadata": {"path": str(tmp_path)}})
+  client.execute()
+  images = [out for cell in nb.cells if cell.cell_type == "code"
+            for out in cell.outputs if "image/png" in out.get("data", {})]
+  assert len(images) >= 4  # one figure per study
