@@ -4,7 +4,6 @@ Sizes are small so the whole file runs in well under a minute; every study is
 seeded, so the measured values (and tolerances) are deterministic.
 """
 
-import json
 import math
 import os
 import subprocess
@@ -24,11 +23,14 @@ def _scalings(*names):
   return {name: studies.default_scalings()[name] for name in names}
 
 
+# Graphcore's setting at n = 256, d = 64; causal sequences of 64.
+OUTPUT_SCALE_ARGS = dict(n_values=(256,), d=64, queries=64, batch=4, heads=8, causal_len=64,
+                         causal_batch=4, scale_fns=_scalings("standard", "fully_scaled"), seed=0)
+
+
 @pytest.fixture(scope="module")
 def output_scale():
-  # Graphcore's setting at n = 256, d = 64; causal sequences of 64.
-  return studies.output_scale((256,), d=64, queries=64, batch=4, heads=8, causal_len=64,
-                              causal_batch=4, scale_fns=_scalings("standard", "fully_scaled"))
+  return studies.output_scale(**OUTPUT_SCALE_ARGS)
 
 
 def test_graphcore_headline(output_scale):
@@ -136,10 +138,11 @@ def test_tables_format():
 
 @pytest.fixture(scope="module")
 def trained_runs(tmp_path_factory):
-  """Two tiny train.py runs (test preset, 5 steps): standard and fully_scaled."""
+  """Two tiny train.py runs (test preset, 5 steps), standard and fully_scaled; the
+  first evaluated by eval.py's `evaluate_run`, so it has an eval.json."""
   if not os.environ.get("ATTNSCALE_DATA"):
     pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  from attnscale import train_lib
+  from attnscale import eval_lib, train_lib
   from configs import shakespeare_char
   data_dir = str(tmp_path_factory.mktemp("tfds"))
   workdirs = []
@@ -150,13 +153,15 @@ def trained_runs(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp(scaling))
     train_lib.train_and_evaluate(config, workdir)
     workdirs.append(workdir)
+  eval_lib.evaluate_run(workdirs[0], sample_length=1)
   return workdirs
 
 
-def test_trained_diagnostics_from_checkpoint_and_eval_json(trained_runs):
+def test_trained_diagnostics_from_eval_json_and_checkpoint(trained_runs):
   r = studies.trained_diagnostics(trained_runs)
   assert [run.scaling for run in r.runs] == ["standard", "fully_scaled"]
-  assert all(run.source == "checkpoint" and run.step == 5 for run in r.runs)
+  assert [run.source for run in r.runs] == ["eval.json", "checkpoint"]
+  assert all(run.step == 5 for run in r.runs)
   rows = r.rows()
   assert len(rows) == 2 * 2  # test preset: 2 layers
   assert all(np.isfinite([row["output_std"], row["entropy"], row["max_logit"]]).all()
@@ -164,16 +169,9 @@ def test_trained_diagnostics_from_checkpoint_and_eval_json(trained_runs):
   # Fully scaled attention's output is up to sqrt(n/e) larger (n_i up to the
   # block size); after 5 steps both models are near init. Measured ratio: 2.0.
   assert rows[2]["output_std"] > 1.5 * rows[0]["output_std"]
-  # With an eval.json present (as eval.py writes it), that is what is read.
-  path = os.path.join(trained_runs[0], "eval.json")
-  with open(path, "w") as f:
-    json.dump({"scaling": "standard", "step": 5, "attention": r.runs[0].layers}, f)
-  try:
-    again = studies.run_diagnostics(trained_runs[0])
-    assert again.source == "eval.json" and again.layers == r.runs[0].layers
-    assert studies.run_diagnostics(trained_runs[0], recompute=True).source == "checkpoint"
-  finally:
-    os.remove(path)
+  # From the checkpoint, the study computes exactly what eval.py wrote.
+  recomputed = studies.run_diagnostics(trained_runs[0], recompute=True)
+  assert recomputed.source == "checkpoint" and recomputed.layers == r.runs[0].layers
   fig = studies.plot_trained(r)
   assert len(fig.axes) == 3
 
@@ -184,40 +182,41 @@ def _cli(*args):
                         capture_output=True, text=True, check=True).stdout
 
 
-TINY = ["--min-n", "16", "--max-n", "32", "--causal-len", "16", "--batch", "1", "--heads", "2",
+STUDY_FILES = ("output_scale", "temperature", "key_norms")
+TINY = ["--min-n", "16", "--max-n", "16", "--causal-len", "16", "--batch", "1", "--heads", "2",
         "--queries-per-sequence", "8", "--temperature-n", "16",
-        "--scalings", "standard", "fully_scaled", "key_norm_sum",
-        "--dims", "8", "--queries", "40", "--keys", "8"]
+        "--scalings", "standard", "fully_scaled", "--dims", "8", "--queries", "40", "--keys", "8"]
 
 
 def test_cli_writes_figures_and_tables_deterministically(tmp_path):
   out = tmp_path / "a"
   stdout = _cli("all", "--out", str(out), *TINY)
-  assert "Headline (bidirectional, n = 32)" in stdout
-  for name in ("output_scale", "temperature", "key_norms"):
+  assert "Headline (bidirectional, n = 16)" in stdout
+  for name in STUDY_FILES:
     for ext in ("png", "csv", "md"):
       assert (out / f"{name}.{ext}").stat().st_size > 0, (name, ext)
   header = (out / "output_scale.csv").read_text().splitlines()[0]
   assert header == "scaling,mode,n,std,theory,logit_std"
   assert "| d | method | scaling | mean | sd | skewness | excess_kurtosis |" in (
       out / "key_norms.md").read_text()
-  # Seeded: the same command (here in this process) writes the same tables and figure bytes.
+  # Seeded: the same command (here in this process) writes the same table and figure.
   cli.main(["key_norms", "--out", str(tmp_path / "b"), *TINY])
   for ext in ("csv", "md", "png"):
-    assert (out / f"key_norms.{ext}").read_bytes() == (tmp_path / "b" / f"key_norms.{ext}").read_bytes()
+    assert (out / f"key_norms.{ext}").read_bytes() == (
+        tmp_path / "b" / f"key_norms.{ext}").read_bytes(), ext
 
 
-def test_cli_rejects_bad_arguments(tmp_path):
-  with pytest.raises(subprocess.CalledProcessError) as e:
-    _cli("output_scale", "--out", str(tmp_path), "--max-n", "100")
-  assert "must be a power of 2" in e.value.stderr
+def test_output_scale_is_deterministic(output_scale):
+  again = studies.output_scale(**OUTPUT_SCALE_ARGS)  # compiled already: cheap
+  assert studies.to_csv(again.rows()) == studies.to_csv(output_scale.rows())
 
 
-def test_studies_are_deterministic():
-  fns = _scalings("standard", "key_norm_sum")
-  a, b = (studies.output_scale((16,), queries=8, batch=1, heads=2, causal_len=8,
-                               causal_batch=1, scale_fns=fns, seed=3) for _ in range(2))
-  assert studies.to_csv(a.rows()) == studies.to_csv(b.rows())
+def test_cli_rejects_bad_arguments(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["output_scale", "--out", "unused", "--max-n", "100"])
+  assert "must be a power of 2" in capsys.readouterr().err
+  with pytest.raises(SystemExit, match="give one or more --workdirs"):
+    cli.main(["trained", "--out", "unused"])
 
 
 def test_notebook_executes(tmp_path, trained_runs, monkeypatch):
