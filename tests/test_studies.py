@@ -127,13 +127,16 @@ def test_gaussian_kde_and_summary():
   assert studies.silverman_bandwidth(x) == pytest.approx(h)
   exp = np.random.default_rng(0).exponential(size=200_000)  # skewness 2, excess kurtosis 6
   s = studies.summary(exp)
-  assert s["skewness"] == pytest.approx(2, abs=0.1) and s["excess_kurtosis"] == pytest.approx(6, abs=0.6)
+  assert s["skewness"] == pytest.approx(2, abs=0.1)
+  assert s["excess_kurtosis"] == pytest.approx(6, abs=0.6)
 
 
 def test_tables_format():
   rows = [{"name": "a", "x": 0.123456789, "n": 3, "opt": None}]
   assert studies.to_csv(rows) == "name,x,n,opt\na,0.123457,3,\n"
   assert studies.to_markdown(rows).splitlines()[1] == "|---|---:|---:|---:|"
+  assert studies.to_markdown([{"method": "q.k / sum ||k||"}]).splitlines()[2] == (
+      r"| q.k / sum \|\|k\|\| |")
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +232,8 @@ def test_notebook_executes(tmp_path, trained_runs, monkeypatch):
   monkeypatch.setenv("ATTNSCALE_WORKDIRS", " ".join(trained_runs))
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   # The kernel runs in tmp_path: import this checkout's attnscale, whatever is installed.
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+  monkeypatch.setenv("PYTHONPATH",
+                     os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
   client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
                                    resources={"metadata": {"path": str(tmp_path)}})
   client.execute()

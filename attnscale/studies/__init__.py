@@ -29,7 +29,8 @@ from attnscale.studies.trained import (RunDiagnostics, TrainedResult, plot_train
                                        run_diagnostics, trained_diagnostics)
 
 __all__ = [
-    "DEFAULT_METHODS", "DISTRIBUTIONS", "KeyNormResult", "Method", "OutputScaleResult", "RunDiagnostics",
+    "DEFAULT_METHODS", "DISTRIBUTIONS", "KeyNormResult", "Method", "OutputScaleResult",
+    "RunDiagnostics",
     "TemperatureResult", "TrainedResult", "default_scalings", "gaussian_kde",
     "graphcore_theory", "key_norms", "output_scale", "plot_key_norms", "plot_output_scale",
     "plot_temperature", "plot_trained", "run_diagnostics", "sample_qk", "save_figure",

@@ -37,7 +37,8 @@ def run_output_scale(a):
                      "(the headline)")
   n_values = _powers_of_two(a.min_n, a.max_n)
   scale_fns = {name: fns[name] for name in a.scalings} if a.scalings else fns
-  r = studies.output_scale(n_values, d=a.d, scale_fns=scale_fns, queries=a.queries_per_sequence, batch=a.batch,
+  r = studies.output_scale(n_values, d=a.d, scale_fns=scale_fns,
+                           queries=a.queries_per_sequence, batch=a.batch,
                            heads=a.heads, causal_len=min(a.causal_len, a.max_n),
                            causal_batch=a.batch * 2, seed=a.seed)
   n = 256 if 256 in n_values else n_values[len(n_values) // 2]

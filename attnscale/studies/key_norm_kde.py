@@ -176,7 +176,8 @@ class KeyNormResult:
     rows = []
     for d, by_method in self.values.items():
       for m in self.methods:
-        rows.append({"d": d, "method": m.label, "scaling": m.scaling, **summary(by_method[m.label])})
+        rows.append({"d": d, "method": m.label, "scaling": m.scaling,
+                     **summary(by_method[m.label])})
     return rows
 
 
@@ -232,8 +233,11 @@ def plot_key_norms(result: KeyNormResult):
         ax.set_ylabel(f"d = {d}\ndensity")
       ax.set_xlabel("logit" if m.quantity == "logit" else "weight of key 0", fontsize=7)
       if stats["sd"] > 0:
-        shape_ax.plot(z_grid, gaussian_kde((x - stats["mean"]) / stats["sd"], z_grid),
-                      color=color, lw=1.2, label=m.label)
+        # Scott's bandwidth 1.06 sd n^(-1/5) (sd = 1 here): Silverman's IQR-based one
+        # is near 0 for a saturated softmax and would draw noise.
+        z = (x - stats["mean"]) / stats["sd"]
+        shape_ax.plot(z_grid, gaussian_kde(z, z_grid, 1.06 * len(z) ** -0.2), color=color,
+                      lw=1.2, label=m.label)
     shape_ax.plot(z_grid, np.exp(-z_grid**2 / 2) / math.sqrt(2 * math.pi), "k--", lw=1.2,
                   label="N(0, 1)")
     # A saturated softmax standardises to a spike; keep the Gaussian in view.

@@ -45,7 +45,9 @@ def to_markdown(rows: Sequence[Row], digits: int = 4) -> str:
   lines = ["| " + " | ".join(columns) + " |",
            "|" + "|".join("---:" if num else "---" for num in numeric) + "|"]
   for row in rows:
-    lines.append("| " + " | ".join(format_value(row.get(c), digits) for c in columns) + " |")
+    # A "|" inside a cell (as in "sum ||k||") would split it: escape it.
+    cells = (format_value(row.get(c), digits).replace("|", "\\|") for c in columns)
+    lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
