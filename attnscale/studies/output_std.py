@@ -63,14 +63,25 @@ def default_scalings() -> dict[str, scalings.ScaleFn]:
   """Every registered scaling with its default parameters, by name.
 
   cosine's default temperature is Henry et al.'s initial g0 = log2(S^2 - S) for
-  S keys; key_norm_power's default p is 2.
+  S keys; key_norm_power's default p is 2. A user-registered scaling that needs
+  parameters is left out (pass it in `scale_fns` with its parameters).
   """
-  return {name: scalings.get(name) for name in scalings.names()}
+  fns = {}
+  for name in scalings.names():
+    try:
+      fns[name] = scalings.get(name)
+    except ValueError:  # a factory with required parameters
+      continue
+  return fns
 
 
 @dataclasses.dataclass(frozen=True)
 class Tempered:
-  """A scaling with its logits divided by a softmax temperature t."""
+  """`base` with its logits divided by a softmax temperature t.
+
+  logits_ij = (q'_i . k'_j) * s_i / t: the base scaling's per-query factor s_i
+  divided by t, so the fused path still folds it into q.
+  """
 
   base: scalings.ScaleFn
   temperature: Any  # a float or a traced scalar
