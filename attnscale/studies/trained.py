@@ -44,7 +44,9 @@ class RunDiagnostics:
 
   @property
   def label(self) -> str:
-    return f"{self.scaling} ({os.path.basename(os.path.normpath(self.workdir))})"
+    """The scaling, and the run directory's name when it says something else."""
+    name = os.path.basename(os.path.normpath(self.workdir))
+    return self.scaling if name == self.scaling else f"{self.scaling} ({name})"
 
 
 def run_diagnostics(workdir: str, *, recompute: bool = False) -> RunDiagnostics:
