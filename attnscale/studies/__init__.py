@@ -1,0 +1,39 @@
+"""Scale studies: the published simulations and figures, computed with attnscale.
+
+Each study is a pure compute function returning a plain result (with `.rows()`
+for tables), a plot function returning a matplotlib Figure, and one CLI name in
+`python -m attnscale.studies NAME --out DIR`:
+
+  output_scale  std of the attention output against n, every scaling, bidirectional
+                and causal (Graphcore 2023): `output_scale`, `plot_output_scale`.
+  temperature   the same against the softmax temperature t: `temperature_sweep`,
+                `plot_temperature`.
+  key_norms     Bernhard 2023's simulations: the distribution of the first key's
+                attention weight per scaling: `key_norms`, `plot_key_norms`.
+  trained       per-layer attention diagnostics of trained runs:
+                `trained_diagnostics`, `plot_trained`.
+
+`write_tables` and `save_figure` write a study's CSV/Markdown and PNG.
+"""
+
+from attnscale.studies.key_norm_kde import (DEFAULT_METHODS, DISTRIBUTIONS, KeyNormResult,
+                                          Method, gaussian_kde, key_norms, plot_key_norms,
+                                          sample_qk, silverman_bandwidth, summary)
+from attnscale.studies.output_std import (OutputScaleResult, TemperatureResult,
+                                        default_scalings, graphcore_theory, output_scale,
+                                        plot_output_scale, plot_temperature,
+                                        temperature_sweep, with_temperature)
+from attnscale.studies.plotting import save_figure
+from attnscale.studies.tables import to_csv, to_markdown, write_tables
+from attnscale.studies.trained import (RunDiagnostics, TrainedResult, plot_trained,
+                                       run_diagnostics, trained_diagnostics)
+
+__all__ = [
+    "DEFAULT_METHODS", "DISTRIBUTIONS", "KeyNormResult", "Method", "OutputScaleResult",
+    "RunDiagnostics",
+    "TemperatureResult", "TrainedResult", "default_scalings", "gaussian_kde",
+    "graphcore_theory", "key_norms", "output_scale", "plot_key_norms", "plot_output_scale",
+    "plot_temperature", "plot_trained", "run_diagnostics", "sample_qk", "save_figure",
+    "silverman_bandwidth", "summary", "temperature_sweep", "to_csv", "to_markdown",
+    "trained_diagnostics", "with_temperature", "write_tables",
+]

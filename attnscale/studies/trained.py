@@ -1,0 +1,114 @@
+"""Trained-model diagnostics: per-layer attention statistics of train.py runs.
+
+For each layer of a trained model, on the first validation batch: the std of
+the attention output (what fully scaled attention sets to about 1 at init), the
+mean entropy of the attention weights in nats (0 = one key, log n = uniform)
+and the largest logit (how far from temperature 1 the scaling sits). These are
+`eval.py`'s diagnostics (`attnscale.diagnostics.model_attention_stats`): read
+from WORKDIR/eval.json when it exists, else computed from the latest
+checkpoint (which needs the run's data set, as eval.py does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from attnscale.studies import plotting
+
+STATS = (("output_std", "attention output std"), ("entropy", "attention entropy (nats)"),
+         ("max_logit", "max logit"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDiagnostics:
+  """One run's per-layer statistics.
+
+  Attributes:
+    workdir: the run directory.
+    scaling: config.model.scaling of the run.
+    step: the checkpoint step the statistics come from.
+    layers: per layer, {"output_std", "entropy", "max_logit"}.
+    source: "eval.json" or "checkpoint".
+  """
+
+  workdir: str
+  scaling: str
+  step: int
+  layers: list[dict[str, float]]
+  source: str
+
+  @property
+  def label(self) -> str:
+    """The scaling, and the run directory's name when it says something else."""
+    name = os.path.basename(os.path.normpath(self.workdir))
+    return self.scaling if name == self.scaling else f"{self.scaling} ({name})"
+
+
+def run_diagnostics(workdir: str, *, recompute: bool = False) -> RunDiagnostics:
+  """The per-layer attention statistics of the run in `workdir`.
+
+  Args:
+    workdir: a train.py run directory.
+    recompute: ignore eval.json (it may be from an older checkpoint) and compute
+      the statistics from the latest checkpoint.
+  """
+  path = os.path.join(workdir, "eval.json")
+  if not recompute and os.path.exists(path):
+    with open(path) as f:
+      result = json.load(f)
+    return RunDiagnostics(workdir, result["scaling"], int(result["step"]),
+                          result["attention"], "eval.json")
+  # Imported here: the synthetic studies need neither orbax nor the data sets.
+  import jax.numpy as jnp
+  from attnscale import diagnostics, eval_lib, tasks
+
+  config = eval_lib.load_config(workdir)
+  model, step, _ = eval_lib.restore(config, workdir)
+  first = next(tasks.get_task(config).eval_batches())  # eval.py's batch
+  layers = diagnostics.model_attention_stats(model, jnp.asarray(first["inputs"]))
+  return RunDiagnostics(workdir, config.model.scaling, int(step), layers, "checkpoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedResult:
+  runs: list[RunDiagnostics]
+
+  def rows(self) -> list[dict]:
+    return [{"run": run.label, "scaling": run.scaling, "step": run.step, "layer": i,
+             **{name: float(layer[name]) for name, _ in STATS}, "source": run.source}
+            for run in self.runs for i, layer in enumerate(run.layers)]
+
+
+def trained_diagnostics(workdirs: Sequence[str], *, recompute: bool = False) -> TrainedResult:
+  """`run_diagnostics` for each workdir, in order."""
+  if not workdirs:
+    raise ValueError("trained_diagnostics needs at least one workdir")
+  return TrainedResult([run_diagnostics(w, recompute=recompute) for w in workdirs])
+
+
+def plot_trained(result: TrainedResult):
+  """Output std, entropy and max logit against layer, one line per run."""
+  fig = plotting.new_figure(15, 4.6)
+  axes = fig.subplots(1, len(STATS))
+  for i, run in enumerate(result.runs):
+    layers = np.arange(len(run.layers))
+    for ax, (name, _) in zip(axes, STATS):
+      ax.plot(layers, [layer[name] for layer in run.layers], lw=1.5, ms=6,
+              label=f"{run.label}, step {run.step}", **plotting.style(i))
+  num_layers = max(len(run.layers) for run in result.runs)
+  for ax, (name, title) in zip(axes, STATS):
+    ax.set_xlabel("layer")
+    ax.set_xticks(range(num_layers))
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+  axes[0].set_yscale("log")
+  axes[0].axhline(1.0, color="k", ls=":", lw=1.0)
+  fig.legend(handles=axes[0].get_lines()[:len(result.runs)], loc="outside lower center",
+             ncol=min(len(result.runs), 4), fontsize=8)
+  fig.suptitle("Attention diagnostics of trained runs (first validation batch)")
+  return fig
