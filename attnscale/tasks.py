@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from attnscale.data import char_lm, mlm, wordpiece
+from attnscale.data import char_lm, mlm, tokenizer
 
 
 def cross_entropy(logits_BTV, targets_BT, weights_BT=None):
@@ -87,7 +87,7 @@ class CharLMTask:
 
 def padding_mask(tokens_BT):
   """[B, 1, 1, T] attention mask, True for the keys that are not [PAD]."""
-  return (tokens_BT != wordpiece.PAD_ID)[:, None, None, :]
+  return (tokens_BT != tokenizer.PAD_ID)[:, None, None, :]
 
 
 class MLMTask:
@@ -154,7 +154,7 @@ class MLMTask:
 
   def attention_masks(self, batch) -> dict:
     inputs_BT = jnp.asarray(batch["inputs"])
-    return {"mask": padding_mask(inputs_BT), "query_mask_BT": inputs_BT != wordpiece.PAD_ID}
+    return {"mask": padding_mask(inputs_BT), "query_mask_BT": inputs_BT != tokenizer.PAD_ID}
 
 
 TASKS = {"char_lm": CharLMTask, "mlm": MLMTask}

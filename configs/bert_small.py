@@ -17,8 +17,9 @@ readout (no BERT MLM head).
 
 The task: a bidirectional encoder over [CLS] ... [SEP] [PAD]... rows of WikiText
 paragraphs (about a third of the positions are padding at seq 128), a
-WordPiece vocabulary of 8192 trained from the train split when the data is
-prepared, 15% of the real tokens selected per row and 80/10/10
+SentencePiece BPE vocabulary of 8192 with BERT's specials, trained from the
+train split when the data is prepared, 15% of the real tokens selected per row
+and 80/10/10
 [MASK]/random/kept, redrawn every step. Padded keys are masked out of every
 scaling (their norms and their count). eval.py reports the MLM loss,
 perplexity and masked-token accuracy over the whole validation split.
@@ -81,7 +82,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Model (fields of attnscale.model.ModelConfig).
   c.model = ml_collections.ConfigDict()
   m = c.model
-  m.vocab_size = 8192  # the WordPiece vocabulary (checked against the tokenizer)
+  m.vocab_size = 8192  # the subword vocabulary (checked against the tokenizer)
   m.block_size = 128  # learned positions = longest row
   m.num_layers = 4
   m.num_heads = 4

@@ -1,6 +1,6 @@
 """Masked-LM data: WikiText paragraphs as padded [CLS] ... [SEP] rows, dynamic masking.
 
-Rows. Each paragraph's WordPiece ids are cut into consecutive pieces of at most
+Rows. Each paragraph's subword ids are cut into consecutive pieces of at most
 T - 2 ids (no text is dropped; a row never spans two paragraphs), and each
 piece becomes [CLS] ids [SEP] [PAD]...: single-segment BERT inputs (as RoBERTa,
 no next-sentence task). Short paragraphs and paragraph tails make real
@@ -35,8 +35,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from attnscale.data import wikitext, wordpiece
-from attnscale.data.wordpiece import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+from attnscale.data import tokenizer as tokenizer_lib
+from attnscale.data import wikitext
+from attnscale.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 
 EVAL_MASK_SEED = 12345  # fixed: every run is evaluated on the same masked tokens
 
@@ -48,17 +49,17 @@ class Corpus:
   Attributes:
     ids: {split: int32 ids of all its paragraphs, concatenated}.
     offsets: {split: int64 [num_paragraphs + 1]; paragraph i is ids[o[i]:o[i+1]]}.
-    tokenizer: the WordPiece vocabulary the ids index.
+    tokenizer: the subword vocabulary the ids index.
   """
 
   ids: dict[str, np.ndarray]
   offsets: dict[str, np.ndarray]
-  tokenizer: wordpiece.WordPiece
+  tokenizer: tokenizer_lib.Tokenizer
 
 
 def load_wikitext(data_dir: str | None = None, name: str = "wikitext2",
                   splits=("train", "validation")) -> Corpus:
-  """Prepares (once) and reads the `wikitext_wordpiece/{name}` TFDS dataset.
+  """Prepares (once) and reads the `wikitext_paragraphs/{name}` TFDS dataset.
 
   Args:
     data_dir: TFDS data dir; None = TFDS's default ($TFDS_DATA_DIR or
@@ -66,13 +67,13 @@ def load_wikitext(data_dir: str | None = None, name: str = "wikitext2",
     name: builder config, "wikitext2" or "wikitext103".
     splits: which splits to read.
   """
-  if name not in wikitext.WikitextWordpiece.builder_configs:
+  if name not in wikitext.WikitextParagraphs.builder_configs:
     raise ValueError(f"config.dataset must be one of "
-                     f"{list(wikitext.WikitextWordpiece.builder_configs)}, got {name!r}")
-  builder = wikitext.WikitextWordpiece(config=name, data_dir=data_dir,
+                     f"{list(wikitext.WikitextParagraphs.builder_configs)}, got {name!r}")
+  builder = wikitext.WikitextParagraphs(config=name, data_dir=data_dir,
                                        file_format="array_record")
   builder.download_and_prepare()
-  tokenizer = wordpiece.WordPiece.load(builder.data_path / wikitext.TOKENIZER_FILE)
+  tokenizer = tokenizer_lib.Tokenizer.load(builder.data_path / wikitext.TOKENIZER_FILE)
   source = builder.as_data_source()
   ids, offsets = {}, {}
   for split in splits:
@@ -135,7 +136,7 @@ def num_predictions(seq_len: int, mask_rate: float) -> int:
 def mask_tokens(tokens_GT: np.ndarray, rng: np.random.Generator, *, vocab_size: int,
                 mask_rate: float = 0.15, mask_token_rate: float = 0.8,
                 random_token_rate: float = 0.1,
-                num_reserved: int = len(wordpiece.SPECIALS)) -> dict[str, np.ndarray]:
+                num_reserved: int = len(tokenizer_lib.SPECIALS)) -> dict[str, np.ndarray]:
   """BERT's masking of a batch of [CLS] ... [SEP] [PAD] rows (see the module doc).
 
   Args:

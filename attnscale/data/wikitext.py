@@ -1,4 +1,4 @@
-"""TFDS builder for WikiText (v1, tokenized) as paragraphs with WordPiece ids.
+"""TFDS builder for WikiText (v1, tokenized) as paragraphs with subword ids.
 
 WikiText (Merity et al. 2016, "Pointer Sentinel Mixture Models", arXiv
 1609.07843): Wikipedia Good and Featured articles, one paragraph per line,
@@ -12,11 +12,12 @@ sentences would need a sentence splitter and would give mostly short examples,
 while the MLM batcher (`attnscale.data.mlm`) cuts long paragraphs into
 consecutive sequences and pads the short ones. The text is kept as is.
 
-Preparing also trains the tokenizer: a BERT WordPiece vocabulary of
-`vocab_size` pieces from the train split (`attnscale.data.wordpiece`), saved as
-`wordpiece.json` beside the prepared splits (written inside TFDS's temporary
-directory, so it appears atomically with them), and stores every paragraph's
-piece ids, so the corpus is tokenized exactly once.
+Preparing also trains the tokenizer: a SentencePiece BPE vocabulary of
+`vocab_size` pieces with BERT's specials, from the train split
+(`attnscale.data.tokenizer`, deterministic for a given `tokenizer_seed`), saved
+as `tokenizer.model` beside the prepared splits (written inside TFDS's
+temporary directory, so it appears atomically with them), and stores every
+paragraph's piece ids, so the corpus is tokenized exactly once.
 
 Sources: with `$ATTNSCALE_DATA` set, `wikitext-2/{train,valid,test}.txt` under it
 (sha256-checked; for wikitext-103 no local sha256 is known, so those files are
@@ -34,9 +35,9 @@ import re
 import numpy as np
 import tensorflow_datasets as tfds
 
-from attnscale.data import paths, wordpiece
+from attnscale.data import paths, tokenizer as tokenizer_lib
 
-TOKENIZER_FILE = "wordpiece.json"
+TOKENIZER_FILE = "tokenizer.model"  # the SentencePiece model, beside the splits
 SPLITS = {"train": "train", "validation": "valid", "test": "test"}  # TFDS name -> file stem
 _HEADING = re.compile(r"^(= )+.*?( =)+$")
 
@@ -57,13 +58,14 @@ class WikitextConfig(tfds.core.BuilderConfig):
   local_folder: str = ""  # folder under $ATTNSCALE_DATA holding {train,valid,test}.txt
   local_sha256: dict[str, str | None] = dataclasses.field(default_factory=dict)
   vocab_size: int = 8192
+  tokenizer_seed: int = 0  # only used to sample paragraphs from a corpus > 2M of them
 
 
-class WikitextWordpiece(tfds.core.GeneratorBasedBuilder):
-  """WikiText paragraphs with their WordPiece ids; the vocabulary beside them."""
+class WikitextParagraphs(tfds.core.GeneratorBasedBuilder):
+  """WikiText paragraphs with their subword ids; the tokenizer beside them."""
 
   VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Paragraphs (non-heading lines), WordPiece ids, 8192 pieces."}
+  RELEASE_NOTES = {"1.0.0": "Paragraphs (non-heading lines), SentencePiece BPE ids, 8192 pieces."}
   BUILDER_CONFIGS = [
       WikitextConfig(
           name="wikitext2", description="WikiText-2 v1 (tokenized, with <unk>).",
@@ -89,7 +91,8 @@ class WikitextWordpiece(tfds.core.GeneratorBasedBuilder):
     return tfds.core.DatasetInfo(
         builder=self,
         description=("WikiText paragraphs (non-empty, non-heading lines, text as is) with "
-                     "the ids of a BERT WordPiece vocabulary trained on the train split."),
+                     "the ids of a SentencePiece BPE vocabulary (BERT's specials) trained on "
+                     "the train split."),
         features=tfds.features.FeaturesDict({
             "text": tfds.features.Text(),
             "ids": tfds.features.Tensor(shape=(None,), dtype=np.int32),
@@ -121,12 +124,14 @@ class WikitextWordpiece(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     texts = {stem: paragraphs(t) for stem, t in self._source_texts(dl_manager).items()}
-    tokenizer = wordpiece.train(texts["train"], vocab_size=self.builder_config.vocab_size)
+    cfg = self.builder_config
+    tokenizer = tokenizer_lib.train(texts["train"], vocab_size=cfg.vocab_size,
+                                    seed=cfg.tokenizer_seed)
     self.data_path.mkdir(parents=True, exist_ok=True)
     tokenizer.save(self.data_path / TOKENIZER_FILE)  # inside TFDS's temporary dir
     return {split: self._generate_examples(texts[stem], tokenizer)
             for split, stem in SPLITS.items()}
 
-  def _generate_examples(self, paras: list[str], tokenizer: wordpiece.WordPiece):
+  def _generate_examples(self, paras: list[str], tokenizer: tokenizer_lib.Tokenizer):
     for i, (text, ids) in enumerate(zip(paras, tokenizer.encode_batch(paras))):
       yield i, {"text": text, "ids": ids}
