@@ -273,10 +273,12 @@ class Transformer(nnx.Module):
                            rngs=rngs)
     self.pos_embed = nnx.Param(_normal(cfg.init_std)(rngs.params(), (cfg.block_size, cfg.width)))
     self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-    self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
-    # Created last, and only when used: the GPT's parameters (and their random
-    # init) stay exactly as they were.
-    if cfg.ln_position == "post":  # BERT normalises the embeddings, not the final stream
+    # Pre-LN normalises the final stream; post-LN (BERT) the embeddings instead,
+    # every block's output being normalised already. The GPT's parameters (and
+    # their random init) stay exactly as they were.
+    if cfg.ln_position == "pre":
+      self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    else:
       self.ln_embed = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
     if cfg.head == "mlm":
       self.mlm_head = MLMHead(cfg, rngs=rngs)

@@ -203,8 +203,8 @@ def test_logits_at_positions_are_a_gather():
 
 def test_post_ln_blocks_and_mlm_head():
   post, pre = encoder("standard", {}), encoder("standard", {}, ln_position="pre")
-  assert hasattr(post, "ln_embed") and hasattr(post, "mlm_head")
-  assert not hasattr(pre, "ln_embed")
+  assert hasattr(post, "ln_embed") and hasattr(post, "mlm_head") and not hasattr(post, "ln_f")
+  assert hasattr(pre, "ln_f") and not hasattr(pre, "ln_embed")
   # Post-LN: every block's output is LayerNorm-ed (unit RMS per position, no bias).
   x = post.embed_tokens(jnp.arange(16)[None] % V + RESERVED)
   y = post.blocks[0](x)
