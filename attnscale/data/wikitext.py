@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
+import zipfile
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -117,8 +118,10 @@ class WikitextParagraphs(tfds.core.GeneratorBasedBuilder):
       if cfg.zip_sha256 is not None and paths.sha256_of(archive) != cfg.zip_sha256:
         raise ValueError(f"sha256 mismatch for {archive} (from {cfg.zip_url}): expected "
                          f"{cfg.zip_sha256}, got {paths.sha256_of(archive)}")
-      folder = pathlib.Path(dl_manager.extract(archive)) / cfg.zip_folder
-      files = {stem: folder / f"wiki.{stem}.tokens" for stem in SPLITS.values()}
+      # Read from the zip directly: TFDS's extractor needs TensorFlow.
+      with zipfile.ZipFile(archive) as z:
+        return {stem: z.read(f"{cfg.zip_folder}/wiki.{stem}.tokens").decode("utf-8")
+                for stem in SPLITS.values()}
     # Bytes decoded as is: text mode would translate newlines.
     return {stem: pathlib.Path(f).read_bytes().decode("utf-8") for stem, f in files.items()}
 
