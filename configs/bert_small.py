@@ -16,7 +16,7 @@ configs/shakespeare_char.py does; that variant is pre-LN with a tied unit-scaled
 readout (no BERT MLM head).
 
 The task: a bidirectional encoder over [CLS] ... [SEP] [PAD]... rows of WikiText
-paragraphs (about a third of the positions are padding at seq 128), a
+paragraphs (32% of the positions are padding at seq 128), a
 SentencePiece BPE vocabulary of 8192 with BERT's specials, trained from the
 train split when the data is prepared, 15% of the real tokens selected per row
 and 80/10/10

@@ -4,7 +4,7 @@ Rows. Each paragraph's subword ids are cut into consecutive pieces of at most
 T - 2 ids (no text is dropped; a row never spans two paragraphs), and each
 piece becomes [CLS] ids [SEP] [PAD]...: single-segment BERT inputs (as RoBERTa,
 no next-sentence task). Short paragraphs and paragraph tails make real
-padding: about a third of the positions at T = 128 on WikiText-2.
+padding: 32% of the positions at T = 128 on WikiText-2.
 
 Masking (Devlin et al. 2019, BERT's create_pretraining_data.py): per row,
 k = max(1, round(mask_rate * n_real)) of its n_real text ids (never [CLS],
