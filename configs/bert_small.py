@@ -16,10 +16,9 @@ configs/shakespeare_char.py does; that variant is pre-LN with a tied unit-scaled
 readout (no BERT MLM head).
 
 The task: a bidirectional encoder over [CLS] ... [SEP] [PAD]... rows of WikiText
-paragraphs (32% of the positions are padding at seq 128), a
-SentencePiece BPE vocabulary of 8192 with BERT's specials, trained from the
-train split when the data is prepared, 15% of the real tokens selected per row
-and 80/10/10
+paragraphs (32% of the positions are padding at seq 128), a SentencePiece BPE
+vocabulary of 8192 with BERT's specials trained from the train split when the
+data is prepared, 15% of the real tokens selected per row and 80/10/10
 [MASK]/random/kept, redrawn every step. Padded keys are masked out of every
 scaling (their norms and their count). eval.py reports the MLM loss,
 perplexity and masked-token accuracy over the whole validation split.
