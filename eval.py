@@ -1,8 +1,11 @@
-r"""Evaluates a train.py run: whole-split validation loss, bits per character, a
-sample and per-layer attention diagnostics. Writes WORKDIR/eval.json.
+r"""Evaluates a train.py run over the whole validation split, with per-layer
+attention diagnostics; writes WORKDIR/eval.json. The task decides the metrics:
+the char LM's loss and bits per character (and a sample), the masked LM's loss,
+perplexity and masked-token accuracy (the sampling flags do not apply to it).
 
   python eval.py --workdir=runs/char_cpu
   python eval.py --workdir=runs/char_cpu --prompt="ROMEO:" --length=500 --temperature=0.8 --top_k=40
+  python eval.py --workdir=runs/bert_cpu
 """
 
 import sys

@@ -56,7 +56,7 @@ def check_positive(field: str, value, *, allow_zero: bool = False) -> None:
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
   """Checks the fields train.py relies on; raises a one-line ValueError."""
-  check_choice("config.task", config.task, ("char_lm",))
+  check_choice("config.task", config.task, ("char_lm", "mlm"))
   check_choice("config.optimizer", config.optimizer, ("adamw", "adam"))
   check_choice("config.lr_schedule", config.lr_schedule, ("constant", "cosine"))
   check_choice("model.scaling", config.model.scaling, scalings.names())
@@ -71,6 +71,25 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
   if config.batch_size % num_devices:
     raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
                      f"number of devices ({num_devices})")
+  if config.task == "mlm":
+    _validate_mlm(config)
   if config.seq_len > config.model.block_size:
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
                      f"({config.model.block_size}), the number of learned positions")
+
+
+def _validate_mlm(config: ml_collections.ConfigDict) -> None:
+  check_choice("config.dataset", config.dataset, ("wikitext2", "wikitext103"))
+  if config.model.get("causal", True):
+    raise ValueError("model.causal must be False for task 'mlm' (a bidirectional encoder)")
+  if config.seq_len < 3:
+    raise ValueError(f"config.seq_len must be >= 3 for task 'mlm' ([CLS], a token, [SEP]), "
+                     f"got {config.seq_len}")
+  for field in ("mask_rate", "mask_token_rate", "random_token_rate"):
+    if not 0 <= config[field] <= 1:
+      raise ValueError(f"config.{field} must be in [0, 1], got {config[field]}")
+  if config.mask_rate == 0:
+    raise ValueError("config.mask_rate must be > 0, got 0")
+  if config.mask_token_rate + config.random_token_rate > 1:
+    raise ValueError(f"config.mask_token_rate + config.random_token_rate must be <= 1, got "
+                     f"{config.mask_token_rate} + {config.random_token_rate}")

@@ -4,7 +4,8 @@ For each layer, on a batch of real data: the std of the attention output (the
 quantity Graphcore's fully scaled attention sets to about 1), the entropy of the
 attention weights (0 = one key, log n = uniform; a collapsing or saturating
 scale shows here first) and the largest logit (how far from a softmax
-temperature of 1 the scaling sits).
+temperature of 1 the scaling sits). With padding, only the real (non-padded)
+queries count, and the padding mask keeps padded keys out of everything.
 """
 
 from __future__ import annotations
@@ -16,37 +17,63 @@ from attnscale.attention import attention, attention_weights
 
 
 def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
-                    is_causal=False, normalizer="softmax") -> dict[str, jax.Array]:
+                    is_causal=False, normalizer="softmax",
+                    query_mask_BT=None) -> dict[str, jax.Array]:
   """Output std, mean entropy (nats) and max logit of one attention call.
 
   Entropy and logits come from the reference path (the T x S weights); the
-  output is the fused path's, what the model computes.
+  output is the fused path's, what the model computes. `query_mask_BT` (bool,
+  True = a real token) restricts all three to the real queries.
   """
   logits_BNTS, probs_BNTS = attention_weights(q_BTNH, k_BSKH, scale_fn=scale_fn, mask=mask,
                                               is_causal=is_causal, normalizer=normalizer)
   plogp_BNTS = jnp.where(probs_BNTS > 0, probs_BNTS * jnp.log(jnp.maximum(probs_BNTS, 1e-30)), 0)
   z_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, scale_fn=scale_fn, mask=mask,
                      is_causal=is_causal, normalizer=normalizer)
+  logits_BNTS = jnp.where(jnp.isfinite(logits_BNTS), logits_BNTS, -jnp.inf)
+  if query_mask_BT is None:
+    return {
+        "output_std": jnp.std(z_BTNH.astype(jnp.float32)),
+        "entropy": jnp.mean(-plogp_BNTS.sum(-1)),
+        "max_logit": jnp.max(logits_BNTS),
+    }
+  w_BT = query_mask_BT.astype(jnp.float32)
+  N, H = z_BTNH.shape[2:]
+  z_BTNH = z_BTNH.astype(jnp.float32)
+  count = jnp.maximum(jnp.sum(w_BT), 1.0)
+  mean = jnp.sum(z_BTNH * w_BT[:, :, None, None]) / (count * N * H)
+  var = jnp.sum(jnp.square(z_BTNH - mean) * w_BT[:, :, None, None]) / (count * N * H)
+  entropy_BNT = -plogp_BNTS.sum(-1)
   return {
-      "output_std": jnp.std(z_BTNH.astype(jnp.float32)),
-      "entropy": jnp.mean(-plogp_BNTS.sum(-1)),
-      "max_logit": jnp.max(jnp.where(jnp.isfinite(logits_BNTS), logits_BNTS, -jnp.inf)),
+      "output_std": jnp.sqrt(var),
+      "entropy": jnp.sum(entropy_BNT * w_BT[:, None, :]) / (count * entropy_BNT.shape[1]),
+      "max_logit": jnp.max(jnp.where(query_mask_BT[:, None, :, None], logits_BNTS, -jnp.inf)),
   }
 
 
-def model_attention_stats(model, tokens_BT, mask=None) -> list[dict[str, float]]:
-  """`attention_stats` for every layer of an `attnscale.model.Transformer`."""
+def model_attention_stats(model, tokens_BT, mask=None,
+                          query_mask_BT=None) -> list[dict[str, float]]:
+  """`attention_stats` for every layer of an `attnscale.model.Transformer`.
+
+  Args:
+    model: a Transformer or UnitScaledTransformer.
+    tokens_BT: a batch of real data.
+    mask: the attention mask the model is run with (e.g. padding [B, 1, 1, T]).
+    query_mask_BT: which queries to count (e.g. the non-padded tokens).
+  """
 
   @jax.jit
-  def run(tokens_BT):
+  def run(tokens_BT, mask, query_mask_BT):
     x_BTD = model.embed_tokens(tokens_BT)
     stats = []
     for block in model.blocks:
       attn = block.attn
-      q, k, v = attn.qkv(block.ln1(x_BTD))
+      q, k, v = attn.qkv(block.attn_input(x_BTD))
       stats.append(attention_stats(q, k, v, scale_fn=attn.scale_fn(), mask=mask,
-                                   is_causal=attn.cfg.causal, normalizer=attn.cfg.normalizer))
+                                   is_causal=attn.cfg.causal, normalizer=attn.cfg.normalizer,
+                                   query_mask_BT=query_mask_BT))
       x_BTD = block(x_BTD, mask)
     return stats
 
-  return [{k: float(v) for k, v in layer.items()} for layer in jax.device_get(run(tokens_BT))]
+  stats = jax.device_get(run(tokens_BT, mask, query_mask_BT))
+  return [{k: float(v) for k, v in layer.items()} for layer in stats]

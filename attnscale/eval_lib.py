@@ -1,9 +1,15 @@
-"""Evaluation of a trained run: whole-split loss, samples, attention diagnostics."""
+"""Evaluation of a trained run: whole-split metrics, samples, attention diagnostics.
+
+The task decides the metrics (`task.eval_metrics`): the char LM reports
+val_loss, bits_per_char and val_tokens; the masked LM val_loss, perplexity,
+accuracy (of the masked tokens) and val_masked_tokens. Every run gets per-layer
+attention diagnostics (with the padding mask where there is padding), and a
+causal LM a sample.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import jax
@@ -78,16 +84,15 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
   sharding = NamedSharding(mesh, P("data"))
   graphdef, params = nnx.split(model, nnx.Param)
   eval_step = train_lib.make_eval_step(graphdef, task, None, sharding)
-  val_loss = train_lib.evaluate(eval_step, params, task.eval_batches(), sharding)
+  sums = train_lib.evaluate_sums(eval_step, params, task.eval_batches(), sharding)
   first = next(task.eval_batches())
   result = {
       "workdir": workdir,
       "step": int(step),
       "scaling": config.model.scaling,
-      "val_loss": val_loss,
-      "bits_per_char": val_loss / math.log(2),
-      "val_tokens": int(len(task.data.validation) - 1),
-      "attention": diagnostics.model_attention_stats(model, jnp.asarray(first["inputs"])),
+      **task.eval_metrics(sums),
+      "attention": diagnostics.model_attention_stats(model, jnp.asarray(first["inputs"]),
+                                                     **task.attention_masks(first)),
   }
   if model.cfg.causal:  # only a causal LM generates
     result["sample"] = {
@@ -102,10 +107,15 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
 
 
 def format_summary(result: dict) -> str:
-  lines = [f"{result['workdir']} @ step {result['step']} ({result['scaling']})",
-           f"  validation loss {result['val_loss']:.4f} | {result['bits_per_char']:.4f} bits/char"
-           f" over all {result['val_tokens']:,} validation targets",
-           "  layer | attn output std | entropy (nats) | max logit"]
+  lines = [f"{result['workdir']} @ step {result['step']} ({result['scaling']})"]
+  if "bits_per_char" in result:
+    lines.append(f"  validation loss {result['val_loss']:.4f} | {result['bits_per_char']:.4f} "
+                 f"bits/char over all {result['val_tokens']:,} validation targets")
+  else:
+    lines.append(f"  validation MLM loss {result['val_loss']:.4f} | perplexity "
+                 f"{result['perplexity']:.2f} | masked-token accuracy {result['accuracy']:.4f} "
+                 f"over all {result['val_masked_tokens']:,} masked validation tokens")
+  lines.append("  layer | attn output std | entropy (nats) | max logit")
   for i, layer in enumerate(result["attention"]):
     lines.append(f"  {i:5d} | {layer['output_std']:15.3f} | {layer['entropy']:14.3f} | "
                  f"{layer['max_logit']:9.2f}")

@@ -1,4 +1,4 @@
-"""A GPT-style transformer (Flax NNX) whose attention goes through `attnscale.attention`.
+"""A GPT- or BERT-style transformer (Flax NNX) whose attention goes through `attnscale.attention`.
 
 nanoGPT's architecture: pre-LN blocks, learned positions, tied input/output
 embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections at
@@ -6,6 +6,13 @@ embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections a
 model-level options compared against the same baselines: QK-LayerNorm before any
 scaling, a shared key/value projection (W_K = W_V), and the sigmoid alternative
 to softmax.
+
+The BERT encoder (Devlin et al. 2019) is the same model with `causal=False`, a
+padding mask, `ln_position="post"` (the original x = LN(x + f(x)) blocks after
+an embedding LayerNorm; "pre" is the pre-LN encoder) and `head="mlm"` (BERT's
+masked-LM head: dense + GELU + LayerNorm, then the tied embedding and an output
+bias). Unlike BERT, the body has no biases, no segment embeddings and no pooler
+(no next-sentence task, as RoBERTa).
 
 Dimension legend: B batch, T sequence, D width, N heads, K key/value heads,
 H head dim, F MLP hidden, V vocabulary, L layers.
@@ -46,7 +53,9 @@ class ModelConfig:
   shared_kv: bool = False  # one projection for keys and values (W_K = W_V)
   normalizer: str = "softmax"  # or "sigmoid" (reference path only)
   attention_impl: str | None = None  # None/"xla"/"cudnn" fused, or "reference"
-  causal: bool = True
+  causal: bool = True  # False: bidirectional (an encoder); padding goes in `mask`
+  ln_position: str = "pre"  # pre: x + f(LN(x)) (GPT-2) | post: LN(x + f(x)) (BERT)
+  head: str = "lm"  # lm: tied embedding | mlm: BERT's dense+GELU+LN, tied embedding, bias
   dtype: str = "float32"  # compute dtype; params stay float32
   init_std: float = 0.02
   # The unit-scaled, residual-weighted variant (attnscale/unit_model.py).
@@ -88,6 +97,15 @@ class ModelConfig:
       if self.attn_residual not in ("rule", "relative"):
         raise ValueError(f"model.attn_residual must be one of ['rule', 'relative'], "
                          f"got {self.attn_residual!r}")
+    if self.ln_position not in LN_POSITIONS:
+      raise ValueError(f"model.ln_position must be one of {list(LN_POSITIONS)}, "
+                       f"got {self.ln_position!r}")
+    if self.head not in HEADS:
+      raise ValueError(f"model.head must be one of {list(HEADS)}, got {self.head!r}")
+    if self.variant == "unit_scaled" and (self.ln_position, self.head) != ("pre", "lm"):
+      raise ValueError(f"model.variant='unit_scaled' is pre-LN with a tied readout: it needs "
+                       f"model.ln_position='pre' and model.head='lm', got "
+                       f"{self.ln_position!r} and {self.head!r}")
     if not 0 <= self.dropout < 1:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
 
@@ -101,6 +119,15 @@ class ModelConfig:
 
 
 VARIANTS = ("standard", "unit_scaled")
+LN_POSITIONS = ("pre", "post")
+HEADS = ("lm", "mlm")
+
+
+def gather_positions(x_BTD: Array, positions_BP: Array | None) -> Array:
+  """x at the given positions per row, [B, P, D] (all of x when positions is None)."""
+  if positions_BP is None:
+    return x_BTD
+  return jnp.take_along_axis(x_BTD, positions_BP[..., None].astype(jnp.int32), axis=1)
 
 
 def scale_fn_for(cfg: ModelConfig, layer) -> scalings.ScaleFn:
@@ -203,21 +230,42 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-LN: x + Attn(LN(x)), then x + MLP(LN(x))."""
+  """Pre-LN: x + Attn(LN(x)), then x + MLP(LN(x)); post-LN: LN(x + Attn(x)), LN(x + MLP(x))."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
     self.ln1, self.attn, self.ln2, self.mlp = ln(), Attention(cfg, rngs=rngs), ln(), MLP(cfg, rngs=rngs)
 
+  def attn_input(self, x_BTD):
+    """What the attention sees: LN(x) pre-LN, x itself post-LN."""
+    return x_BTD if self.cfg.ln_position == "post" else self.ln1(x_BTD)
+
   def __call__(self, x_BTD, mask=None, dropout_key=None):
     k1, k2 = jax.random.split(dropout_key) if dropout_key is not None else (None, None)
+    if self.cfg.ln_position == "post":
+      x_BTD = self.ln1(x_BTD + _dropout(self.attn(x_BTD, mask), self.cfg.dropout, k1))
+      return self.ln2(x_BTD + _dropout(self.mlp(x_BTD), self.cfg.dropout, k2))
     x_BTD = x_BTD + _dropout(self.attn(self.ln1(x_BTD), mask), self.cfg.dropout, k1)
     return x_BTD + _dropout(self.mlp(self.ln2(x_BTD)), self.cfg.dropout, k2)
 
 
+class MLMHead(nnx.Module):
+  """BERT's masked-LM head: LN(GELU(dense(x))) @ E^T + b, E the tied token embedding."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.dense = nnx.Linear(cfg.width, cfg.width, kernel_init=_normal(cfg.init_std),
+                            dtype=cfg.dtype, rngs=rngs)
+    self.ln = nnx.LayerNorm(cfg.width, dtype=cfg.dtype, rngs=rngs)
+    self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
+
+  def __call__(self, x_BPD, embed: nnx.Embed):
+    h_BPD = self.ln(jax.nn.gelu(self.dense(x_BPD)))
+    return embed.attend(h_BPD).astype(jnp.float32) + self.bias[...]
+
+
 class Transformer(nnx.Module):
-  """Token + position embeddings, L blocks, final LN, tied output embedding."""
+  """Token + position embeddings, L blocks, final LN (pre-LN), tied output embedding."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -225,23 +273,40 @@ class Transformer(nnx.Module):
                            rngs=rngs)
     self.pos_embed = nnx.Param(_normal(cfg.init_std)(rngs.params(), (cfg.block_size, cfg.width)))
     self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-    self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    # Pre-LN normalises the final stream; post-LN (BERT) the embeddings instead,
+    # every block's output being normalised already. The GPT's parameters (and
+    # their random init) stay exactly as they were.
+    if cfg.ln_position == "pre":
+      self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    else:
+      self.ln_embed = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    if cfg.head == "mlm":
+      self.mlm_head = MLMHead(cfg, rngs=rngs)
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
     x_BTD = self.embed(tokens_BT) + self.pos_embed[:T]
+    if self.cfg.ln_position == "post":
+      x_BTD = self.ln_embed(x_BTD)
     return _dropout(x_BTD.astype(self.cfg.dtype), self.cfg.dropout, dropout_key)
 
   def __call__(self, tokens_BT: Array, *, mask: Array | None = None,
-               dropout_key: Array | None = None) -> Array:
-    """Logits [B, T, V] in float32. Dropout is on iff `dropout_key` is given.
+               dropout_key: Array | None = None, positions: Array | None = None) -> Array:
+    """Logits [B, T, V] (or [B, P, V]) in float32. Dropout is on iff `dropout_key` is given.
 
     Args:
       tokens_BT: int token ids.
       mask: optional boolean attention mask broadcastable to [B, N, T, T]
         (e.g. padding [B, 1, 1, T]), combined with causality when causal.
       dropout_key: PRNG key for dropout; None = deterministic (evaluation).
+      positions: optional int [B, P]: logits only at these positions (the
+        masked-LM targets; BERT's gather before the output layer).
     """
-    x_BTD = self.ln_f(residual_stream(self, tokens_BT, mask, dropout_key))
+    x_BTD = residual_stream(self, tokens_BT, mask, dropout_key)
+    if self.cfg.ln_position == "pre":
+      x_BTD = self.ln_f(x_BTD)
+    x_BPD = gather_positions(x_BTD, positions)
+    if self.cfg.head == "mlm":
+      return self.mlm_head(x_BPD, self.embed)
     # Tied embeddings; logits in float32 for a stable softmax cross-entropy.
-    return self.embed.attend(x_BTD).astype(jnp.float32)
+    return self.embed.attend(x_BPD).astype(jnp.float32)

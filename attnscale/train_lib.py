@@ -98,13 +98,20 @@ def global_batch(local_batch: dict[str, np.ndarray], sharding) -> dict[str, jax.
           for k, v in local_batch.items()}
 
 
-def evaluate(eval_step, params, batches, sharding) -> float:
-  """Mean loss per target token over `batches` (sums, so padding weighs 0)."""
-  total = count = 0.0
+def evaluate_sums(eval_step, params, batches, sharding) -> dict[str, float]:
+  """The task's loss sums ("loss_sum", "count", ...) added over `batches`."""
+  totals = {}
   for batch in batches:
     sums = jax.device_get(eval_step(params, global_batch(batch, sharding)))
-    total, count = total + float(sums["loss_sum"]), count + float(sums["count"])
-  return total / max(count, 1.0)
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  return totals
+
+
+def evaluate(eval_step, params, batches, sharding) -> float:
+  """Mean loss per target token over `batches` (sums, so padding weighs 0)."""
+  sums = evaluate_sums(eval_step, params, batches, sharding)
+  return sums.get("loss_sum", 0.0) / max(sums.get("count", 0.0), 1.0)
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:

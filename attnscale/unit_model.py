@@ -50,7 +50,8 @@ from flax import nnx
 
 from attnscale import unit_scaling as us
 from attnscale.attention import attention
-from attnscale.model import ModelConfig, _dropout, residual_stream, scale_fn_for
+from attnscale.model import ModelConfig, _dropout, gather_positions, residual_stream
+from attnscale.model import scale_fn_for
 
 Array = jax.Array
 
@@ -175,6 +176,10 @@ class UnitBlock(nnx.Module):
     self.ln1, self.attn = _LayerNorm(cfg.width), UnitAttention(cfg, rngs=rngs)
     self.ln2, self.mlp = _LayerNorm(cfg.width), UnitMLP(cfg, rngs=rngs)
 
+  def attn_input(self, x_BTD):
+    """What the attention sees (for diagnostics)."""
+    return self.ln1(x_BTD)
+
   def __call__(self, x_BTD, mask=None, dropout_key=None):
     k1, k2 = jax.random.split(dropout_key) if dropout_key is not None else (None, None)
     rule, rate = self.cfg.residual_rule, self.cfg.dropout
@@ -207,8 +212,8 @@ class UnitScaledTransformer(nnx.Module):
     # The sum of two unit embeddings has std sqrt(2): rescale the forward only.
     return _dropout(us.scale_fwd(x_BTD, 1 / math.sqrt(2)), self.cfg.dropout, dropout_key)
 
-  def __call__(self, tokens_BT, *, mask=None, dropout_key=None):
+  def __call__(self, tokens_BT, *, mask=None, dropout_key=None, positions=None):
     """Logits [B, T, V] (float32), unit-scale at init. Same contract as `Transformer`."""
-    x_BTD = residual_stream(self, tokens_BT, mask, dropout_key)
+    x_BTD = gather_positions(residual_stream(self, tokens_BT, mask, dropout_key), positions)
     # Tied readout, unit-scaled: logits = LN(x) @ E^T / sqrt(D).
     return us.linear(self.ln_f(x_BTD), self.embed[...].T).astype(jnp.float32)

@@ -41,3 +41,59 @@ def random_qkv(seed=0, B=2, T=12, S=12, N=4, K=2, H=8, dtype=jnp.float32):
 def padding_mask(lengths, S):
   """[B, 1, 1, S] key mask: True for the first lengths[b] keys."""
   return (jnp.arange(S)[None, :] < jnp.asarray(lengths)[:, None])[:, None, None, :]
+
+
+# ---------------------------------------------------------------------------
+# A small synthetic WikiText (same format: headings, blank lines, <unk>, @-@),
+# prepared once per session through the real builder; the tests of the masked
+# LM never need the 11 MB corpus.
+
+SYNTHETIC_WORDS = ("the of and in to a was is for on as by with he at from his it an were "
+                   "are which this be also had first one their its new after but who not "
+                   "they have her she two been other when there all during into school "
+                   "would more between game season city war film song album river player "
+                   "church station national united british american german french played "
+                   "released recorded described several including although however").split()
+
+
+def synthetic_wikitext_text(seed: int, num_articles: int) -> str:
+  """WikiText-shaped text: ' = Title = ' headings, paragraphs, blank lines."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  weights = 1.0 / np.arange(1, len(SYNTHETIC_WORDS) + 1)  # Zipf-like
+  weights /= weights.sum()
+  lines = []
+  for a in range(num_articles):
+    lines += ["", f" = Article {a} = ", ""]
+    for s in range(int(rng.integers(1, 4))):
+      lines += [f" = = Section {s} = = ", ""]
+      for _ in range(int(rng.integers(1, 4))):
+        n = int(rng.integers(3, 120))
+        words = list(rng.choice(SYNTHETIC_WORDS, size=n, p=weights))
+        for i in rng.choice(n, size=max(1, n // 15), replace=False):
+          words[i] = str(rng.choice(["<unk>", ",", ".", "1 @,@ 000", "well @-@ known",
+                                     "3 @.@ 5", "(", ")", "Café", "\""]))
+        lines += [" " + " ".join(words) + " ", ""]
+  return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def synthetic_wikitext(tmp_path_factory):
+  """(data_root, tfds data_dir) with wikitext2 prepared from synthetic files.
+
+  Only the synthetic files are read unchecked (their sha256 is not the
+  corpus's); the production path's checksums stay as they are.
+  """
+  from attnscale.data import mlm, paths, wikitext
+  root = tmp_path_factory.mktemp("wikitext_root")
+  (root / "wikitext-2").mkdir()
+  for i, stem in enumerate(("train", "valid", "test")):
+    (root / "wikitext-2" / f"{stem}.txt").write_text(
+        synthetic_wikitext_text(i, 60 if stem == "train" else 8), encoding="utf-8")
+  data_dir = str(tmp_path_factory.mktemp("wikitext_tfds"))
+  cfg = wikitext.WikitextParagraphs.builder_configs["wikitext2"]
+  with pytest.MonkeyPatch.context() as m:
+    m.setenv(paths.ENV_VAR, str(root))
+    m.setattr(cfg, "local_sha256", {stem: None for stem in cfg.local_sha256})
+    mlm.load_wikitext(data_dir)
+  return root, data_dir

@@ -8,16 +8,20 @@ from attnscale.data.char_lm import CharDataset
 from attnscale.data.char_lm import eval_batches
 from attnscale.data.char_lm import get_batch
 from attnscale.data.char_lm import load_tiny_shakespeare
+from attnscale.data.mlm import load_wikitext
 from attnscale.data.paths import data_root
 from attnscale.data.paths import local_file
 from attnscale.data.tiny_shakespeare import TinyShakespeareChar
+from attnscale.data.wikitext import WikitextParagraphs
 
 __all__ = [
     "CharDataset",
     "TinyShakespeareChar",
+    "WikitextParagraphs",
     "data_root",
     "eval_batches",
     "get_batch",
     "load_tiny_shakespeare",
+    "load_wikitext",
     "local_file",
 ]

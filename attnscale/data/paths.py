@@ -4,6 +4,7 @@
 
     tinyshakespeare/input.txt
     wikitext-2/{train,valid,test}.txt
+    wikitext-103/{train,valid,test}.txt   (optional; no known sha256: read unchecked)
 
 When it is set, the dataset builders read their source files from there and
 never touch the network; when it is unset they download (with a checksum check).
