@@ -195,12 +195,17 @@ def collect(workdir: str, points: Sequence[Point] | None = None) -> list[dict]:
     names = sorted(d for d in os.listdir(workdir) if os.path.isdir(os.path.join(workdir, d)))
   else:
     names = [p.name for p in points]
+  labels = {p.name: dict(kv.partition("=")[::2] for kv in p.arg.split(",") if kv)
+            | {_short(k): v for k, v in p.overrides} for p in points or ()}
   rows = []
   for name in names:
     row = read_run(os.path.join(workdir, name))
-    rows.append(row if row is not None else
-                {**{c: math.nan for c in COLUMNS}, "scaling": "?", "status": "new",
-                 "run": name, "curve": []})
+    if row is None:  # not started: what the point's argument says
+      label = labels.get(name, {})
+      row = {**{c: math.nan for c in COLUMNS}, "scaling": label.get("scaling", "?"),
+             "learning_rate": label.get("lr", math.nan), "status": "new", "run": name,
+             "curve": []}
+    rows.append(row)
   return sorted(rows, key=lambda r: (str(r["scaling"]), _num(r["learning_rate"]),
                                      _num(r["seed"])))
 

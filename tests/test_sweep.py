@@ -17,9 +17,9 @@ CONFIG = "configs/shakespeare_char.py"
 
 def test_sweeps_are_lists_of_points():
   points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "graphcore_cpu")
-  assert len(points) == 5 * 8  # scalings x learning rates x 1 seed
+  assert len(points) == 5 * 10  # scalings x learning rates x 1 seed
   assert len({p.name for p in points}) == len(points)
-  assert points[0].name == "graphcore_cpu-standard-0-lr0.03125"
+  assert points[0].name == "graphcore_cpu-standard-0-lr0.125"
   scalings = {p.arg.split("scaling=")[1].split(",")[0] for p in points}
   assert scalings == {"standard", "fully_scaled", "unit_scaled", "key_norm_sum", "cosine"}
   full = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "graphcore")
@@ -39,10 +39,10 @@ def test_print_commands_gives_one_train_py_line_per_point(tmp_path):
       [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
        f"--workdir={tmp_path}", "--print_commands"],
       cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
-  assert len(out) == 40
+  assert len(out) == 50
   assert out[0] == (f"python train.py --config={CONFIG}:preset=graphcore_cpu,scaling=standard,"
-                    f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.03125 "
-                    "--config.learning_rate=0.03125")
+                    f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.125 "
+                    "--config.learning_rate=0.125")
   assert not os.listdir(tmp_path)  # printing runs nothing
 
 
