@@ -9,6 +9,7 @@ what is allowed.
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 from attnscale import scalings
 
@@ -41,6 +42,31 @@ def _coerce(key, value, default):
   except ValueError:
     raise ValueError(f"config argument {key}={value!r} must be a "
                      f"{type(default).__name__}") from None
+
+
+def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float = 2.0) -> None:
+  """The attention fields every model config shares, set on `config.model`.
+
+  `scaling` is the config argument's: a registered name, or "unit_scaled", the
+  experiment of SCIENCE.md (fully scaled attention inside the unit-scaled
+  transformer, its branch weighted to sqrt(e/n) of the skip);
+  `--config.model.scaling=unit_scaled` instead picks u-muP's 1/d attention.
+  """
+  m.scaling = scaling  # attention scaling: attnscale.scalings.names()
+  m.scaling_params = {"p": p} if scaling == "key_norm_power" else {}  # its params
+  m.qk_layernorm = False  # learned LayerNorm on q, k before the scaling
+  m.shared_kv = False  # W_K = W_V
+  m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
+  m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
+  m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
+  # The unit-scaled, residual-weighted transformer (attnscale/unit_model.py).
+  m.variant = "standard"  # standard | unit_scaled
+  m.residual_mult = 1.0  # u-muP: all branches' weight against the embedding
+  m.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
+  m.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
+  m.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
+  if scaling == "unit_scaled":
+    m.variant, m.scaling, m.attn_residual = "unit_scaled", "fully_scaled", "relative"
 
 
 def check_choice(field: str, value, allowed) -> None:

@@ -30,6 +30,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from attnscale.studies import plotting  # figures without pyplot, stable PNG bytes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py is
 
 
@@ -272,25 +274,16 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
       f.write(f"| {scaling} | {_format_value(b['learning_rate'])} | "
               f"{b['final_train_loss']:.4f} |\n")
     f.write("\nAll points:\n\n" + markdown_table(rows))
-  fig = plot_loss_vs_lr(rows, title=title)
-  fig.savefig(paths["loss_vs_lr.png"], dpi=120, bbox_inches="tight", metadata={"Software": None})
-  fig = plot_loss_curves(rows, title=title)
-  fig.savefig(paths["loss_curves.png"], dpi=120, bbox_inches="tight", metadata={"Software": None})
+  plotting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
+  plotting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
   return paths
-
-
-def _pyplot():
-  import matplotlib
-  matplotlib.use("Agg")  # files only; no display
-  import matplotlib.pyplot as plt
-  return plt
 
 
 def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
   """Final training loss against learning rate (log2), one line per scaling
   (Graphcore's almost-scaled attention figure); diverged points marked x at the top."""
-  plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  fig = plotting.new_figure(6.4, 4.2)
+  ax = fig.subplots()
   done = [r for r in rows if r["status"] in ("done", "diverged")]
   finite = [r["final_train_loss"] for r in done if math.isfinite(r["final_train_loss"])]
   ceiling = max(finite) + 0.05 if finite else 1.0
@@ -317,8 +310,8 @@ def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
 
 def plot_loss_curves(rows: Sequence[dict], *, title: str = ""):
   """Training loss against step at each scaling's best learning rate."""
-  plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  fig = plotting.new_figure(6.4, 4.2)
+  ax = fig.subplots()
   for scaling, b in sorted(best_per_scaling(rows).items()):
     runs = [r for r in rows if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
             and r["curve"]]

@@ -94,24 +94,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.causal = False  # bidirectional: every real token sees every real token
   m.ln_position = arg.ln  # post: LN(x + f(x)) as BERT | pre: x + f(LN(x))
   m.head = "mlm"  # BERT's MLM head: dense + GELU + LN, tied embedding, output bias
-  m.scaling = arg.scaling  # attention scaling: attnscale.scalings.names()
-  m.scaling_params = {"p": arg.p} if arg.scaling == "key_norm_power" else {}  # its params
-  m.qk_layernorm = False  # learned LayerNorm on q, k before the scaling
-  m.shared_kv = False  # W_K = W_V
-  m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
-  m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
-  m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
-  # The unit-scaled, residual-weighted transformer (attnscale/unit_model.py).
-  m.variant = "standard"  # standard | unit_scaled
-  m.residual_mult = 1.0  # u-muP: all branches' weight against the embedding
-  m.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
-  m.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
-  m.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
-  if arg.scaling == "unit_scaled":
-    # As in configs/shakespeare_char.py: fully scaled attention inside the
-    # unit-scaled transformer, its branch weighted to sqrt(e/n) of the skip
-    # (n = block_size, bidirectional). That model is pre-LN with a tied readout.
-    m.variant, m.scaling, m.attn_residual = "unit_scaled", "fully_scaled", "relative"
+  configlib.add_attention_fields(m, arg.scaling, p=arg.p)  # scaling, variant, ...
+  if m.variant == "unit_scaled":
+    # The unit-scaled transformer is pre-LN with a tied readout; its attention
+    # weight uses n = block_size (bidirectional).
     m.ln_position, m.head = "pre", "lm"
 
   if arg.preset == "cpu":

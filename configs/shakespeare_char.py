@@ -105,24 +105,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.width = 384  # d_model
   m.mlp_ratio = 4  # MLP hidden = mlp_ratio * width
   m.dropout = 0.2  # embeddings and residual branches (the fused kernel has no attention dropout)
-  m.scaling = arg.scaling  # attention scaling: attnscale.scalings.names()
-  m.scaling_params = {"p": arg.p} if arg.scaling == "key_norm_power" else {}  # its params
-  m.qk_layernorm = False  # learned LayerNorm on q, k before the scaling
-  m.shared_kv = False  # W_K = W_V
-  m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
-  m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
-  m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
-  # The unit-scaled, residual-weighted transformer (attnscale/unit_model.py).
-  m.variant = "standard"  # standard | unit_scaled
-  m.residual_mult = 1.0  # u-muP: all branches' weight against the embedding
-  m.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
-  m.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
-  m.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
-  if arg.scaling == "unit_scaled":
-    # The experiment "unit_scaled" (SCIENCE.md): fully scaled attention inside the
-    # unit-scaled transformer, its branch weighted to sqrt(e/n) of the skip.
-    # (--config.model.scaling=unit_scaled instead picks u-muP's 1/d attention.)
-    m.variant, m.scaling, m.attn_residual = "unit_scaled", "fully_scaled", "relative"
+  configlib.add_attention_fields(m, arg.scaling, p=arg.p)  # scaling, variant, ...
 
   if arg.preset == "graphcore":
     c.batch_size, c.seq_len = 16, 256
