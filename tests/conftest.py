@@ -1,8 +1,15 @@
-"""Shared fixtures: random q, k, v and every registered scaling with test params."""
+"""Shared fixtures: random q, k, v and every registered scaling with test params,
+synthetic WikiText, a localhost file server and a per-module XLA compilation cache."""
+
+import contextlib
+import functools
+import http.server
+import threading
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from attnscale import scalings
 
@@ -97,3 +104,44 @@ def synthetic_wikitext(tmp_path_factory):
     m.setattr(cfg, "local_sha256", {stem: None for stem in cfg.local_sha256})
     mlm.load_wikitext(data_dir)
   return root, data_dir
+
+
+@pytest.fixture(scope="module")
+def compilation_cache_dir(tmp_path_factory):
+  """A persistent XLA cache for one test module: runs of one config compile once.
+
+  Compilation is most of a test-preset run on CPU (about 8 s of 10); the
+  end-to-end modules rerun the same config many times. Restored afterwards.
+  Use with `pytestmark = pytest.mark.usefixtures("compilation_cache_dir")`.
+  """
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+  saved = {name: getattr(jax.config, name) for name in names}
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  compilation_cache.reset_cache()
+  yield
+  for name, value in saved.items():
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+
+  def log_message(self, *args):  # Keeps pytest's captured output clean.
+    pass
+
+
+@contextlib.contextmanager
+def serve_directory(directory):
+  """Serves `directory` on 127.0.0.1 (an ephemeral port); yields the base URL.
+
+  The builders' online branches are tested against it: no test leaves the machine.
+  """
+  handler = functools.partial(_QuietHandler, directory=str(directory))
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    yield f"http://127.0.0.1:{server.server_port}"
+  finally:
+    server.shutdown()
+    server.server_close()

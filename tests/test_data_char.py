@@ -4,15 +4,12 @@ The tests that read the corpus need $ATTNSCALE_DATA (CI sets it) pointing at a
 folder holding tinyshakespeare/input.txt; none touches the network.
 """
 
-import functools
-import http.server
 import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ import pytest
 from attnscale import data
 from attnscale.data import paths
 from attnscale.data import tiny_shakespeare
+from conftest import serve_directory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RELPATH = tiny_shakespeare.TinyShakespeareChar.RELPATH
@@ -191,25 +189,13 @@ def test_corrupted_local_copy_fails_checksum(monkeypatch, tmp_path, text):
 
 def test_download_path_checks_sha256(monkeypatch, tmp_path, source_file):
   """The online branch, served from localhost: verified download, then a mismatch."""
-  handler = functools.partial(_QuietHandler, directory=str(source_file.parent))
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
+  with serve_directory(source_file.parent) as url:
     monkeypatch.delenv(paths.ENV_VAR)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     builder = tiny_shakespeare.TinyShakespeareChar
-    monkeypatch.setattr(builder, "URL", f"http://127.0.0.1:{server.server_port}/input.txt")
+    monkeypatch.setattr(builder, "URL", f"{url}/input.txt")
     assert len(data.load_tiny_shakespeare(str(tmp_path / "ok")).validation) == 111540
     monkeypatch.setattr(builder, "SHA256", "0" * 64)
     # TFDS's NonMatchingChecksumError, which tfds does not export publicly.
     with pytest.raises(Exception, match="has wrong checksum"):
       data.load_tiny_shakespeare(str(tmp_path / "bad"))
-  finally:
-    server.shutdown()
-    server.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-
-  def log_message(self, *args):  # Keeps pytest's captured output clean.
-    pass

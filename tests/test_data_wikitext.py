@@ -5,22 +5,20 @@ real builder; the real WikiText-2 test needs $ATTNSCALE_DATA and is `slow`.
 Nothing touches the network.
 """
 
-import functools
 import hashlib
-import http.server
 import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
-import threading
 import zipfile
 
 import numpy as np
 import pytest
 
 from attnscale.data import mlm, paths, tokenizer, wikitext
+from conftest import serve_directory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -153,15 +151,11 @@ def test_download_path_extracts_zip_and_checks_sha256(monkeypatch, tmp_path,
     for stem in ("train", "valid", "test"):
       z.write(root / "wikitext-2" / f"{stem}.txt", f"wikitext-2/wiki.{stem}.tokens")
   sha256 = hashlib.sha256((served / "wikitext-2-v1.zip").read_bytes()).hexdigest()
-  handler = functools.partial(_QuietHandler, directory=str(served))
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
+  with serve_directory(served) as url:
     monkeypatch.delenv(paths.ENV_VAR, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     cfg = wikitext.WikitextParagraphs.builder_configs["wikitext2"]
-    monkeypatch.setattr(cfg, "zip_url",
-                        f"http://127.0.0.1:{server.server_port}/wikitext-2-v1.zip")
+    monkeypatch.setattr(cfg, "zip_url", f"{url}/wikitext-2-v1.zip")
     monkeypatch.setattr(cfg, "zip_sha256", sha256)
     corpus = mlm.load_wikitext(str(tmp_path / "ok"))
     paras = wikitext.paragraphs((root / "wikitext-2" / "valid.txt").read_text("utf-8"))
@@ -169,15 +163,6 @@ def test_download_path_extracts_zip_and_checks_sha256(monkeypatch, tmp_path,
     monkeypatch.setattr(cfg, "zip_sha256", "0" * 64)
     with pytest.raises(ValueError, match="sha256 mismatch for .*wikitext-2-v1.zip"):
       mlm.load_wikitext(str(tmp_path / "bad"))
-  finally:
-    server.shutdown()
-    server.server_close()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-
-  def log_message(self, *args):  # Keeps pytest's captured output clean.
-    pass
 
 
 def test_unknown_dataset_name():

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.experimental.compilation_cache import compilation_cache
 
 from attnscale import configlib, eval_lib, tasks, train_lib
 from attnscale import train_state as ts
@@ -24,6 +23,9 @@ from attnscale.model import ModelConfig, Transformer
 from attnscale.unit_model import UnitScaledTransformer
 from configs import bert_small
 from conftest import SCALING_CASES
+
+# A persistent XLA cache for this module (conftest): reruns of one config compile once.
+pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
 
 V = 60  # vocabulary of the synthetic token tests
 RESERVED = len(tokenizer.SPECIALS)
@@ -267,20 +269,6 @@ def test_bad_config_argument():
 
 NUM_STEPS = 20  # the test preset's
 STOP_AT = 7
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache_dir(tmp_path_factory):
-  """A persistent XLA cache for this module (reruns of one config compile once)."""
-  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-  saved = {name: getattr(jax.config, name) for name in names}
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  compilation_cache.reset_cache()
-  yield
-  for name, value in saved.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
 
 
 def make_config(data_dir, **overrides):

@@ -24,7 +24,6 @@ import time
 import jax
 import numpy as np
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
 from tensorboardX.proto import event_pb2
 
 from attnscale import scalings, tasks, train_lib
@@ -51,22 +50,8 @@ def tfds_dir(tmp_path_factory):
   return data_dir
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache_dir(tmp_path_factory):
-  """A persistent XLA cache for this module: runs of one config compile once.
-
-  Compilation is most of a test-preset run on CPU (about 8 s of 10); the stop /
-  resume / error tests rerun the same config many times. Restored afterwards.
-  """
-  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-  saved = {name: getattr(jax.config, name) for name in names}
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  compilation_cache.reset_cache()
-  yield
-  for name, value in saved.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
+# A persistent XLA cache for this module (conftest): reruns of one config compile once.
+pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
 
 
 def make_config(tfds_dir, arg="preset=test", **overrides):
