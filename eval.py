@@ -25,6 +25,8 @@ flags.mark_flag_as_required("workdir")
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  from attnscale import hostmem
+  hostmem.reuse_freed_memory()  # before JAX's threads start: see attnscale/hostmem.py
   from attnscale import eval_lib
   try:
     result = eval_lib.evaluate_run(_WORKDIR.value, step=_STEP.value, prompt=_PROMPT.value,

@@ -25,6 +25,8 @@ def main(argv):
   del argv
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
+  from attnscale import hostmem
+  hostmem.reuse_freed_memory()  # before JAX's threads start: see attnscale/hostmem.py
   import jax
   if _MULTIHOST.value:
     jax.distributed.initialize()

@@ -8,8 +8,8 @@ keys visible to query i (mask, causality) take part. Two implementations:
 * "reference": plain einsums, the T x S logits materialised, softmax in float32 (or wider).
   This is the definition.
 * the fused path (default): s_i folded into q, c_i applied to the output, and one
-  call of `jax.nn.dot_product_attention` with scale 1, so the XLA fused kernel (or
-  cuDNN flash attention on a GPU) serves every scaling.
+  scale-1 kernel call, so one kernel serves every scaling: cuDNN flash attention
+  (`jax.nn.dot_product_attention`) on a GPU, `attnscale.xla_attention` elsewhere.
 
 Dimension legend: B batch, T query length, S key/value length, N query heads,
 K key/value heads (K divides N: grouped-query attention), H head dim.
@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from attnscale import scalings as scalings_lib
+from attnscale import xla_attention
 from attnscale.visibility import VisibleKeys, upcast
 
 Array = jax.Array
@@ -92,12 +93,29 @@ def _per_query(x_BTN) -> Array:
 
 
 def _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation):
-  """Folds s_i into q and calls the fused kernel with scale 1."""
+  """Folds s_i into q and calls a fused kernel with scale 1.
+
+  "cudnn": `jax.nn.dot_product_attention`'s cuDNN flash attention (GPU). "xla":
+  `attnscale.xla_attention` (causal blocks, matmul layouts; jax.nn's own XLA
+  path is 3x slower on CPU). None: cuDNN on a GPU where it takes the shapes and
+  dtype (jax.nn's None means XLA, even on a GPU), otherwise "xla".
+  """
   dtype = v_BSKH.dtype
   q_BTNH = (upcast(scaled.q) * _per_query(scaled.logit_scale)).astype(dtype)
-  return jax.nn.dot_product_attention(q_BTNH, scaled.k.astype(dtype), v_BSKH,
-                                      mask=mask_BNTS, scale=1.0, is_causal=is_causal,
-                                      implementation=implementation)
+  k_BSKH = scaled.k.astype(dtype)
+  if implementation == "cudnn" or (implementation is None and _cudnn_available(dtype)):
+    try:
+      return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_BNTS, scale=1.0,
+                                          is_causal=is_causal, implementation="cudnn")
+    except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions
+      if implementation == "cudnn":
+        raise
+  return xla_attention.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask_BNTS, is_causal)
+
+
+def _cudnn_available(dtype) -> bool:
+  # cuDNN's fused attention takes half precision only.
+  return jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16)
 
 
 def attention_weights(q_BTNH: Array,

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import scalings
+from attnscale import layers, scalings
 # The module's name is shadowed by the function in attnscale/__init__.py.
 from attnscale.attention import IMPLEMENTATIONS, NORMALIZERS, attention
 
@@ -175,7 +175,7 @@ class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
-    dense = lambda out, std: nnx.Linear(D, out, use_bias=False, kernel_init=_normal(std),
+    dense = lambda out, std: layers.Dense(D, out, use_bias=False, kernel_init=_normal(std),
                                         dtype=cfg.dtype, rngs=rngs)
     self.q_proj = dense(N * H, cfg.init_std)
     self.k_proj = dense(K * H, cfg.init_std)
@@ -219,9 +219,9 @@ class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, F = cfg.width, cfg.mlp_ratio * cfg.width
-    self.up = nnx.Linear(D, F, use_bias=False, kernel_init=_normal(cfg.init_std),
+    self.up = layers.Dense(D, F, use_bias=False, kernel_init=_normal(cfg.init_std),
                          dtype=cfg.dtype, rngs=rngs)
-    self.down = nnx.Linear(F, D, use_bias=False,
+    self.down = layers.Dense(F, D, use_bias=False,
                            kernel_init=_normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)),
                            dtype=cfg.dtype, rngs=rngs)
 
@@ -250,18 +250,25 @@ class Block(nnx.Module):
     return x_BTD + _dropout(self.mlp(self.ln2(x_BTD)), self.cfg.dropout, k2)
 
 
+def readout(x_BPD: Array, embed: nnx.Embed) -> Array:
+  """Tied output layer x @ E^T: in the compute dtype, accumulated and returned in
+  float32 (logits for a stable softmax cross-entropy)."""
+  return layers.matmul(x_BPD, embed.embedding[...].T.astype(x_BPD.dtype),
+                       preferred_element_type=jnp.promote_types(x_BPD.dtype, jnp.float32))
+
+
 class MLMHead(nnx.Module):
   """BERT's masked-LM head: LN(GELU(dense(x))) @ E^T + b, E the tied token embedding."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.dense = nnx.Linear(cfg.width, cfg.width, kernel_init=_normal(cfg.init_std),
+    self.dense = layers.Dense(cfg.width, cfg.width, kernel_init=_normal(cfg.init_std),
                             dtype=cfg.dtype, rngs=rngs)
     self.ln = nnx.LayerNorm(cfg.width, dtype=cfg.dtype, rngs=rngs)
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 
   def __call__(self, x_BPD, embed: nnx.Embed):
     h_BPD = self.ln(jax.nn.gelu(self.dense(x_BPD)))
-    return embed.attend(h_BPD).astype(jnp.float32) + self.bias[...]
+    return readout(h_BPD, embed) + self.bias[...]
 
 
 class Transformer(nnx.Module):
@@ -308,5 +315,4 @@ class Transformer(nnx.Module):
     x_BPD = gather_positions(x_BTD, positions)
     if self.cfg.head == "mlm":
       return self.mlm_head(x_BPD, self.embed)
-    # Tied embeddings; logits in float32 for a stable softmax cross-entropy.
-    return self.embed.attend(x_BPD).astype(jnp.float32)
+    return readout(x_BPD, self.embed)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnscale import scalings
+from attnscale import layers, scalings
 from attnscale.visibility import upcast
 
 Array = jax.Array
@@ -121,7 +121,7 @@ def linear(x_BxI: Array, w_IxO: Array, b_O: Array | None = None, *,
   out_scale, grad_x_scale = _constrain(constraint, fan_in**-0.5, fan_out**-0.5)
   x_BxI = scale_bwd(x_BxI, grad_x_scale)
   w_IxO = scale_bwd(w_IxO, batch_size**-0.5)
-  y_BxO = scale_fwd(x_BxI @ w_IxO, out_scale)
+  y_BxO = scale_fwd(layers.matmul(x_BxI, w_IxO), out_scale)
   if b_O is not None:
     y_BxO = y_BxO + scale_bwd(b_O, batch_size**-0.5)
   return y_BxO

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
-from attnscale import tasks, train_lib  # noqa: E402
+from attnscale import hostmem, tasks, train_lib  # noqa: E402
 from attnscale import train_state as ts  # noqa: E402
 from configs import shakespeare_char  # noqa: E402
 
@@ -92,7 +92,13 @@ def main():
   parser.add_argument("--torch_compile", action="store_true")
   parser.add_argument("--no_torch", action="store_true", help="attnscale only")
   parser.add_argument("--dtype", default=None, help="JAX compute dtype (e.g. bfloat16)")
+  parser.add_argument("--system_malloc", action="store_true",
+                      help="keep glibc's malloc defaults (train.py changes them: "
+                           "attnscale/hostmem.py); applies to both frameworks")
   args = parser.parse_args()
+  malloc = "glibc defaults" if args.system_malloc else "reuse freed memory"
+  if not args.system_malloc and not hostmem.reuse_freed_memory():
+    malloc = "glibc defaults (hostmem unavailable)"
 
   versions = f"JAX {jax.__version__}"
   runners_by_size = {}
@@ -113,7 +119,7 @@ def main():
     runners_by_size[size] = (runners, config)
 
   print(f"# {jax.devices()[0].platform} ({platform.machine()}), {versions}, "
-        f"median of {args.rounds} interleaved rounds of {args.steps} steps")
+        f"median of {args.rounds} interleaved rounds of {args.steps} steps, malloc: {malloc}")
   print("| size | params | tokens/step | framework | ms/step | tokens/s | attnscale / this |")
   print("|---|---:|---:|---|---:|---:|---:|")
   for size, (runners, config) in runners_by_size.items():
