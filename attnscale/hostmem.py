@@ -1,21 +1,36 @@
-"""Host memory: make glibc's malloc reuse freed memory instead of returning it to the OS.
+"""Host memory: transparent huge pages for malloc, so XLA's per-step buffers stop costing page faults.
 
-XLA's CPU runtime allocates each step's buffers anew (hundreds of MB for the
-activations kept for the backward pass) and frees them at the end of the step.
-With glibc's defaults those blocks come from fresh mmaps or per-thread heaps that
-are handed back to the kernel when freed, so every step touches new pages: at the
-`cpu` preset of the char LM that was 83,000 minor page faults and about 150 ms of
-kernel time per step, in a step of about 200 ms (2 CPU cores). PyTorch's eager
-ops allocate small blocks that malloc already recycles, so it never paid this.
+XLA's CPU runtime allocates each step's buffers anew (one block for all the
+activations kept for the backward pass: about 330 MB at the char LM's `cpu`
+preset, 5.3 GB at `nanogpt`) and frees them at the end of the step. glibc serves
+such blocks with fresh mmaps and unmaps them when freed, so every step the kernel
+maps and zeroes every page again, 4 KiB at a time: 83,000 minor page faults and
+about 150 ms of kernel time in a step of 200 ms at `cpu`, 1.4 million faults in a
+step of 8.5 s at `nanogpt` (2 CPU cores). PyTorch's eager ops allocate blocks
+small enough for malloc to recycle and never pay this.
 
-`reuse_freed_memory` sets three malloc options (one arena, no mmap for large
-blocks, no trimming of the heap's top), after which freed blocks are reused and
-the steady state has almost no page faults. The cost: the process keeps its peak
-heap until it exits, as PyTorch's caching allocator does. GLIBC_TUNABLES set by
-the user (e.g. `glibc.malloc.hugetlb=1`, transparent huge pages for the heap)
-still apply. Call it early, before JAX starts its thread pools (the arena limit
-applies to threads that have not allocated yet); train.py, eval.py and the
-benchmarks do. Set ATTNSCALE_SYSTEM_MALLOC=1 to keep glibc's defaults.
+glibc's `glibc.malloc.hugetlb=1` tunable (glibc >= 2.35) asks the kernel for
+transparent huge pages on malloc's mmaps, which cuts those faults 512-fold (the
+kernel still zeroes each fresh page): the `cpu` step takes about 150 ms and the
+`nanogpt` step 4.4 s. It changes page size only, not where blocks go, so memory
+use does not grow. A tunable is read when the process starts, so
+`reexec_with_tunables` re-executes the current command with it set; train.py,
+eval.py and the benchmarks call it first thing.
+
+ATTNSCALE_MALLOC picks the setting:
+  huge (default): glibc.malloc.hugetlb=1, as above;
+  reuse: huge pages and one heap that is never handed back (arena_max=1,
+    mmap_max=0, no trimming), so blocks are reused and a steady step has no page
+    faults at all: about 125 ms at `cpu`. The process keeps its peak memory
+    (compilation included: 2.2 GB against 0.9 GB resident at `cpu`), and other
+    allocators' long-lived blocks can fragment the one heap (with PyTorch in the
+    same process, the throughput benchmark at `nanogpt` size ran out of memory).
+    train.py alone at `cpu` held 2.2 GB steady over 400 steps with evaluations
+    and checkpoints;
+  system: glibc's defaults.
+Nothing happens off Linux/glibc, when the kernel's THP mode is not "madvise" (with
+"always" pages are huge already; huge pages only: "reuse" still applies its
+other settings), or when GLIBC_TUNABLES is already set (the user's choice wins).
 """
 
 from __future__ import annotations
@@ -25,28 +40,63 @@ import ctypes.util
 import os
 import sys
 
-# mallopt parameters (glibc malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
+MODES = {
+    "huge": "glibc.malloc.hugetlb=1",
+    "reuse": ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+              "glibc.malloc.trim_threshold=18446744073709551615"),
+    "system": "",
+}
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def reuse_freed_memory() -> bool:
-  """Configures glibc malloc to keep and reuse freed memory; True if it did.
-
-  A no-op (False) off Linux, with another C library, or when the environment
-  sets ATTNSCALE_SYSTEM_MALLOC=1.
-  """
-  if not sys.platform.startswith("linux") or os.environ.get("ATTNSCALE_SYSTEM_MALLOC") == "1":
-    return False
+def _glibc_version() -> tuple[int, ...] | None:
   try:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    mallopt = libc.mallopt
-    libc.gnu_get_libc_version  # noqa: B018 - glibc only (musl has no mallopt options)
-  except (OSError, AttributeError):
-    return False
-  mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-  ok = mallopt(_M_ARENA_MAX, 1)  # threads share the main heap, which is never unmapped
-  ok &= mallopt(_M_MMAP_MAX, 0)  # large blocks come from that heap too, not from mmap
-  ok &= mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # and freed memory is not handed back
-  return bool(ok)
+    libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    return tuple(int(x) for x in libc.gnu_get_libc_version().decode().split(".")[:2])
+  except (OSError, AttributeError, ValueError):
+    return None  # not glibc (musl, macOS)
+
+
+def _thp_mode() -> str | None:
+  """The bracketed word of /sys/kernel/mm/transparent_hugepage/enabled."""
+  try:
+    text = open(_THP_MODE).read()
+  except OSError:
+    return None
+  return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+
+
+def tunables_environ(mode: str | None = None, environ=None) -> dict[str, str] | None:
+  """The environment to re-execute with, or None when there is nothing to do.
+
+  mode: a key of MODES; None reads ATTNSCALE_MALLOC (default "huge").
+  """
+  environ = dict(os.environ if environ is None else environ)
+  mode = mode or environ.get("ATTNSCALE_MALLOC") or "huge"
+  if mode not in MODES:
+    raise ValueError(f"ATTNSCALE_MALLOC must be one of {list(MODES)}, got {mode!r}")
+  tunables = MODES[mode]
+  if _thp_mode() != "madvise":
+    tunables = ":".join(t for t in tunables.split(":") if "hugetlb" not in t)
+  if (not tunables or "GLIBC_TUNABLES" in environ or not sys.platform.startswith("linux")):
+    return None
+  version = _glibc_version()
+  if version is None or version < (2, 35):
+    return None
+  environ["GLIBC_TUNABLES"] = tunables
+  return environ
+
+
+def reexec_with_tunables(mode: str | None = None) -> None:
+  """Re-executes this process's command line with the malloc tunables of `mode`.
+
+  Call it before anything else happens (no threads, no files written): the new
+  process starts from scratch, with the same interpreter options and arguments,
+  and GLIBC_TUNABLES set, so it does not re-execute again.
+  """
+  environ = tunables_environ(mode)
+  if environ is not None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)

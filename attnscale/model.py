@@ -56,7 +56,7 @@ class ModelConfig:
   causal: bool = True  # False: bidirectional (an encoder); padding goes in `mask`
   ln_position: str = "pre"  # pre: x + f(LN(x)) (GPT-2) | post: LN(x + f(x)) (BERT)
   head: str = "lm"  # lm: tied embedding | mlm: BERT's dense+GELU+LN, tied embedding, bias
-  dtype: str = "float32"  # compute dtype; params stay float32
+  dtype: str = "float32"  # compute dtype ("bfloat16": mixed precision); params stay float32
   init_std: float = 0.02
   # The unit-scaled, residual-weighted variant (attnscale/unit_model.py).
   variant: str = "standard"  # standard | unit_scaled
@@ -106,6 +106,8 @@ class ModelConfig:
       raise ValueError(f"model.variant='unit_scaled' is pre-LN with a tied readout: it needs "
                        f"model.ln_position='pre' and model.head='lm', got "
                        f"{self.ln_position!r} and {self.head!r}")
+    if self.dtype not in DTYPES:
+      raise ValueError(f"model.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
     if not 0 <= self.dropout < 1:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
 
@@ -119,6 +121,9 @@ class ModelConfig:
 
 
 VARIANTS = ("standard", "unit_scaled")
+# bfloat16: products and activations in bf16; params, residual stream, LayerNorm
+# statistics, softmax, logits and loss in float32. (float16 would need loss scaling.)
+DTYPES = ("float32", "bfloat16")
 LN_POSITIONS = ("pre", "post")
 HEADS = ("lm", "mlm")
 
@@ -295,7 +300,9 @@ class Transformer(nnx.Module):
     x_BTD = self.embed(tokens_BT) + self.pos_embed[:T]
     if self.cfg.ln_position == "post":
       x_BTD = self.ln_embed(x_BTD)
-    return _dropout(x_BTD.astype(self.cfg.dtype), self.cfg.dropout, dropout_key)
+    # The residual stream stays float32 under a bfloat16 `dtype` (as torch.autocast's):
+    # products and LayerNorm outputs take `dtype`, the sums of branches do not.
+    return _dropout(x_BTD, self.cfg.dropout, dropout_key)
 
   def __call__(self, tokens_BT: Array, *, mask: Array | None = None,
                dropout_key: Array | None = None, positions: Array | None = None) -> Array:

@@ -116,21 +116,22 @@ class UnitAttention(nnx.Module):
   def qkv(self, x_BTD):
     cfg = self.cfg
     B, T, _ = x_BTD.shape
-    x_BTD = us.scale_bwd(x_BTD, 1.0 / self.entry_grad_scale)
+    x_BTD = us.scale_bwd(x_BTD.astype(cfg.dtype), 1.0 / self.entry_grad_scale)
+    w = lambda p: p[...].astype(cfg.dtype)  # compute dtype; params stay float32
     # q and k: gradients scaled to unit after the projection and back before
     # it, so w_q, w_k get unit gradients and the input's gradient is exact.
     x_qk_BTD = us.scale_bwd(x_BTD, self.qk_grad)
     to_qk = lambda y: us.scale_bwd(y, 1.0 / self.qk_grad)
-    q_BTNH = to_qk(us.linear(x_qk_BTD, self.w_q[...])).reshape(B, T, cfg.num_heads,
+    q_BTNH = to_qk(us.linear(x_qk_BTD, w(self.w_q))).reshape(B, T, cfg.num_heads,
                                                                 cfg.head_dim)
     if cfg.shared_kv:
       # k and v share a projection: rescaling only k's gradient would change
       # the gradient's direction, so w_k keeps plain scaling (dv dominates it).
-      kv_BTKH = us.linear(x_BTD, self.w_k[...]).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+      kv_BTKH = us.linear(x_BTD, w(self.w_k)).reshape(B, T, cfg.kv_heads, cfg.head_dim)
       return q_BTNH, kv_BTKH, kv_BTKH
-    k_BTKH = to_qk(us.linear(x_qk_BTD, self.w_k[...])).reshape(B, T, cfg.kv_heads,
+    k_BTKH = to_qk(us.linear(x_qk_BTD, w(self.w_k))).reshape(B, T, cfg.kv_heads,
                                                                 cfg.head_dim)
-    v_BTKH = us.linear(x_BTD, self.w_v[...]).reshape(k_BTKH.shape)
+    v_BTKH = us.linear(x_BTD, w(self.w_v)).reshape(k_BTKH.shape)
     return q_BTNH, k_BTKH, v_BTKH
 
   def __call__(self, x_BTD, mask=None):
@@ -138,7 +139,7 @@ class UnitAttention(nnx.Module):
     q, k, v = self.qkv(x_BTD)
     z_BTNH = attention(q, k, v, scale_fn=self.scale_fn(), mask=mask, is_causal=self.cfg.causal,
                        implementation=self.cfg.attention_impl, normalizer=self.cfg.normalizer)
-    return us.linear(z_BTNH.reshape(B, T, D), self.w_o[...])
+    return us.linear(z_BTNH.reshape(B, T, D), self.w_o[...].astype(z_BTNH.dtype))
 
 
 # us.gelu has unit *std*, but its output has mean 1/(2 sqrt(pi)) (at N(0, 1)
@@ -157,15 +158,17 @@ class UnitMLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, F = cfg.width, cfg.mlp_ratio * cfg.width
+    self.dtype = cfg.dtype
     self.w_up = _unit_normal(rngs, (D, F))
     self.w_down = _unit_normal(rngs, (F, D))
     out_std, grad_rms = us.gelu_scales()
     self.entry_grad_scale = grad_rms * _GELU_STD_OVER_RMS / out_std
 
   def __call__(self, x_BTD):
-    u_BTF = us.linear(x_BTD, self.w_up[...], constraint=None)
+    w = lambda p: p[...].astype(self.dtype)  # compute dtype; params stay float32
+    u_BTF = us.linear(x_BTD.astype(self.dtype), w(self.w_up), constraint=None)
     h_BTF = us.scale_fwd(us.gelu(u_BTF, constraint=None), _GELU_STD_OVER_RMS)
-    return us.linear(h_BTF, self.w_down[...], constraint=None)
+    return us.linear(h_BTF, w(self.w_down), constraint=None)
 
 
 class UnitBlock(nnx.Module):
@@ -216,4 +219,7 @@ class UnitScaledTransformer(nnx.Module):
     """Logits [B, T, V] (float32), unit-scale at init. Same contract as `Transformer`."""
     x_BTD = gather_positions(residual_stream(self, tokens_BT, mask, dropout_key), positions)
     # Tied readout, unit-scaled: logits = LN(x) @ E^T / sqrt(D).
-    return us.linear(self.ln_f(x_BTD), self.embed[...].T).astype(jnp.float32)
+    # In the compute dtype, accumulated in float32 (at least) as the standard model's.
+    h_BTD = self.ln_f(x_BTD).astype(self.cfg.dtype)
+    return us.linear(h_BTD, self.embed[...].T.astype(h_BTD.dtype),
+                     preferred_element_type=jnp.promote_types(h_BTD.dtype, jnp.float32))

@@ -106,7 +106,7 @@ def _constrain(constraint: str | None, output_scale: float,
 
 
 def linear(x_BxI: Array, w_IxO: Array, b_O: Array | None = None, *,
-           constraint: str | None = "to_output_scale") -> Array:
+           constraint: str | None = "to_output_scale", preferred_element_type=None) -> Array:
   """y = x @ w / sqrt(fan_in) (+ b), for weights initialised N(0, 1).
 
   `unit_scaling.functional.linear`: output scale 1/sqrt(fan_in); input gradient
@@ -115,13 +115,16 @@ def linear(x_BxI: Array, w_IxO: Array, b_O: Array | None = None, *,
   library's default constraint "to_output_scale" makes the input gradient use
   1/sqrt(fan_in) too (exactly unit only when fan_in == fan_out, else its std is
   sqrt(fan_out / fan_in)); constraint=None gives the separate, both-unit scales.
+  preferred_element_type: the product's accumulation and output dtype (e.g.
+  float32 from bfloat16 inputs).
   """
   fan_in, fan_out = w_IxO.shape
   batch_size = x_BxI.size // fan_in
   out_scale, grad_x_scale = _constrain(constraint, fan_in**-0.5, fan_out**-0.5)
   x_BxI = scale_bwd(x_BxI, grad_x_scale)
   w_IxO = scale_bwd(w_IxO, batch_size**-0.5)
-  y_BxO = scale_fwd(layers.matmul(x_BxI, w_IxO), out_scale)
+  y_BxO = scale_fwd(layers.matmul(x_BxI, w_IxO, preferred_element_type=preferred_element_type),
+                    out_scale)
   if b_O is not None:
     y_BxO = y_BxO + scale_bwd(b_O, batch_size**-0.5)
   return y_BxO

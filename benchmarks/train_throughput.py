@@ -3,6 +3,7 @@
     python benchmarks/train_throughput.py                    # both sizes, 2 CPU cores: minutes
     python benchmarks/train_throughput.py --sizes cpu --rounds 5 --steps 10
     python benchmarks/train_throughput.py --torch_compile    # adds torch.compile
+    python benchmarks/train_throughput.py --malloc system    # glibc's defaults
 
 Sizes: `cpu` (the cpu preset: 4 layers, width 128, 4 heads, block 128, batch 32)
 and `nanogpt` (6 x 384, 6 heads, block 256, batch 64). The JAX side is the train
@@ -14,6 +15,10 @@ rounds (this 2-core machine is noisy) after a warm-up; the table reports the
 median ms per step, tokens/s, and attnscale's tokens/s over each PyTorch
 variant's. Needs `pip install torch` (a benchmark-only dependency) and the data
 (`ATTNSCALE_DATA` offline).
+
+Like train.py, it re-executes itself with glibc's malloc tunables
+(`attnscale/hostmem.py`; --malloc huge|reuse|system), and both frameworks run
+under them: XLA's per-step buffers cost page faults without them.
 """
 
 from __future__ import annotations
@@ -92,13 +97,12 @@ def main():
   parser.add_argument("--torch_compile", action="store_true")
   parser.add_argument("--no_torch", action="store_true", help="attnscale only")
   parser.add_argument("--dtype", default=None, help="JAX compute dtype (e.g. bfloat16)")
-  parser.add_argument("--system_malloc", action="store_true",
-                      help="keep glibc's malloc defaults (train.py changes them: "
-                           "attnscale/hostmem.py); applies to both frameworks")
+  parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
+                      help="glibc malloc tunables for both frameworks, as train.py's "
+                           "ATTNSCALE_MALLOC (default huge): attnscale/hostmem.py")
   args = parser.parse_args()
-  malloc = "glibc defaults" if args.system_malloc else "reuse freed memory"
-  if not args.system_malloc and not hostmem.reuse_freed_memory():
-    malloc = "glibc defaults (hostmem unavailable)"
+  hostmem.reexec_with_tunables(args.malloc)  # as train.py does
+  malloc = os.environ.get("GLIBC_TUNABLES") or "glibc defaults"
 
   versions = f"JAX {jax.__version__}"
   runners_by_size = {}
@@ -119,7 +123,7 @@ def main():
     runners_by_size[size] = (runners, config)
 
   print(f"# {jax.devices()[0].platform} ({platform.machine()}), {versions}, "
-        f"median of {args.rounds} interleaved rounds of {args.steps} steps, malloc: {malloc}")
+        f"median of {args.rounds} interleaved rounds of {args.steps} steps, GLIBC_TUNABLES: {malloc}")
   print("| size | params | tokens/step | framework | ms/step | tokens/s | attnscale / this |")
   print("|---|---:|---:|---|---:|---:|---:|")
   for size, (runners, config) in runners_by_size.items():

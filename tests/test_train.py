@@ -336,6 +336,7 @@ MODEL_OPTIONS = {
     "sigmoid": {"model.normalizer": "sigmoid"},
     "mqa": {"model.num_kv_heads": 1},
     "bf16_compute": {"model.dtype": "bfloat16"},
+    "unit_variant_bf16": {"model.variant": "unit_scaled", "model.dtype": "bfloat16"},
     "unit_variant_2023_rule": {"model.variant": "unit_scaled", "model.residual_rule": "2023"},
 }
 SMOKE_CASES = ([pytest.param(f"scaling={name}", {}, id=name) for name in scalings.names()] +
@@ -366,6 +367,7 @@ BAD_VALUES = {  # id: (config argument, overrides, the field the message must na
     "unknown_optimizer": ("preset=test", {"optimizer": "sgd"}, "config.optimizer"),
     "heads_not_dividing_width": ("preset=test", {"model.num_heads": 3}, "model.num_heads"),
     "unknown_normalizer": ("preset=test", {"model.normalizer": "relu"}, "model.normalizer"),
+    "unknown_dtype": ("preset=test", {"model.dtype": "float16"}, "model.dtype"),
 }
 LATE_BAD_VALUES = {  # need the data (vocab) or the scaling's factory: still before the workdir
     "vocab_size_mismatch": ("preset=test", {"model.vocab_size": 64}, "model.vocab_size"),

@@ -1,0 +1,95 @@
+"""The XLA kernel of the fused path (`attnscale.xla_attention`) against a naive softmax
+attention: causal blocks of every size, T != S, grouped heads, masks, gradients, bf16."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnscale
+from attnscale import xla_attention
+from conftest import random_qkv
+
+
+def naive(q, k, v, mask=None, is_causal=False):
+  """softmax(q k^T) v over the visible keys, in float32, heads grouped as n = k * G + g."""
+  G = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+  logits = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32)
+  visible = jnp.ones(logits.shape, bool)
+  if is_causal:
+    T, S = q.shape[1], k.shape[1]
+    visible &= jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]
+  if mask is not None:
+    visible &= mask
+  p = jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+  p = jnp.where(visible.any(-1, keepdims=True), p, 0.0)  # rows that see nothing
+  return jnp.einsum("bnts,bsnh->btnh", p, v.astype(jnp.float32)), visible.any(-1)
+
+
+@pytest.mark.parametrize("T,S,block_q", [(13, 13, 1), (13, 13, 3), (13, 13, 4), (13, 13, 13),
+                                         (13, 13, 64), (7, 5, 2), (5, 9, 2), (64, 64, 16)])
+@pytest.mark.parametrize("K", [4, 2, 1])
+def test_causal_blocks_agree_with_naive(T, S, block_q, K):
+  q, k, v = random_qkv(T=T, S=S, N=4, K=K)
+  w = jax.random.normal(jax.random.key(3), q.shape)  # a cotangent that sees every output
+
+  def loss(f, q, k, v):
+    return jnp.sum(f(q, k, v) * w)
+
+  got_fn = lambda q, k, v: xla_attention.dot_product_attention(q, k, v, is_causal=True,
+                                                              block_q=block_q)
+  want_fn = lambda q, k, v: naive(q, k, v, is_causal=True)[0]
+  np.testing.assert_allclose(got_fn(q, k, v), want_fn(q, k, v), rtol=1e-5, atol=1e-5)
+  got_g = jax.grad(lambda *a: loss(got_fn, *a), argnums=(0, 1, 2))(q, k, v)
+  want_g = jax.grad(lambda *a: loss(want_fn, *a), argnums=(0, 1, 2))(q, k, v)
+  for got, want in zip(got_g, want_g):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("mask_shape", ["padding", "per_query_head"])
+def test_masks_agree_with_naive(is_causal, mask_shape):
+  B, T, N, K = 3, 11, 4, 2
+  q, k, v = random_qkv(B=B, T=T, S=T, N=N, K=K)
+  if mask_shape == "padding":
+    lengths = jnp.array([11, 6, 1])
+    mask = (jnp.arange(T)[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, S]
+  else:
+    mask = jax.random.bernoulli(jax.random.key(5), 0.6, (B, N, T, T))
+    mask = mask.at[0, 1, 4].set(False)  # a query that sees no key
+  want, seen_BNT = naive(q, k, v, mask, is_causal)
+  got = xla_attention.dot_product_attention(q, k, v, mask, is_causal, block_q=4)
+  seen_BTN1 = seen_BNT.transpose(0, 2, 1)[..., None]
+  assert np.all(np.isfinite(got))  # rows that see nothing: finite (attention() zeroes them)
+  np.testing.assert_allclose(jnp.where(seen_BTN1, got, 0), want, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_blocks_cover_every_row_once():
+  for T, S, block_q in [(128, 128, 32), (100, 100, 32), (7, 5, 2), (5, 9, 2), (3, 3, 64)]:
+    blocks = xla_attention.causal_blocks(T, S, block_q)
+    assert blocks[0][0] == 0 and blocks[-1][1] == T
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert all(s1 == min(t1, S) for _, t1, s1 in blocks)
+    assert all(t1 - t0 >= min(T, block_q) // 2 for t0, t1, _ in blocks)
+  assert len(xla_attention.causal_blocks(128, 128, 32)) == 4
+
+
+def test_bf16_products_float32_softmax():
+  q, k, v = random_qkv(T=40, S=40, N=4, K=2)
+  want = xla_attention.dot_product_attention(q, k, v, is_causal=True, block_q=8)
+  bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+  got = xla_attention.dot_product_attention(*bf, is_causal=True, block_q=8)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=0, atol=3e-2)
+
+
+@pytest.mark.parametrize("name", ["standard", "key_norm_sum", "fully_scaled"])
+def test_attention_with_default_blocks_equals_reference(name):
+  # T = 200 gets 4 causal blocks by default (the tests elsewhere use short sequences).
+  q, k, v = random_qkv(B=1, T=200, S=200, N=2, K=2, H=8)
+  assert len(xla_attention.causal_blocks(200, 200, min(xla_attention.DEFAULT_BLOCK_Q, 50))) == 4
+  kw = dict(scale_fn=attnscale.scalings.get(name), is_causal=True)
+  np.testing.assert_allclose(attnscale.attention(q, k, v, **kw),
+                             attnscale.attention(q, k, v, implementation="reference", **kw),
+                             rtol=1e-5, atol=1e-5)
