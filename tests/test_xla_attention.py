@@ -73,6 +73,8 @@ def test_causal_blocks_cover_every_row_once():
     assert all(s1 == min(t1, S) for _, t1, s1 in blocks)
     assert all(t1 - t0 >= min(T, block_q) // 2 for t0, t1, _ in blocks)
   assert len(xla_attention.causal_blocks(128, 128, 32)) == 4
+  assert [len(xla_attention.causal_blocks(T, T, xla_attention.default_block_q(T)))
+          for T in (16, 128, 256, 4096)] == [1, 4, 8, 8]
 
 
 def test_bf16_products_float32_softmax():
@@ -86,9 +88,9 @@ def test_bf16_products_float32_softmax():
 
 @pytest.mark.parametrize("name", ["standard", "key_norm_sum", "fully_scaled"])
 def test_attention_with_default_blocks_equals_reference(name):
-  # T = 200 gets 4 causal blocks by default (the tests elsewhere use short sequences).
+  # T = 200 gets 6 causal blocks by default (the tests elsewhere use short sequences).
   q, k, v = random_qkv(B=1, T=200, S=200, N=2, K=2, H=8)
-  assert len(xla_attention.causal_blocks(200, 200, min(xla_attention.DEFAULT_BLOCK_Q, 50))) == 4
+  assert len(xla_attention.causal_blocks(200, 200, xla_attention.default_block_q(200))) == 6
   kw = dict(scale_fn=attnscale.scalings.get(name), is_causal=True)
   np.testing.assert_allclose(attnscale.attention(q, k, v, **kw),
                              attnscale.attention(q, k, v, implementation="reference", **kw),

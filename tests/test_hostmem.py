@@ -1,0 +1,74 @@
+"""hostmem: which glibc malloc tunables train.py re-executes with, and that it does."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnscale import hostmem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def linux_glibc(monkeypatch):
+  """A Linux/glibc 2.36 machine whose THP mode is `madvise` (set .mode to change it)."""
+  state = type("State", (), {"mode": "madvise"})()
+  monkeypatch.setattr(sys, "platform", "linux")
+  monkeypatch.setattr(hostmem, "_glibc_version", lambda: (2, 36))
+  monkeypatch.setattr(hostmem, "_thp_mode", lambda: state.mode)
+  return state
+
+
+def test_modes(linux_glibc):
+  assert hostmem.tunables_environ(environ={})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  reuse = hostmem.tunables_environ("reuse", environ={})["GLIBC_TUNABLES"]
+  assert "hugetlb=1" in reuse and "mmap_max=0" in reuse and "arena_max=1" in reuse
+  env = {"ATTNSCALE_MALLOC": "reuse", "PATH": "/bin"}
+  assert hostmem.tunables_environ(environ=env) == {**env, "GLIBC_TUNABLES": reuse}
+  assert hostmem.tunables_environ("system", environ={}) is None
+
+
+def test_nothing_to_do(linux_glibc, monkeypatch):
+  # The user's own tunables win.
+  assert hostmem.tunables_environ(environ={"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}) is None
+  # THP "always" makes pages huge already; "never" refuses them: only reuse's other settings.
+  for mode in ("always", "never"):
+    linux_glibc.mode = mode
+    assert hostmem.tunables_environ("huge", environ={}) is None
+    assert "hugetlb" not in hostmem.tunables_environ("reuse", environ={})["GLIBC_TUNABLES"]
+  linux_glibc.mode = "madvise"
+  monkeypatch.setattr(hostmem, "_glibc_version", lambda: (2, 31))  # no hugetlb tunable
+  assert hostmem.tunables_environ(environ={}) is None
+  monkeypatch.setattr(hostmem, "_glibc_version", lambda: None)  # musl, macOS
+  assert hostmem.tunables_environ(environ={}) is None
+
+
+def test_bad_mode_is_a_one_line_error(linux_glibc):
+  with pytest.raises(ValueError, match=r"^ATTNSCALE_MALLOC must be one of \['huge', 'reuse', "
+                                       r"'system'\], got 'fast'$"):
+    hostmem.tunables_environ(environ={"ATTNSCALE_MALLOC": "fast"})
+
+
+def test_reexec_runs_the_same_command_with_the_tunables():
+  script = ("import os, sys; from attnscale import hostmem; hostmem.reexec_with_tunables(); "
+            "print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:], sys.flags.dont_write_bytecode)")
+  env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "ATTNSCALE_MALLOC")}
+  proc = subprocess.run([sys.executable, "-B", "-c", script, "a", "--b=1"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120, check=True)
+  tunables, rest = proc.stdout.strip().split(" ", 1)
+  expected = hostmem.tunables_environ(environ=env)  # None where this machine needs nothing
+  assert tunables == (expected["GLIBC_TUNABLES"] if expected else "None")
+  assert rest == "['a', '--b=1'] 1"  # arguments and interpreter options survive
+
+
+def test_train_py_bad_mode_exits_with_one_line_error(tmp_path):
+  env = {**os.environ, "ATTNSCALE_MALLOC": "fast"}
+  env.pop("GLIBC_TUNABLES", None)
+  proc = subprocess.run([sys.executable, "train.py", "--config=configs/shakespeare_char.py",
+                         f"--workdir={tmp_path / 'run'}"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: ATTNSCALE_MALLOC must be one of")
+  assert not os.path.exists(tmp_path / "run")
