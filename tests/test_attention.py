@@ -106,6 +106,29 @@ def test_bf16_close_to_float32():
   np.testing.assert_allclose(got.astype(jnp.float32), want, atol=0.05)
 
 
+def _compiled_text(implementation, dtype, name="standard", params=None):
+  q, k, v = random_qkv(T=128, S=128, N=4, K=2, H=64, dtype=dtype)
+  f = lambda q, k, v: attnscale.attention(q, k, v, scale_fn=scalings.get(name, **(params or {})),
+                                          is_causal=True, implementation=implementation)
+  return jax.jit(jax.grad(lambda *a: f(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))
+                 ).lower(q, k, v).compile().as_text()
+
+
+def test_fused_path_on_cpu_is_the_xla_kernel():
+  if jax.default_backend() == "gpu":
+    pytest.skip("the CPU/TPU kernel choice")
+  for dtype in (jnp.float32, jnp.bfloat16):
+    assert "cudnn" not in _compiled_text(None, dtype).lower()
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN needs a GPU")
+@pytest.mark.parametrize("name,params", scaling_params())
+def test_fused_path_on_gpu_runs_cudnn_for_every_scaling(name, params):
+  # Checked in the compiled program, forward and backward: not assumed.
+  text = _compiled_text(None, jnp.bfloat16, name, params)
+  assert "__cudnn$fmha" in text, f"{name}: no cuDNN fused attention in the compiled step"
+
+
 @pytest.mark.parametrize("name,params", scaling_params())
 def test_fully_masked_row_gives_zeros(name, params):
   q, k, v = random_qkv(B=1)
