@@ -162,6 +162,8 @@ def measure_in_subprocess(size, framework, args) -> tuple[float, list[float]]:
          "--frameworks", framework, "--rounds", str(args.rounds), "--steps", str(args.steps)]
   if args.dtype:
     cmd += ["--dtype", args.dtype]
+  if args.malloc:  # else the child picks the default, as this process did
+    cmd += ["--malloc", args.malloc]
   proc = subprocess.run(cmd, capture_output=True, text=True)
   if proc.returncode:
     sys.exit(f"error: {framework} at size {size} failed:\n{proc.stderr[-3000:]}")
