@@ -51,9 +51,10 @@ def attention(q_BTNH: Array,
       attend (padding and any custom pattern). Masked keys count nowhere: not
       in key-norm sums, not in n.
     is_causal: query i attends to keys j <= i only (top-left aligned).
-    implementation: None (fused, JAX picks the kernel), "xla" or "cudnn" (fused,
-      that kernel), or "reference". With normalizer="sigmoid", None means
-      "reference" (no fused sigmoid kernel).
+    implementation: None (fused: cuDNN on a GPU for bf16/fp16, else "xla"),
+      "xla" (fused, `attnscale.xla_attention`), "cudnn" (fused, cuDNN flash
+      attention; errors where cuDNN refuses), or "reference". With
+      normalizer="sigmoid", None means "reference" (no fused sigmoid kernel).
     normalizer: "softmax", or "sigmoid": p_ij = sigmoid(logit_ij - log n_i),
       Ramapuram et al. 2024, "Theory, Analysis, and Best Practices for
       Sigmoid Self-Attention" (arXiv 2409.04431), reference path only.

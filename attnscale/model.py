@@ -181,7 +181,7 @@ class Attention(nnx.Module):
     self.cfg = cfg
     D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
     dense = lambda out, std: layers.Dense(D, out, use_bias=False, kernel_init=_normal(std),
-                                        dtype=cfg.dtype, rngs=rngs)
+                                          dtype=cfg.dtype, rngs=rngs)
     self.q_proj = dense(N * H, cfg.init_std)
     self.k_proj = dense(K * H, cfg.init_std)
     self.v_proj = None if cfg.shared_kv else dense(K * H, cfg.init_std)
@@ -225,10 +225,10 @@ class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, F = cfg.width, cfg.mlp_ratio * cfg.width
     self.up = layers.Dense(D, F, use_bias=False, kernel_init=_normal(cfg.init_std),
-                         dtype=cfg.dtype, rngs=rngs)
-    self.down = layers.Dense(F, D, use_bias=False,
-                           kernel_init=_normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)),
                            dtype=cfg.dtype, rngs=rngs)
+    self.down = layers.Dense(F, D, use_bias=False,
+                             kernel_init=_normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)),
+                             dtype=cfg.dtype, rngs=rngs)
 
   def __call__(self, x_BTD):
     return self.down(jax.nn.gelu(self.up(x_BTD)))
@@ -267,7 +267,7 @@ class MLMHead(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.dense = layers.Dense(cfg.width, cfg.width, kernel_init=_normal(cfg.init_std),
-                            dtype=cfg.dtype, rngs=rngs)
+                              dtype=cfg.dtype, rngs=rngs)
     self.ln = nnx.LayerNorm(cfg.width, dtype=cfg.dtype, rngs=rngs)
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 

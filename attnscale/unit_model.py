@@ -123,14 +123,14 @@ class UnitAttention(nnx.Module):
     x_qk_BTD = us.scale_bwd(x_BTD, self.qk_grad)
     to_qk = lambda y: us.scale_bwd(y, 1.0 / self.qk_grad)
     q_BTNH = to_qk(us.linear(x_qk_BTD, w(self.w_q))).reshape(B, T, cfg.num_heads,
-                                                                cfg.head_dim)
+                                                              cfg.head_dim)
     if cfg.shared_kv:
       # k and v share a projection: rescaling only k's gradient would change
       # the gradient's direction, so w_k keeps plain scaling (dv dominates it).
       kv_BTKH = us.linear(x_BTD, w(self.w_k)).reshape(B, T, cfg.kv_heads, cfg.head_dim)
       return q_BTNH, kv_BTKH, kv_BTKH
     k_BTKH = to_qk(us.linear(x_qk_BTD, w(self.w_k))).reshape(B, T, cfg.kv_heads,
-                                                                cfg.head_dim)
+                                                              cfg.head_dim)
     v_BTKH = us.linear(x_BTD, w(self.w_v)).reshape(k_BTKH.shape)
     return q_BTNH, k_BTKH, v_BTKH
 
