@@ -95,3 +95,23 @@ def test_attention_with_default_blocks_equals_reference(name):
   np.testing.assert_allclose(attnscale.attention(q, k, v, **kw),
                              attnscale.attention(q, k, v, implementation="reference", **kw),
                              rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["standard", "key_norm_sum"])
+def test_no_future_leak_across_causal_blocks(name):
+  # T = 70 gets 2 causal blocks by default: a block's queries must see neither a
+  # later block's keys nor keys past themselves inside their own block.
+  T = 70
+  assert len(xla_attention.causal_blocks(T, T, xla_attention.default_block_q(T))) == 2
+  q, k, v = random_qkv(B=1, T=T, S=T, N=2, K=2)
+  f = attnscale.scalings.get(name)
+  attend = jax.jit(lambda q, k, v: attnscale.attention(q, k, v, scale_fn=f, is_causal=True))
+  base = np.asarray(attend(q, k, v))
+  for i in (0, 20, 34, 35, 50):  # 35 is the first row of the second block
+    noise_k, noise_v = random_qkv(seed=i + 1, B=1, T=T, S=T, N=2, K=2)[1:]
+    out = np.asarray(attend(q, k.at[:, i + 1:].set(10 * noise_k[:, i + 1:]),
+                            v.at[:, i + 1:].set(10 * noise_v[:, i + 1:])))
+    np.testing.assert_array_equal(out[:, :i + 1], base[:, :i + 1])
+    assert not np.allclose(out[:, i + 1:], base[:, i + 1:])
+  gk, gv = jax.grad(lambda k, v: attend(q, k, v)[:, 20].sum(), argnums=(0, 1))(k, v)
+  assert np.all(np.asarray(gk[:, 21:]) == 0) and np.all(np.asarray(gv[:, 21:]) == 0)
