@@ -192,17 +192,8 @@ def main():
       parser.error(f"{name} must be a comma list of {list(allowed)}, got {','.join(values)!r}")
   hostmem.reexec_with_tunables(args.malloc)  # as train.py does
 
-  if args.child:
-    config = get_config(sizes[0], args)
-    run = make_runner(frameworks[0], config, args)
-    start = time.perf_counter()
-    run(2)
-    warmup, times = time.perf_counter() - start, []
-    for _ in range(args.rounds):
-      start = time.perf_counter()
-      run(args.steps)
-      times.append((time.perf_counter() - start) / args.steps)
-    print(json.dumps([warmup, times]))
+  if args.child:  # one framework, one size: the parent reads the last line
+    print(json.dumps(measure_in_process(sizes[0], frameworks[:1], args)[frameworks[0]]))
     return
 
   device = jax.devices()[0]
