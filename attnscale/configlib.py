@@ -69,6 +69,34 @@ def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float
     m.variant, m.scaling, m.attn_residual = "unit_scaled", "fully_scaled", "relative"
 
 
+# Config fields that moved or were renamed: old path -> new path. Overriding an
+# old path fails with a one-line error naming the new one.
+RENAMED_FIELDS: dict[str, str] = {}
+
+
+def run_label(config: ml_collections.ConfigDict) -> str:
+  """The one name of a run's attention setup (log line, eval.json, sweeps, studies).
+
+  The scaling's registered name; Graphcore's experiment (fully scaled attention in
+  the unit-scaled, residual-weighted transformer) is "unit_scaled", the config
+  argument that selects it; model options that change attention are appended.
+  """
+  m = config.model
+  label = m.scaling
+  if m.get("variant", "standard") not in ("standard",):
+    unit = m.get("unit", m)
+    if m.scaling == "fully_scaled" and unit.get("attn_residual") == "relative":
+      label = "unit_scaled"
+    else:
+      label = f"unit/{m.scaling}"
+  for option in ("qk_layernorm", "shared_kv"):
+    if m.get(option):
+      label += f"+{option}"
+  if m.get("normalizer", "softmax") != "softmax":
+    label += f"+{m.normalizer}"
+  return label
+
+
 def check_choice(field: str, value, allowed) -> None:
   if value not in allowed:
     raise ValueError(f"{field} must be one of {list(allowed)}, got {value!r}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -161,6 +161,29 @@ def residual_stream(model, tokens_BT, mask=None, dropout_key=None):
   for block, key in zip(model.blocks, keys[1:]):
     x_BTD = block(x_BTD, mask, key)
   return x_BTD
+
+
+class AttentionCall(NamedTuple):
+  """The exact inputs of one layer's attention call (what diagnostics inspect)."""
+
+  q_BTNH: Array
+  k_BSKH: Array
+  v_BSKH: Array
+  scale_fn: Any
+  is_causal: bool
+  normalizer: str
+
+
+def attention_calls(model, tokens_BT, mask=None) -> list[AttentionCall]:
+  """Every layer's attention inputs in a deterministic forward pass."""
+  cfg = model.cfg
+  x_BTD = model.embed_tokens(tokens_BT)
+  calls = []
+  for block in model.blocks:
+    q, k, v = block.attn.qkv(block.attn_input(x_BTD))
+    calls.append(AttentionCall(q, k, v, block.attn.scale_fn(), cfg.causal, cfg.normalizer))
+    x_BTD = block(x_BTD, mask)
+  return calls
 
 
 def _dropout(x, rate, key):
@@ -303,6 +326,9 @@ class Transformer(nnx.Module):
     # The residual stream stays float32 under a bfloat16 `dtype` (as torch.autocast's):
     # products and LayerNorm outputs take `dtype`, the sums of branches do not.
     return _dropout(x_BTD, self.cfg.dropout, dropout_key)
+
+  def attention_calls(self, tokens_BT, *, mask=None) -> list[AttentionCall]:
+    return attention_calls(self, tokens_BT, mask)
 
   def __call__(self, tokens_BT: Array, *, mask: Array | None = None,
                dropout_key: Array | None = None, positions: Array | None = None) -> Array:

@@ -51,7 +51,7 @@ from flax import nnx
 from attnscale import unit_scaling as us
 from attnscale.attention import attention
 from attnscale.model import ModelConfig, _dropout, gather_positions, residual_stream
-from attnscale.model import scale_fn_for
+from attnscale.model import AttentionCall, attention_calls, scale_fn_for
 
 Array = jax.Array
 
@@ -214,6 +214,9 @@ class UnitScaledTransformer(nnx.Module):
         jnp.arange(T), self.pos_embed[...])
     # The sum of two unit embeddings has std sqrt(2): rescale the forward only.
     return _dropout(us.scale_fwd(x_BTD, 1 / math.sqrt(2)), self.cfg.dropout, dropout_key)
+
+  def attention_calls(self, tokens_BT, *, mask=None) -> list[AttentionCall]:
+    return attention_calls(self, tokens_BT, mask)
 
   def __call__(self, tokens_BT, *, mask=None, dropout_key=None, positions=None):
     """Logits [B, T, V] (float32), unit-scale at init. Same contract as `Transformer`."""
