@@ -6,11 +6,15 @@ perplexity and masked-token accuracy (the sampling flags do not apply to it).
   python eval.py --workdir=runs/char_cpu
   python eval.py --workdir=runs/char_cpu --prompt="ROMEO:" --length=500 --temperature=0.8 --top_k=40
   python eval.py --workdir=runs/bert_cpu
+
+A bad flag exits with one `error: ...` line naming it (attnscale/cli.py).
 """
 
 import sys
 
 from absl import app, flags, logging
+
+from attnscale import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A train.py run directory.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
@@ -24,6 +28,7 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
   del argv
+  cli.check_workdir(_WORKDIR.value)
   logging.set_verbosity(logging.WARNING)
   from attnscale import eval_lib
   try:
@@ -32,7 +37,7 @@ def main(argv):
                                    temperature=_TEMPERATURE.value, top_k=_TOP_K.value or None,
                                    seed=_SEED.value)
   except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"error: {e}")
+    cli.fail(str(e))
   print(eval_lib.format_summary(result))
 
 
@@ -42,4 +47,4 @@ if __name__ == "__main__":
     hostmem.reexec_with_tunables()  # 1.3-2x faster steps on CPU: attnscale/hostmem.py
   except ValueError as e:  # a bad ATTNSCALE_MALLOC
     sys.exit(f"error: {e}")
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -9,11 +9,16 @@ r"""Runs a learning-rate x scaling sweep and writes its results table and figure
 Each point is an ordinary train.py run in WORKDIR/<point>; finished points are
 skipped and interrupted ones resume. Results: WORKDIR/results.{csv,md},
 WORKDIR/loss_vs_lr.png, WORKDIR/loss_curves.png.
+
+A bad flag (a missing config file or sweep, a --workdir that is a file) exits
+with one `error: ...` line naming it (attnscale/cli.py).
 """
 
 import sys
 
 from absl import app, flags
+
+from attnscale import cli
 
 _CONFIG = flags.DEFINE_string("config", None, "A config file that defines get_sweep().")
 _SWEEP = flags.DEFINE_string("sweep", None, "The sweep's name (the config's SWEEPS).")
@@ -25,11 +30,12 @@ flags.mark_flags_as_required(["config", "sweep", "workdir"])
 
 def main(argv):
   del argv
+  cli.check_workdir(_WORKDIR.value)
   from attnscale import sweeps
   try:
     points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(str(e))
   if _PRINT.value:
     print("\n".join(sweeps.shell_commands(_CONFIG.value, points, _WORKDIR.value)))
     return
@@ -45,4 +51,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -7,12 +7,19 @@ Multi-host (TPU pods, several GPU hosts): start the same command on every host
 with --multihost, which calls jax.distributed.initialize() (it reads the cluster
 from the TPU / SLURM / Open MPI environment; set JAX_COORDINATOR_ADDRESS,
 JAX_NUM_PROCESSES and JAX_PROCESS_ID elsewhere).
+
+A bad flag (a missing config file, an override of a field the config lacks or
+of the wrong type, a --workdir that is a file) or a bad config value exits with
+one `error: ...` line naming it (attnscale/cli.py).
 """
 
+import functools
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from attnscale import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
                                           lock_config=True)
@@ -23,6 +30,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  cli.check_workdir(_WORKDIR.value)
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
   import jax
@@ -32,16 +40,12 @@ def main(argv):
   try:
     train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FileNotFoundError, train_lib.NonFiniteLossError) as e:
-    sys.exit(f"error: {e}")
+    cli.fail(str(e))
 
 
-def parse_flags(argv):
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    # A bad config argument (e.g. an unknown preset) fails here, and config_flags
-    # wraps get_config's error in a traceback: keep its last line.
-    sys.exit(f"error: {str(e).strip().splitlines()[-1].split(': ', 1)[-1]}")
+# A bad config argument (e.g. an unknown preset), override or config file fails
+# while the flags are parsed: one line, naming it.
+parse_flags = functools.partial(cli.parse_flags, config_flag="config")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ scalings in `attnscale.scalings`.
 """
 
 from attnscale import scalings
-from attnscale import unit_scaling  # registers the "unit_scaled" scaling
+from attnscale import unit_scaling  # registers the "umup" scaling
 from attnscale.attention import attention, attention_weights
 from attnscale.scalings import Scaled
 from attnscale.visibility import VisibleKeys

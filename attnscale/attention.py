@@ -76,7 +76,7 @@ def attention(q_BTNH: Array,
   if mask_BNTS is not None:
     # A query with no visible key returns zeros, never NaN or a mean of values.
     n_BTN = keys.count()
-    base = 1.0 if out_scale_BTN is None else out_scale_BTN
+    base = 1.0 if out_scale_BTN is None else _broadcast(out_scale_BTN, n_BTN.shape)
     out_scale_BTN = jnp.where(n_BTN > 0, base, 0.0)
 
   if normalizer == "sigmoid" or implementation == "reference":
@@ -84,13 +84,19 @@ def attention(q_BTNH: Array,
   else:
     z_BTNH = _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation)
   if out_scale_BTN is not None:
-    z_BTNH = z_BTNH * _per_query(out_scale_BTN)
+    z_BTNH = z_BTNH * _per_query(out_scale_BTN, z_BTNH.shape)
   return z_BTNH.astype(q_BTNH.dtype)
 
 
-def _per_query(x_BTN) -> Array:
-  """A factor broadcastable to [B, T, N] -> broadcastable to [B, T, N, H]."""
-  return upcast(x_BTN)[..., None]
+def _broadcast(x, shape) -> Array:
+  """x broadcast to `shape` explicitly (a scalar, [N], [B, T, N], ... per query)."""
+  x = upcast(x)
+  return jnp.broadcast_to(x.reshape((1,) * (len(shape) - x.ndim) + x.shape), shape)
+
+
+def _per_query(x_BTN, shape_BTNH) -> Array:
+  """A factor broadcastable to [B, T, N] -> [B, T, N, 1], to multiply [B, T, N, H]."""
+  return _broadcast(x_BTN, shape_BTNH[:3])[..., None]
 
 
 def _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation):
@@ -102,7 +108,7 @@ def _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation):
   dtype (jax.nn's None means XLA, even on a GPU), otherwise "xla".
   """
   dtype = v_BSKH.dtype
-  q_BTNH = (upcast(scaled.q) * _per_query(scaled.logit_scale)).astype(dtype)
+  q_BTNH = (upcast(scaled.q) * _per_query(scaled.logit_scale, scaled.q.shape)).astype(dtype)
   k_BSKH = scaled.k.astype(dtype)
   if implementation == "cudnn" or (implementation is None and _cudnn_available(dtype)):
     try:
@@ -157,13 +163,13 @@ def _logits_and_probs(scaled, keys, B, normalizer):
   # Group query heads by their key/value head: n = k * G + g.
   q_BTKGH = upcast(scaled.q).reshape(B, T, K, G, H)
   logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, upcast(scaled.k))
-  s_BTN = jnp.broadcast_to(upcast(scaled.logit_scale), (B, T, N))
+  s_BTN = _broadcast(scaled.logit_scale, (B, T, N))
   s_BKGT1 = s_BTN.reshape(B, T, K, G).transpose(0, 2, 3, 1)[..., None]
   logits_BKGTS = logits_BKGTS * s_BKGT1
 
   visible_BNTS = jnp.ones((1, 1, T, S), bool)
   if keys.is_causal:
-    visible_BNTS = visible_BNTS & jnp.tril(jnp.ones((T, S), bool))
+    visible_BNTS = visible_BNTS & jnp.tril(jnp.ones((T, S), bool))[None, None]
   if keys.mask_BNTS is not None:
     visible_BNTS = visible_BNTS & keys.mask_BNTS
   visible_BKGTS = jnp.broadcast_to(visible_BNTS, (B, N, T, S)).reshape(B, K, G, T, S)

@@ -47,10 +47,11 @@ def _coerce(key, value, default):
 def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float = 2.0) -> None:
   """The attention fields every model config shares, set on `config.model`.
 
-  `scaling` is the config argument's: a registered name, or "unit_scaled", the
-  experiment of SCIENCE.md (fully scaled attention inside the unit-scaled
-  transformer, its branch weighted to sqrt(e/n) of the skip);
-  `--config.model.scaling=unit_scaled` instead picks u-muP's 1/d attention.
+  `scaling` is the config argument's: a registered name, or "unit_scaled",
+  Graphcore's experiment (docs/science.md, "Unit scaling and the residual rule"):
+  fully scaled attention inside the unit-scaled transformer (`model.variant=unit`),
+  its branch weighted to sqrt(e/n) of the skip. (`--config.model.scaling=umup`
+  instead picks u-muP's 1/d attention.)
   """
   m.scaling = scaling  # attention scaling: attnscale.scalings.names()
   m.scaling_params = {"p": p} if scaling == "key_norm_power" else {}  # its params
@@ -59,19 +60,51 @@ def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float
   m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
   m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
   m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
-  # The unit-scaled, residual-weighted transformer (attnscale/unit_model.py).
-  m.variant = "standard"  # standard | unit_scaled
-  m.residual_mult = 1.0  # u-muP: all branches' weight against the embedding
-  m.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
-  m.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
-  m.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
+  m.variant = "standard"  # attnscale.models.VARIANTS: standard | unit
+  # The unit-scaled, residual-weighted transformer's own fields
+  # (attnscale/models/unit_transformer.py).
+  m.unit = ml_collections.ConfigDict()
+  m.unit.residual_mult = 1.0  # u-muP: all branches' weight against the embedding
+  m.unit.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
+  m.unit.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
+  m.unit.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
   if scaling == "unit_scaled":
-    m.variant, m.scaling, m.attn_residual = "unit_scaled", "fully_scaled", "relative"
+    m.variant, m.scaling, m.unit.attn_residual = "unit", "fully_scaled", "relative"
 
 
 # Config fields that moved or were renamed: old path -> new path. Overriding an
 # old path fails with a one-line error naming the new one.
-RENAMED_FIELDS: dict[str, str] = {}
+RENAMED_FIELDS: dict[str, str] = {
+    f"model.{name}": f"model.unit.{name}"
+    for name in ("residual_mult", "residual_attn_ratio", "residual_rule", "attn_residual")
+}
+
+
+def migrate(config: dict) -> dict:
+  """A saved config.json (a dict) from before a rename, in today's field names.
+
+  Moves every `RENAMED_FIELDS` entry and renamed value (`model.variant`
+  "unit_scaled" -> "unit"), so runs trained before the rename still evaluate and
+  resume.
+  """
+  for old, new in RENAMED_FIELDS.items():
+    *old_path, old_key = old.split(".")
+    *new_path, new_key = new.split(".")
+    src = config
+    for key in old_path:
+      src = src.get(key, {})
+    if old_key not in src:
+      continue
+    dst = config
+    for key in new_path:
+      dst = dst.setdefault(key, {})
+    dst[new_key] = src.pop(old_key)
+  model = config.get("model", {})
+  if model.get("variant") == "unit_scaled":
+    model["variant"] = "unit"
+  if model.get("scaling") == "unit_scaled":  # the registered u-muP attention
+    model["scaling"] = "umup"
+  return config
 
 
 def run_label(config: ml_collections.ConfigDict) -> str:
@@ -83,9 +116,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   """
   m = config.model
   label = m.scaling
-  if m.get("variant", "standard") not in ("standard",):
-    unit = m.get("unit", m)
-    if m.scaling == "fully_scaled" and unit.get("attn_residual") == "relative":
+  if m.get("variant", "standard") != "standard":
+    if m.scaling == "fully_scaled" and m.unit.attn_residual == "relative":
       label = "unit_scaled"
     else:
       label = f"unit/{m.scaling}"
@@ -109,8 +141,15 @@ def check_positive(field: str, value, *, allow_zero: bool = False) -> None:
 
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
-  """Checks the fields train.py relies on; raises a one-line ValueError."""
-  check_choice("config.task", config.task, ("char_lm", "mlm"))
+  """Checks the fields train.py relies on; raises a one-line ValueError.
+
+  The generic fields here; the task's own (its dataset names, the masked LM's
+  rates, ...) in its `validate_config`, which runs before any data is loaded.
+  """
+  # Imported here: the tasks sit above configlib (they use its check_* helpers),
+  # and configs import configlib without needing the data pipelines.
+  from attnscale import tasks
+  task_cls = tasks.task_class(config)
   check_choice("config.optimizer", config.optimizer, ("adamw", "adam"))
   check_choice("config.lr_schedule", config.lr_schedule, ("constant", "cosine"))
   check_choice("model.scaling", config.model.scaling, scalings.names())
@@ -125,25 +164,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
   if config.batch_size % num_devices:
     raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
                      f"number of devices ({num_devices})")
-  if config.task == "mlm":
-    _validate_mlm(config)
+  task_cls.validate_config(config)
   if config.seq_len > config.model.block_size:
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
                      f"({config.model.block_size}), the number of learned positions")
-
-
-def _validate_mlm(config: ml_collections.ConfigDict) -> None:
-  check_choice("config.dataset", config.dataset, ("wikitext2", "wikitext103"))
-  if config.model.get("causal", True):
-    raise ValueError("model.causal must be False for task 'mlm' (a bidirectional encoder)")
-  if config.seq_len < 3:
-    raise ValueError(f"config.seq_len must be >= 3 for task 'mlm' ([CLS], a token, [SEP]), "
-                     f"got {config.seq_len}")
-  for field in ("mask_rate", "mask_token_rate", "random_token_rate"):
-    if not 0 <= config[field] <= 1:
-      raise ValueError(f"config.{field} must be in [0, 1], got {config[field]}")
-  if config.mask_rate == 0:
-    raise ValueError("config.mask_rate must be > 0, got 0")
-  if config.mask_token_rate + config.random_token_rate > 1:
-    raise ValueError(f"config.mask_token_rate + config.random_token_rate must be <= 1, got "
-                     f"{config.mask_token_rate} + {config.random_token_rate}")

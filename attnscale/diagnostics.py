@@ -6,6 +6,11 @@ attention weights (0 = one key, log n = uniform; a collapsing or saturating
 scale shows here first) and the largest logit (how far from a softmax
 temperature of 1 the scaling sits). With padding, only the real (non-padded)
 queries count, and the padding mask keeps padded keys out of everything.
+
+`task_attention_stats(model, task, batch)` is the one entry point of
+evaluation and studies: the task decides the batch's masks.
+
+Dimension legend: B batch, T queries, S keys, N heads, K key/value heads, H head dim.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
                     query_mask_BT=None) -> dict[str, jax.Array]:
   """Output std, mean entropy (nats) and max logit of one attention call.
 
+  output_std = std(z) over [B, T, N, H], entropy = mean over [B, N, T] of
+  -sum_s p_s log p_s, max_logit = max over [B, N, T, S] of the scaled logits.
   Entropy and logits come from the reference path (the T x S weights); the
   output is the fused path's, what the model computes. `query_mask_BT` (bool,
   True = a real token) restricts all three to the real queries.
@@ -53,10 +60,14 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
 
 def model_attention_stats(model, tokens_BT, mask=None,
                           query_mask_BT=None) -> list[dict[str, float]]:
-  """`attention_stats` for every layer of an `attnscale.model.Transformer`.
+  """`attention_stats` of every layer's attention call, as the model makes it.
+
+  Reads each layer's exact inputs from `model.attention_calls` (the
+  `attnscale.models.Model` contract: q, k, v, scaling, causality, normalizer),
+  so every model variant is served without knowing its attributes.
 
   Args:
-    model: a Transformer or UnitScaledTransformer.
+    model: an `attnscale.models.Model`.
     tokens_BT: a batch of real data.
     mask: the attention mask the model is run with (e.g. padding [B, 1, 1, T]).
     query_mask_BT: which queries to count (e.g. the non-padded tokens).
@@ -64,16 +75,34 @@ def model_attention_stats(model, tokens_BT, mask=None,
 
   @jax.jit
   def run(tokens_BT, mask, query_mask_BT):
-    x_BTD = model.embed_tokens(tokens_BT)
-    stats = []
-    for block in model.blocks:
-      attn = block.attn
-      q, k, v = attn.qkv(block.attn_input(x_BTD))
-      stats.append(attention_stats(q, k, v, scale_fn=attn.scale_fn(), mask=mask,
-                                   is_causal=attn.cfg.causal, normalizer=attn.cfg.normalizer,
-                                   query_mask_BT=query_mask_BT))
-      x_BTD = block(x_BTD, mask)
-    return stats
+    return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, scale_fn=call.scale_fn,
+                            mask=mask, is_causal=call.is_causal, normalizer=call.normalizer,
+                            query_mask_BT=query_mask_BT)
+            for call in model.attention_calls(tokens_BT, mask=mask)]
 
   stats = jax.device_get(run(tokens_BT, mask, query_mask_BT))
   return [{k: float(v) for k, v in layer.items()} for layer in stats]
+
+
+def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
+  """Per-layer attention statistics of `model` on `task`'s data: THE entry point.
+
+  eval.py (`eval_lib.evaluate_run`, eval.json's "attention") and the trained
+  study (`studies trained --recompute`) both call this, so they agree: the
+  batch is the task's first evaluation batch unless given, and the masks are
+  the task's (`task.attention_masks`: the masked LM's padding, none for the
+  char LM).
+
+  Args:
+    model: an `attnscale.models.Model`.
+    task: an `attnscale.tasks.Task` (its data loaded).
+    batch: a batch of the task's; None = `next(task.eval_batches())`.
+
+  Returns:
+    Per layer, {"output_std", "entropy", "max_logit"} as floats.
+  """
+  if batch is None:
+    batch = next(iter(task.eval_batches()))
+  mask, query_mask_BT = task.attention_masks(batch)
+  return model_attention_stats(model, jnp.asarray(batch["inputs"]), mask=mask,
+                               query_mask_BT=query_mask_BT)

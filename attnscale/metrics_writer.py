@@ -1,26 +1,111 @@
-"""Metrics to TensorBoard event files and a plain JSON-lines log in the workdir."""
+"""Metrics to TensorBoard event files and a plain JSON-lines log in the workdir.
+
+A resumed run continues from its last checkpoint, so whatever a killed process
+logged after that checkpoint is history that never happened: the writer drops
+those rows of metrics.jsonl and tells TensorBoard to hide those events
+(`resume_step`), and the rerun logs them again, once.
+"""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 
 import jax
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_rows(workdir: str) -> list[dict]:
+  """The rows of WORKDIR/metrics.jsonl ([] if absent); a torn last line is skipped."""
+  rows = []
+  for line in _read_lines(os.path.join(workdir, METRICS_FILE)):
+    row = _parse(line)
+    if row is not None:
+      rows.append(row)
+  return rows
+
+
+def value_at(workdir: str, name: str, step: int) -> float | None:
+  """`name`'s value in the last row of metrics.jsonl at or before `step`, or None.
+
+  How a resumed run picks up a running total (train/elapsed_s) where its
+  checkpoint left it: every save also logs, so the checkpoint's step has a row.
+  """
+  value = None
+  for row in read_rows(workdir):
+    if row["step"] <= step and name in row:
+      value = row[name]
+  return value
+
+
+def _read_lines(path: str) -> list[str]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return f.readlines()
+
+
+def _parse(line: str) -> dict | None:
+  try:
+    row = json.loads(line)
+  except ValueError:  # the half-written last line of a killed process
+    return None
+  return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
+def drop_rows_after(path: str, step: int) -> int:
+  """Removes the rows of the JSON-lines file `path` with a step > `step`.
+
+  The file is rewritten to a temporary file and renamed over the original, so
+  a kill at any moment leaves either the old or the new file, never a mix.
+
+  Returns:
+    How many lines were dropped (unparseable ones included).
+  """
+  lines = _read_lines(path)
+  kept = [line if line.endswith("\n") else line + "\n" for line in lines
+          if (row := _parse(line)) is not None and row["step"] <= step]
+  if len(kept) == len(lines) and all(line.endswith("\n") for line in lines):
+    return 0
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(kept)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  return len(lines) - len(kept)
 
 
 class MetricsWriter:
   """Writes scalars to WORKDIR/tensorboard (event files) and WORKDIR/metrics.jsonl.
 
   Only process 0 writes: the values are global (already averaged over devices).
+
+  Args:
+    workdir: the run directory.
+    resume_step: the step this process starts from (the restored checkpoint's,
+      0 for a fresh start). A previous process's rows after it are dropped from
+      metrics.jsonl and its TensorBoard events after it are superseded
+      (tensorboardX's `purge_step`: TensorBoard hides the older files' events at
+      steps >= resume_step + 1). None: append to whatever is there.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, *, resume_step: int | None = None):
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
     from tensorboardX import SummaryWriter  # writes event files without TensorFlow
-    self.tb = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
-    self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    jsonl_path = os.path.join(workdir, METRICS_FILE)
+    tb_dir = os.path.join(workdir, "tensorboard")
+    purge_step = None
+    if resume_step is not None:
+      drop_rows_after(jsonl_path, resume_step)
+      if glob.glob(os.path.join(tb_dir, "events.out.tfevents.*")):
+        purge_step = resume_step + 1
+    self.tb = SummaryWriter(logdir=tb_dir, purge_step=purge_step)
+    self.jsonl = open(jsonl_path, "a")
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     if not self.enabled:
@@ -31,6 +116,7 @@ class MetricsWriter:
     self.jsonl.flush()
 
   def flush(self) -> None:
+    """Pushes buffered TensorBoard events to disk (the JSON lines are never buffered)."""
     if self.enabled:
       self.tb.flush()
 

@@ -8,7 +8,7 @@ queries and keys, a per-query logit factor s_i and a per-query output factor c_i
 
 Because s_i is per query it can be folded into q before a fused kernel, and c_i is
 applied to the kernel's output, so every scaling runs on `jax.nn.dot_product_attention`
-(see "Folding" in SCIENCE.md). A per-query factor is never folded into k (that
+(see "Folding" in docs/science.md). A per-query factor is never folded into k (that
 would change the relative logits) nor an output factor into v.
 
 Writing your own takes a few lines; register it to make it nameable from configs:
@@ -20,6 +20,16 @@ Writing your own takes a few lines; register it to make it nameable from configs
         # Careful: a max over *all* keys leaks the future in a causal model;
         # keys.sum only ever sums the visible ones.
         return Scaled(q, k, logit_scale=1.0 / keys.sum(norms) ** 0.5)
+      return scale_fn
+
+A scaling that learns a parameter declares it; every model creates it in each
+attention layer and passes its value in (no model code names the scaling):
+
+    @attnscale.scalings.register(
+        "head_temperature", learned={"log_t": Learned(("heads",), init=0.0)})
+    def head_temperature(log_t=0.0):                 # log_t: [N] when learned
+      def scale_fn(q, k, keys):
+        return Scaled(q, k, logit_scale=jnp.exp(log_t) * q.shape[-1] ** -0.5)
       return scale_fn
 
 Dimension legend: B batch, T queries, S keys, N query heads, K key/value heads,
@@ -58,19 +68,77 @@ class Scaled:
 
 
 class ScaleFn(Protocol):
+  """A scaling. It may also define `init_logit_scale(head_dim) -> float`, its
+  constant s (standard, fully scaled, u-muP): the unit-scaled model sets its q/k
+  gradient scales from it (a scaling without one is treated as s = 1/sqrt(d))."""
 
   def __call__(self, q_BTNH: Array, k_BSKH: Array, keys: VisibleKeys) -> Scaled:
     ...
 
 
-_REGISTRY: dict[str, Callable[..., ScaleFn]] = {}
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  """The sizes a learned parameter's shape and initialiser may depend on."""
+
+  heads: int  # N, query heads
+  kv_heads: int  # K, key/value heads
+  head_dim: int  # H
+  train_len: int  # L, the training context length (model.block_size)
 
 
-def register(name: str):
-  """Decorator: registers a factory `f(**params) -> scale_fn` under `name`."""
+@dataclasses.dataclass(frozen=True)
+class Learned:
+  """A parameter a scaling learns: one per attention layer, created by the model.
+
+  The model creates it under the keyword's name, initialised by `init`, and passes
+  its current value to the scaling's factory as that keyword on every call, so the
+  gradient reaches it. Setting the keyword in `model.scaling_params` fixes it
+  instead (no parameter is created).
+
+  Attributes:
+    shape: per-layer shape, dims by name ("heads", "kv_heads", "head_dim", as in
+      `Dims`) or int; () is one scalar per layer, ("heads",) one per head.
+    init: a number, or `f(dims: Dims)` returning one (or an array of `shape`).
+  """
+
+  shape: tuple[str | int, ...] = ()
+  init: float | Callable[[Dims], Any] = 0.0
+
+  def initial_value(self, dims: Dims) -> Array:
+    shape = tuple(getattr(dims, d) if isinstance(d, str) else d for d in self.shape)
+    value = self.init(dims) if callable(self.init) else self.init
+    return jnp.broadcast_to(jnp.asarray(value, jnp.float32), shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """A registered scaling: its factory and what the model must know about it."""
+
+  factory: Callable[..., ScaleFn]
+  learned: dict[str, Learned]  # keyword -> the parameter the model creates for it
+  normalizes_qk: bool  # replaces q and k by normalised versions (cosine, QK-norm)
+
+
+_REGISTRY: dict[str, Entry] = {}
+# Scaling names that were renamed: old -> new (the old name is an error saying so).
+RENAMED = {"unit_scaled": "umup"}
+
+
+def register(name: str, *, learned: dict[str, Learned] | None = None,
+             normalizes_qk: bool = False):
+  """Decorator: registers a factory `f(**params) -> scale_fn` under `name`.
+
+  Args:
+    name: the name configs use (`model.scaling`).
+    learned: the parameters the scaling learns, keyword -> `Learned`; the model
+      creates them in every attention layer and passes them to `f` as keywords.
+      Every keyword needs a default in `f`, so `get(name)` works without them.
+    normalizes_qk: the scaling normalises q and k itself (the model then refuses
+      `model.qk_layernorm`, which would normalise them twice).
+  """
 
   def wrap(factory):
-    _REGISTRY[name] = factory
+    _REGISTRY[name] = Entry(factory, dict(learned or {}), normalizes_qk)
     return factory
 
   return wrap
@@ -81,16 +149,30 @@ def names() -> list[str]:
   return list(_REGISTRY)
 
 
+def entry(name: str) -> Entry:
+  """The registration of `name`; ValueError (listing the valid names) if unknown."""
+  if name in RENAMED:
+    raise ValueError(f"scaling {name!r} was renamed {RENAMED[name]!r} (the config argument "
+                     f"scaling=unit_scaled still selects Graphcore's unit-scaled experiment)")
+  if name not in _REGISTRY:
+    raise ValueError(f"scaling must be one of {names()}, got {name!r}")
+  return _REGISTRY[name]
+
+
+def learned(name: str) -> dict[str, Learned]:
+  """The parameters scaling `name` learns (keyword -> `Learned`)."""
+  return entry(name).learned
+
+
 def get(name: str, **params) -> ScaleFn:
   """Returns the scaling `name` built with `params`.
 
   Raises:
     ValueError: unknown name (the message lists the valid ones) or bad params.
   """
-  if name not in _REGISTRY:
-    raise ValueError(f"scaling must be one of {names()}, got {name!r}")
+  factory = entry(name).factory
   try:
-    return _REGISTRY[name](**params)
+    return factory(**params)
   except TypeError as e:  # an unknown keyword: say which scaling it was for.
     raise ValueError(f"bad params {params} for scaling {name!r}: {e}") from None
 
@@ -136,6 +218,9 @@ class Standard:
   def __call__(self, q, k, keys):
     return Scaled(q, k, logit_scale=q.shape[-1] ** -0.5)
 
+  def init_logit_scale(self, head_dim: int) -> float:
+    return head_dim**-0.5
+
 
 @dataclasses.dataclass(frozen=True)
 class NoScaling:
@@ -180,8 +265,10 @@ class Cosine:
   2010.04245). g is learnable per layer, initialised to g0 = log2(L^2 - L) for
   training length L (`cosine_temperature_init`). `temperature` may be a traced
   array (scalar or broadcastable to [B, T, N], e.g. one per head) so a model can
-  learn it. With temperature=None, g0 of the key length S is used: a
-  convenience for analysis; models pass their own learned g.
+  learn it; the model creates it (`register(..., learned=...)` below). With
+  temperature=None (analysis), g0 of each query's own key count n_i (at least
+  2) is used: from the keys it sees, never the total length, so a causal prefix
+  gives the same outputs as the full sequence.
   """
 
   temperature: Any = None
@@ -189,7 +276,8 @@ class Cosine:
   def __call__(self, q, k, keys):
     g = self.temperature
     if g is None:
-      g = cosine_temperature_init(max(keys.kv_len, 2))
+      n_BTN = jnp.maximum(keys.count(), 2.0)
+      g = jnp.log2(n_BTN * n_BTN - n_BTN)
     return Scaled(l2_normalize(q), l2_normalize(k),
                   logit_scale=upcast(g))
 
@@ -218,7 +306,10 @@ def _layer_norm(x_XH, scale_H, eps):
   mean_X1 = x_XH.mean(-1, keepdims=True)
   var_X1 = jnp.square(x_XH - mean_X1).mean(-1, keepdims=True)
   y_XH = (x_XH - mean_X1) * jax.lax.rsqrt(var_X1 + eps)
-  return y_XH if scale_H is None else y_XH * scale_H
+  if scale_H is None:
+    return y_XH
+  scale_H = jnp.asarray(scale_H)  # [H] or [N|K, H]: broadcast over the leading axes
+  return y_XH * scale_H.reshape((1,) * (y_XH.ndim - scale_H.ndim) + scale_H.shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,12 +332,22 @@ class FullyScaled:
       c_BTN = jnp.maximum(c_BTN, 1.0)
     return Scaled(q, k, logit_scale=q.shape[-1] ** -0.5, output_scale=c_BTN)
 
+  def init_logit_scale(self, head_dim: int) -> float:
+    return head_dim**-0.5
+
 
 register("standard")(Standard)
 register("none")(NoScaling)
 register("key_norm_sum")(lambda: KeyNormPower(p=1.0))
 register("key_norm_mean")(lambda: KeyNormPower(p=1.0, mean=True))
 register("key_norm_power")(lambda p=2.0: KeyNormPower(p=p))
-register("cosine")(Cosine)
-register("qk_layernorm")(QKLayerNorm)
+# Henry et al. 2020: one learned temperature per layer, g0 = log2(L^2 - L).
+register("cosine", normalizes_qk=True, learned={
+    "temperature": Learned((), init=lambda dims: cosine_temperature_init(dims.train_len)),
+})(Cosine)
+# The LayerNorm gains over the head dim, shared by the heads (Flax's normalize_qk).
+register("qk_layernorm", normalizes_qk=True, learned={
+    "q_scale": Learned(("head_dim",), init=1.0),
+    "k_scale": Learned(("head_dim",), init=1.0),
+})(QKLayerNorm)
 register("fully_scaled")(FullyScaled)

@@ -18,7 +18,6 @@ each scaling's best learning rate.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import importlib.util
 import json
@@ -30,7 +29,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from attnscale.studies import plotting  # figures without pyplot, stable PNG bytes
+import ml_collections
+
+from attnscale import configlib
+from attnscale import reporting  # tables and figures, written as the studies write theirs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py is
 
@@ -62,15 +64,6 @@ class Point:
 
 def _short(key: str) -> str:
   return {"learning_rate": "lr"}.get(key, key.rsplit(".", 1)[-1])
-
-
-def _format_value(value) -> str:
-  """2**-9 as `2^-9` (sweeps are usually powers of two), else as written."""
-  if isinstance(value, float) and value > 0:
-    exponent = math.log2(value)
-    if exponent == round(exponent):
-      return f"2^{int(exponent)}"
-  return str(value)
 
 
 def load_sweep(config_file: str, name: str) -> list[Point]:
@@ -140,6 +133,7 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
 
 COLUMNS = ("scaling", "variant", "learning_rate", "seed", "steps", "final_train_loss",
            "best_val_loss", "wall_s", "status", "run")
+TEXT_COLUMNS = ("scaling", "variant", "status")  # left-aligned in Markdown
 
 
 def read_run(run_dir: str) -> dict | None:
@@ -154,7 +148,7 @@ def read_run(run_dir: str) -> dict | None:
   if not os.path.exists(config_path):
     return None
   with open(config_path) as f:
-    config = json.load(f)
+    config = configlib.migrate(json.load(f))
   records = []
   metrics_path = os.path.join(run_dir, "metrics.jsonl")
   if os.path.exists(metrics_path):
@@ -174,8 +168,7 @@ def read_run(run_dir: str) -> dict | None:
     state = "diverged"
   model = config["model"]
   return {
-      "scaling": model["scaling"] if model.get("variant", "standard") == "standard"
-                 else model["variant"],
+      "scaling": configlib.run_label(ml_collections.ConfigDict(config)),
       "variant": model.get("variant", "standard"),
       "learning_rate": config["learning_rate"],
       "seed": config["seed"],
@@ -231,58 +224,61 @@ def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
   return best
 
 
-def _fmt(value, key: str) -> str:
-  if isinstance(value, float):
-    if math.isnan(value):
-      return "-"
-    if key == "learning_rate":
-      return _format_value(value)
-    return f"{value:.0f}" if key == "wall_s" else f"{value:.4f}"
-  return str(value)
-
-
 def markdown_table(rows: Sequence[dict]) -> str:
-  """The results as a Markdown table, the best learning rate per scaling in bold."""
+  """The results as a Markdown table, the best learning rate per scaling in bold.
+
+  Every column but `run`; losses to 4 decimals, learning rates as powers of two,
+  wall time in whole seconds, NaN (not run, diverged) as "-".
+  """
   best = best_per_scaling(rows)
-  lines = ["| " + " | ".join(COLUMNS[:-1]) + " |",
-           "|" + "|".join("---:" if c not in ("scaling", "variant", "status") else "---"
-                          for c in COLUMNS[:-1]) + "|"]
-  for r in rows:
-    cells = [_fmt(r[c], c) for c in COLUMNS[:-1]]
-    if best.get(r["scaling"], {}).get("learning_rate") == r["learning_rate"]:
-      cells[COLUMNS.index("final_train_loss")] = f"**{cells[COLUMNS.index('final_train_loss')]}**"
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
+  columns = COLUMNS[:-1]
+
+  def bold(row):
+    is_best = best.get(row["scaling"], {}).get("learning_rate") == row["learning_rate"]
+    return ("final_train_loss",) if is_best else ()
+
+  return reporting.to_markdown(
+      rows, columns, floats=".4f", nan="-", bold=bold,
+      formats={"learning_rate": reporting.power_of_two, "wall_s": ".0f"},
+      numeric=[c for c in columns if c not in TEXT_COLUMNS])
+
+
+def best_table(rows: Sequence[dict]) -> str:
+  """Markdown: the best learning rate per scaling and its loss, lowest loss first."""
+  best = sorted(best_per_scaling(rows).items(), key=lambda kv: kv[1]["final_train_loss"])
+  columns = ("scaling", "best lr", "final train loss")
+  return reporting.to_markdown(
+      [dict(zip(columns, (scaling, b["learning_rate"], b["final_train_loss"])))
+       for scaling, b in best],
+      columns, floats=".4f", formats={"best lr": reporting.power_of_two},
+      numeric=columns[1:])
 
 
 def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dict[str, str]:
-  """Writes results.csv, results.md, loss_vs_lr.png and loss_curves.png; returns the paths."""
+  """Writes results.csv, results.md, loss_vs_lr.png and loss_curves.png; returns the paths.
+
+  results.csv has every column of COLUMNS with floats written exactly (they
+  read back equal); results.md has the title, `best_table` and `markdown_table`.
+  """
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, name) for name in
            ("results.csv", "results.md", "loss_vs_lr.png", "loss_curves.png")}
-  with open(paths["results.csv"], "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-  best = best_per_scaling(rows)
+  with open(paths["results.csv"], "w") as f:
+    f.write(reporting.to_csv(rows, COLUMNS, floats=str))
   with open(paths["results.md"], "w") as f:
-    if title:
-      f.write(f"# {title}\n\n")
-    f.write("Best learning rate per scaling (final training loss = mean of the last 20 "
-            "steps, mean over seeds):\n\n| scaling | best lr | final train loss |\n|---|---:|---:|\n")
-    for scaling, b in sorted(best.items(), key=lambda kv: kv[1]["final_train_loss"]):
-      f.write(f"| {scaling} | {_format_value(b['learning_rate'])} | "
-              f"{b['final_train_loss']:.4f} |\n")
-    f.write("\nAll points:\n\n" + markdown_table(rows))
-  plotting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
-  plotting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
+    f.write((f"# {title}\n\n" if title else "")
+            + "Best learning rate per scaling (final training loss = mean of the last 20 "
+            "steps, mean over seeds):\n\n" + best_table(rows)
+            + "\nAll points:\n\n" + markdown_table(rows))
+  reporting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
+  reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
   return paths
 
 
 def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
   """Final training loss against learning rate (log2), one line per scaling
   (Graphcore's almost-scaled attention figure); diverged points marked x at the top."""
-  fig = plotting.new_figure(6.4, 4.2)
+  fig = reporting.new_figure(6.4, 4.2)
   ax = fig.subplots()
   done = [r for r in rows if r["status"] in ("done", "diverged")]
   finite = [r["final_train_loss"] for r in done if math.isfinite(r["final_train_loss"])]
@@ -300,29 +296,24 @@ def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
     if bad:
       ax.plot(bad, [ceiling] * len(bad), "x", color=line.get_color())
   ax.set_xscale("log", base=2)
-  ax.set_xlabel("learning rate")
-  ax.set_ylabel("final training loss (mean of last 20 steps)")
-  ax.set_title(title or "final training loss vs learning rate")
-  ax.grid(True, alpha=0.3)
-  ax.legend()
+  reporting.label_axes(ax, xlabel="learning rate",
+                       ylabel="final training loss (mean of last 20 steps)",
+                       title=title or "final training loss vs learning rate")
   return fig
 
 
 def plot_loss_curves(rows: Sequence[dict], *, title: str = ""):
   """Training loss against step at each scaling's best learning rate."""
-  fig = plotting.new_figure(6.4, 4.2)
+  fig = reporting.new_figure(6.4, 4.2)
   ax = fig.subplots()
   for scaling, b in sorted(best_per_scaling(rows).items()):
     runs = [r for r in rows if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
             and r["curve"]]
     if runs:
       steps, losses = zip(*runs[0]["curve"])
-      ax.plot(steps, losses, label=f"{scaling} (lr {_format_value(b['learning_rate'])})")
-  ax.set_xlabel("step")
-  ax.set_ylabel("training loss")
-  ax.set_title(title or "training loss at each scaling's best learning rate")
-  ax.grid(True, alpha=0.3)
-  ax.legend()
+      ax.plot(steps, losses, label=f"{scaling} (lr {reporting.power_of_two(b['learning_rate'])})")
+  reporting.label_axes(ax, xlabel="step", ylabel="training loss",
+                       title=title or "training loss at each scaling's best learning rate")
   return fig
 
 

@@ -5,35 +5,40 @@
 * One jitted train step with donated state over a `data` mesh of all devices.
 * Auto-resume from the latest orbax checkpoint in WORKDIR (state, data position
   and RNG: all three are functions of the saved step), periodic and final saves,
-  and a save on SIGTERM (preemption).
+  and a save on SIGTERM (preemption). After a hard kill (SIGKILL, a lost node)
+  the rerun supersedes what the killed process logged past that checkpoint
+  (`MetricsWriter(resume_step=...)`), so each step is logged once.
 * TensorBoard event files, metrics.jsonl and the resolved config.json in WORKDIR,
   a progress line with loss, steps/s and tokens/s, periodic validation loss.
-  Each log also records `loss_last20` (the mean loss of the last 20 steps this
-  process ran: Graphcore's final-loss metric) and `elapsed_s` (seconds since
-  this process started training), which the sweep tables read.
+  Each log also records `loss_last20` (the mean loss of the run's last 20 steps:
+  Graphcore's final-loss metric; the window is part of the checkpointed state)
+  and `elapsed_s` (training seconds since the run started, continued across
+  resumes from the restored step's value), which the sweep tables read.
 * A NaN or inf loss (or gradient) stops the run before anything non-finite is
   saved: the last good checkpoint stays.
+
+The steps themselves live in `attnscale.steps`; their names are re-exported
+here (`train_lib.make_train_step`, ...) for the callers that use them.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnscale import configlib, tasks
+from attnscale import configlib, metrics_writer, tasks
 from attnscale import train_state as ts
 from attnscale.metrics_writer import MetricsWriter
+# Re-exported: tests, notebooks and benchmarks reach the steps through train_lib.
+from attnscale.steps import (dropout_key, evaluate, evaluate_sums, global_batch,  # noqa: F401
+                             make_eval_step, make_train_step)
 
 # Fields that may change when a run resumes: bookkeeping, not the experiment.
 # num_train_steps joins them only under a constant learning rate: it is the
@@ -42,7 +47,7 @@ RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_ever
                      "keep_checkpoints", "data_dir")
 
 
-LAST_LOSSES = 20  # Graphcore's final training loss: the mean of the last 20 steps
+LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the last 20 steps
 
 
 class NonFiniteLossError(RuntimeError):
@@ -52,66 +57,6 @@ class NonFiniteLossError(RuntimeError):
 def log(msg: str) -> None:
   if jax.process_index() == 0:
     print(msg, flush=True)
-
-
-def dropout_key(seed: int, step):
-  """Dropout randomness is a function of (seed, step): resumable without RNG state."""
-  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
-
-
-def make_train_step(graphdef, task, config, state_shardings, batch_sharding):
-  tx = ts.make_optimizer(config)
-  schedule = ts.learning_rate_schedule(config)
-
-  def train_step(state, batch):
-    step = state["step"]
-
-    def loss_fn(params):
-      return task.loss(nnx.merge(graphdef, params), batch, dropout_key(config.seed, step))
-
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    new_state = {"step": step + 1, "params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state}
-    metrics = {"loss": loss, "grad_norm": _global_norm(grads), "lr": schedule(step)}
-    return new_state, metrics
-
-  return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, None), donate_argnums=0)
-
-
-def _global_norm(tree):
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
-
-
-def make_eval_step(graphdef, task, param_shardings, batch_sharding):
-  def eval_step(params, batch):
-    _, sums = task.loss(nnx.merge(graphdef, params), batch)
-    return sums
-
-  return jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding))
-
-
-def global_batch(local_batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-  """Assembles each process's rows into global arrays sharded on `data`."""
-  return {k: jax.make_array_from_process_local_data(sharding, v)
-          for k, v in local_batch.items()}
-
-
-def evaluate_sums(eval_step, params, batches, sharding) -> dict[str, float]:
-  """The task's loss sums ("loss_sum", "count", ...) added over `batches`."""
-  totals = {}
-  for batch in batches:
-    sums = jax.device_get(eval_step(params, global_batch(batch, sharding)))
-    for k, v in sums.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-  return totals
-
-
-def evaluate(eval_step, params, batches, sharding) -> float:
-  """Mean loss per target token over `batches` (sums, so padding weighs 0)."""
-  sums = evaluate_sums(eval_step, params, batches, sharding)
-  return sums.get("loss_sum", 0.0) / max(sums.get("count", 0.0), 1.0)
 
 
 def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -177,22 +122,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   mesh = ts.make_mesh()
   batch_sharding = NamedSharding(mesh, P("data"))
-  graphdef, state, shardings = ts.create_state(config, mesh)
+  tx = ts.make_optimizer(config)  # the one optimizer: its state and its updates
+  graphdef, state, shardings = ts.create_state(config, mesh, tx)
   checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
   if checkpoints.latest_step() is not None:
     state = checkpoints.restore(state, shardings)
     log(f"resumed from {workdir} at step {int(state['step'])}")
-  train_step = make_train_step(graphdef, task, config, shardings, batch_sharding)
+    if int(state["last_losses"]["count"]) == 0:
+      log("  (the checkpoint predates the saved loss window: loss_last20 averages "
+          "only the steps from here on)")
+  train_step = make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
   eval_step = make_eval_step(graphdef, task, shardings["params"], batch_sharding)
-  writer = MetricsWriter(workdir)
+  step = int(state["step"])
+  # What a killed process logged after this checkpoint never happened: the
+  # writer drops it, and the running time continues from the checkpoint's row.
+  elapsed_before = metrics_writer.value_at(workdir, "train/elapsed_s", step) or 0.0
+  writer = MetricsWriter(workdir, resume_step=step)
   num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
-  log(f"{config.task} | {config.model.scaling} | {num_params / 1e6:.2f}M params | "
+  log(f"{config.task} | {configlib.run_label(config)} | {num_params / 1e6:.2f}M params | "
       f"{jax.device_count()} devices ({jax.devices()[0].platform}) | workdir {workdir}")
 
-  step = int(state["step"])
   last_good = checkpoints.latest_step()
-  start_time = time.perf_counter()
-  last_losses = collections.deque(maxlen=LAST_LOSSES)
+  start_time = time.perf_counter() - elapsed_before
   pending, summary, first_step = [], {}, True
   tick, tick_step = time.perf_counter(), step
   try:
@@ -220,8 +171,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           # always before a save so that nothing non-finite is ever saved.
           pending = jax.device_get(pending)
           summary = _summarise(pending, step, last_good, workdir)
-          last_losses.extend(float(m["loss"]) for m in pending)
-          summary.update({"loss_last20": float(np.mean(last_losses)),
+          summary.update({"loss_last20": ts.mean_last_losses(pending[-1]["last_losses"]),
                           "elapsed_s": time.perf_counter() - start_time})
           speed = ""
           if step > tick_step:  # else only the (compiling) first step ran
@@ -243,6 +193,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           log(f"step {step} | val loss {val:.4f}")
           tick = time.perf_counter()  # validation time is not training speed
         if save:
+          # Events up to a checkpoint reach the disk with it: a later hard kill
+          # loses only what the rerun supersedes anyway.
+          writer.flush()
           checkpoints.save(step, state)
           last_good = step
         if preempted:

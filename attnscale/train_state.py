@@ -1,10 +1,15 @@
 """Train state, optimizer, device mesh and orbax checkpoints.
 
-The train state is a plain dict {"step", "params", "opt_state"}: params is the
-model's `nnx.State`, the model's structure (graphdef) stays outside, so the
-state is an ordinary pytree that jit can donate and orbax can save. Randomness
-(dropout) and data order are functions of (config.seed, step), so `step` is the
-whole data position and RNG state: restoring it resumes bit-for-bit.
+The train state is a plain dict {"step", "params", "opt_state", "last_losses"}:
+params is the model's `nnx.State`, the model's structure (graphdef) stays
+outside, so the state is an ordinary pytree that jit can donate and orbax can
+save. Randomness (dropout) and data order are functions of (config.seed, step),
+so `step` is the whole data position and RNG state: restoring it resumes
+bit-for-bit. `last_losses` is the window of the last `LAST_LOSSES` training
+losses (the train step pushes each step's), so the final-loss metric
+(`loss_last20`) is checkpointed with the step it belongs to and a resumed run
+reports the uninterrupted run's value. A checkpoint written before the window
+existed restores with an empty one (`Checkpoints.restore`).
 
 Parallelism: one `jax.sharding.Mesh` over all devices (of all processes) with a
 `data` axis; params and optimizer state are replicated, batches sharded on
@@ -25,10 +30,17 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnscale.model import ModelConfig, Transformer
-from attnscale.unit_model import UnitScaledTransformer
+from attnscale import models
+from attnscale.models import ModelConfig
 
 State = dict[str, Any]
+
+# Graphcore's final training loss is the mean of the last 20 steps' losses.
+LAST_LOSSES = 20
+
+# State entries a checkpoint may lack because it predates them: restoring one
+# keeps their initial value (see `Checkpoints.restore`).
+ADDED_STATE_ENTRIES = ("last_losses",)
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -68,27 +80,56 @@ def make_optimizer(config) -> optax.GradientTransformation:
   return opt
 
 
-def init_model(config) -> Transformer | UnitScaledTransformer:
-  cfg = model_config(config)
-  model_cls = UnitScaledTransformer if cfg.variant == "unit_scaled" else Transformer
-  return model_cls(cfg, rngs=nnx.Rngs(params=config.seed))
+def init_model(config) -> models.Model:
+  """The model `config.model.variant` names (`attnscale.models.VARIANTS`)."""
+  return models.build(model_config(config), rngs=nnx.Rngs(params=config.seed))
 
 
-def create_state(config, mesh) -> tuple[nnx.GraphDef, State, Any]:
+def init_last_losses() -> dict[str, jax.Array]:
+  """An empty loss window: {"loss_W": float32 [W], "count": int32 []}, W = LAST_LOSSES.
+
+  The newest loss is loss_W[-1]; only the last `count` entries are losses.
+  """
+  return {"loss_W": jnp.zeros((LAST_LOSSES,), jnp.float32), "count": jnp.zeros((), jnp.int32)}
+
+
+def push_loss(last_losses: dict[str, jax.Array], loss) -> dict[str, jax.Array]:
+  """The window with `loss` appended (the oldest dropped once it holds W); jittable."""
+  loss_W = jnp.roll(last_losses["loss_W"], -1).at[-1].set(jnp.asarray(loss, jnp.float32))
+  return {"loss_W": loss_W, "count": jnp.minimum(last_losses["count"] + 1, LAST_LOSSES)}
+
+
+def mean_last_losses(last_losses) -> float:
+  """The mean of the window's losses, oldest to newest in float64 (NaN if empty)."""
+  count = int(last_losses["count"])
+  if count == 0:
+    return float("nan")
+  return float(np.mean([float(x) for x in np.asarray(last_losses["loss_W"])[-count:]]))
+
+
+def create_state(config, mesh, tx: optax.GradientTransformation | None = None,
+                 ) -> tuple[nnx.GraphDef, State, Any]:
   """Initialises the train state directly into its (replicated) shardings.
 
   Shapes first (jax.eval_shape), then shardings, then a jitted init: no
   device ever holds an unsharded copy (big_vision/nanodo style).
 
+  Args:
+    config: the run's config.
+    mesh: the device mesh (`make_mesh`).
+    tx: the optimizer whose state to initialise; the training loop builds it
+      once and hands the same one to `steps.make_train_step`. None builds
+      `make_optimizer(config)` (enough for restoring a checkpoint's layout).
+
   Returns:
     (graphdef, state, state_shardings).
   """
-  tx = make_optimizer(config)
+  tx = make_optimizer(config) if tx is None else tx
 
   def init():
     graphdef, params = nnx.split(init_model(config), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt_state": tx.init(params)}
+            "opt_state": tx.init(params), "last_losses": init_last_losses()}
 
   abstract = jax.eval_shape(init)
   shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract)
@@ -112,7 +153,9 @@ class Checkpoints:
   def __init__(self, workdir: str, keep: int):
     self.manager = ocp.CheckpointManager(
         os.path.join(os.path.abspath(workdir), "checkpoints"),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        # Named, so that `item_metadata` can read a checkpoint this manager did not write.
+        item_handlers=ocp.StandardCheckpointHandler())
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -123,10 +166,31 @@ class Checkpoints:
     self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
   def restore(self, state: State, shardings, step: int | None = None) -> State:
-    """Restores `step` (default: latest) into the layout of `state`."""
+    """Restores `step` (default: latest) into the layout of `state`.
+
+    An entry of `ADDED_STATE_ENTRIES` that the checkpoint lacks (it was written
+    before the entry existed) keeps its value in `state`, the initial one.
+
+    Raises:
+      ValueError: there is no checkpoint `step`, or it holds entries this code
+        does not know, or lacks one it cannot do without (one line, naming them).
+    """
     step = self.latest_step() if step is None else step
-    return self.manager.restore(
-        step, args=ocp.args.StandardRestore(abstract_state(state, shardings)))
+    if step not in self.manager.all_steps():
+      raise ValueError(f"no checkpoint of step {step} in {self.manager.directory} "
+                       f"(it has steps {sorted(self.manager.all_steps())})")
+    saved = set(self.manager.item_metadata(step).keys())
+    lacking = [k for k in state if k not in saved]
+    unknown = sorted(saved - set(state))
+    if unknown or set(lacking) - set(ADDED_STATE_ENTRIES):
+      raise ValueError(
+          f"checkpoint {step} in {self.manager.directory} has the state entries "
+          f"{sorted(saved)}, this code expects {sorted(state)}: was it written by "
+          "another version of attnscale?")
+    kept = [k for k in state if k in saved]
+    restored = self.manager.restore(step, args=ocp.args.StandardRestore(
+        abstract_state({k: state[k] for k in kept}, {k: shardings[k] for k in kept})))
+    return {k: restored[k] if k in saved else state[k] for k in state}
 
   def close(self) -> None:
     self.manager.wait_until_finished()

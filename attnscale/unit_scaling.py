@@ -11,7 +11,7 @@ cotangent, everything has std about 1. Each docstring states its rule and where
 the constant comes from. Constants are computed for N(0, 1) inputs and do not
 track the data: unit scale holds at init, not throughout training.
 
-Importing this module registers the attention scaling "unit_scaled".
+Importing this module registers the attention scaling "umup" (formerly "unit_scaled").
 
 Dimension legend: B batch (all leading axes, flattened), I fan-in, O fan-out,
 V vocabulary, D model/feature width; for attention as in `attnscale.attention`.
@@ -126,7 +126,7 @@ def linear(x_BxI: Array, w_IxO: Array, b_O: Array | None = None, *,
   y_BxO = scale_fwd(layers.matmul(x_BxI, w_IxO, preferred_element_type=preferred_element_type),
                     out_scale)
   if b_O is not None:
-    y_BxO = y_BxO + scale_bwd(b_O, batch_size**-0.5)
+    y_BxO = y_BxO + _over_last_axis(scale_bwd(b_O, batch_size**-0.5), y_BxO.ndim)
   return y_BxO
 
 
@@ -176,10 +176,15 @@ def rms_norm(x_BxD: Array, scale_D: Array | None = None, eps: float = 1e-6) -> A
 def _affine(y_BxD, scale_D, bias_D):
   batch_size = y_BxD.size // y_BxD.shape[-1]
   if scale_D is not None:
-    y_BxD = y_BxD * scale_bwd(scale_D, batch_size**-0.5)
+    y_BxD = y_BxD * _over_last_axis(scale_bwd(scale_D, batch_size**-0.5), y_BxD.ndim)
   if bias_D is not None:
-    y_BxD = y_BxD + scale_bwd(bias_D, batch_size**-0.5)
+    y_BxD = y_BxD + _over_last_axis(scale_bwd(bias_D, batch_size**-0.5), y_BxD.ndim)
   return y_BxD
+
+
+def _over_last_axis(w_D: Array, ndim: int) -> Array:
+  """A per-feature vector shaped [1, ..., 1, D] to broadcast over leading axes."""
+  return w_D.reshape((1,) * (ndim - 1) + w_D.shape)
 
 
 @functools.lru_cache(maxsize=None)
@@ -313,8 +318,9 @@ def transformer_residual_scaling_rule(residual_mult: float = 1.0,
   normalised sum of the embedding with weight L and branch i with alpha_i^2: the
   embedding keeps L / (L + 2L residual_mult^2) of the final variance, attention
   and MLP branches split the rest as residual_attn_ratio^2 : 1. With mult = ratio
-  = 1: tau_i = 1/sqrt(L + i) (SCIENCE.md). The general formula is as recalled
-  from the library (no network to check it); the mult = ratio = 1 case and the
+  = 1: tau_i = 1/sqrt(L + i) (docs/science.md, "Unit scaling and the residual
+  rule"). The general formula was checked against the library's 0.3.5 source
+  (`transformer_residual_scaling_rule`); the mult = ratio = 1 case and the
   variance shares above are tested.
   """
   alpha_mlp = residual_mult * math.sqrt(2 / (1 + residual_attn_ratio**2))
@@ -338,7 +344,8 @@ def attention_residual_weight(n: int, *, is_causal: bool = False, logit_std: flo
 
   Graphcore Research, "Almost-scaled dot-product attention" (2023): fully
   (unit-)scaled attention trains worse than standard attention, whose output
-  has std sqrt(exp(logit_std^2)/n) = sqrt(e/n) for unit q, k, v (SCIENCE.md);
+  has std sqrt(exp(logit_std^2)/n) = sqrt(e/n) for unit q, k, v (docs/science.md,
+  "Why the standard output shrinks with n");
   weighting the unit-scaled branch by that ratio against the skip restores the
   baseline's dynamics. The branch/skip ratio a/b is tau under "umup", so
   tau = r = sqrt(exp(logit_std^2) / n_eff); under "2023" sqrt(tau/(1 - tau)) = r,
@@ -389,5 +396,8 @@ class UnitScaledAttention:
     c_BTN = n_BTN * jax.lax.rsqrt(1.0 + (n_BTN - 1.0) * e_var)
     return scalings.Scaled(q, k, logit_scale=self.mult / d, output_scale=c_BTN)
 
+  def init_logit_scale(self, head_dim: int) -> float:
+    return self.mult / head_dim
 
-scalings.register("unit_scaled")(UnitScaledAttention)
+
+scalings.register("umup")(UnitScaledAttention)

@@ -4,7 +4,7 @@ Dimension legend (as in `jax.nn.dot_product_attention`):
   B batch, T query length, S key/value length, N query heads, K key/value heads,
   G = N // K query heads per key/value head, H head dim.
 
-Causality is part of a scaling's definition (SCIENCE.md): any per-query quantity,
+Causality is part of a scaling's definition (docs/science.md, "The causal rule"): any per-query quantity,
 such as a sum of key norms or the number of keys n_i, must use only the keys that
 query i may attend to. A sum over all keys would leak the future into a causal
 model. `VisibleKeys.sum` is the one place where that rule is implemented; every
@@ -65,7 +65,7 @@ class VisibleKeys:
     if mask is not None and mask.shape[2] != 1:
       # A custom per-query pattern: the caller's mask is T x S already.
       if self.is_causal:
-        mask = mask & jnp.tril(jnp.ones((T, S), bool))
+        mask = mask & jnp.tril(jnp.ones((T, S), bool))[None, None]
       mask_BNTS = jnp.broadcast_to(mask, (x_BSN.shape[0], self.num_heads, T, S))
       return jnp.einsum("bnts,bsn->btn", mask_BNTS.astype(x_BSN.dtype), x_BSN)
     if mask is not None:

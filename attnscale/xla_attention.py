@@ -102,7 +102,7 @@ def dot_product_attention(q_BTNH: Array,
       # Only the diagonal part of the block has invisible keys; iota, no T x S constant.
       rows_t1 = jax.lax.broadcasted_iota(jnp.int32, (t1 - t0, 1), 0) + t0
       cols_1S = jax.lax.broadcasted_iota(jnp.int32, (1, s1), 1)
-      visible = cols_1S <= rows_t1
+      visible = (cols_1S <= rows_t1)[None, None, None]
     if mask_BKGTS is not None:
       m = mask_BKGTS[..., :s1]
       m = m if m.shape[3] == 1 else m[:, :, :, t0:t1]

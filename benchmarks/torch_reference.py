@@ -1,4 +1,4 @@
-"""A PyTorch twin of attnscale's char LM (`attnscale.model.Transformer`, scaling
+"""A PyTorch twin of attnscale's char LM (`attnscale.models.Transformer`, scaling
 `standard`), for `benchmarks/train_throughput.py` only.
 
 Same architecture as attnscale's GPT (nanoGPT's): learned positions, pre-LN

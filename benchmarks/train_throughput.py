@@ -89,9 +89,10 @@ def jax_runner(config, batches_np):
   """A function running n train steps of attnscale's train step (what train.py runs)."""
   mesh = ts.make_mesh()
   batch_sharding = NamedSharding(mesh, P("data"))
-  graphdef, state, shardings = ts.create_state(config, mesh)
+  tx = ts.make_optimizer(config)  # one optimizer, as train_lib builds it
+  graphdef, state, shardings = ts.create_state(config, mesh, tx)
   task = tasks.get_task(config)
-  step_fn = train_lib.make_train_step(graphdef, task, config, shardings, batch_sharding)
+  step_fn = train_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
   batches = [train_lib.global_batch(b, batch_sharding) for b in batches_np]
   holder = {"state": state}
 

@@ -10,7 +10,7 @@ field overridable):
 
 Config argument keys: preset (mini | cpu | test), scaling, p (the power for
 scaling=key_norm_power), seed, ln (post = original BERT | pre). scaling=unit_scaled
-selects the unit-scaled, residual-weighted transformer (model.variant) with
+selects the unit-scaled, residual-weighted transformer (model.variant=unit) with
 fully scaled attention and Graphcore's relative attention weight, exactly as
 configs/shakespeare_char.py does; that variant is pre-LN with a tied unit-scaled
 readout (no BERT MLM head).
@@ -50,7 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c = ml_collections.ConfigDict()
   c.task = "mlm"  # what train.py trains: masked-LM pretraining (attnscale.tasks.MLMTask)
-  c.dataset = "wikitext2"  # wikitext2 | wikitext103: TFDS builder config in attnscale/data/wikitext.py
+  c.dataset = "wikitext2"  # wikitext2 | wikitext103 (attnscale.tasks.MLMTask.DATASETS)
   c.data_dir = config_dict.placeholder(str)  # TFDS data dir; None = TFDS's default
   c.seed = arg.seed  # one seed for init, data order, masking and dropout
 
@@ -95,7 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.ln_position = arg.ln  # post: LN(x + f(x)) as BERT | pre: x + f(LN(x))
   m.head = "mlm"  # BERT's MLM head: dense + GELU + LN, tied embedding, output bias
   configlib.add_attention_fields(m, arg.scaling, p=arg.p)  # scaling, variant, ...
-  if m.variant == "unit_scaled":
+  if m.variant == "unit":
     # The unit-scaled transformer is pre-LN with a tied readout; its attention
     # weight uses n = block_size (bidirectional).
     m.ln_position, m.head = "pre", "lm"

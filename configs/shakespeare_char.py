@@ -10,7 +10,7 @@ Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
 
 Config argument keys: preset (nanogpt | graphcore | graphcore_cpu | cpu | test), scaling, p (the
 power for scaling=key_norm_power), seed. scaling=unit_scaled selects the
-unit-scaled, residual-weighted transformer (model.variant) with fully scaled
+unit-scaled, residual-weighted transformer (model.variant=unit) with fully scaled
 attention and Graphcore's relative attention weight.
 
 Presets and what to expect:
@@ -69,7 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c = ml_collections.ConfigDict()
   c.task = "char_lm"  # what train.py trains: the task decides data, loss and eval
-  c.dataset = "tiny_shakespeare_char"  # TFDS builder in attnscale/data
+  # The corpus (attnscale.data.char_lm.DATASETS): tiny_shakespeare_char (65 chars) |
+  # wikitext2_char (283 chars: also set --config.model.vocab_size=283).
+  c.dataset = "tiny_shakespeare_char"
   c.data_dir = config_dict.placeholder(str)  # TFDS data dir; None = TFDS's default
   c.seed = arg.seed  # one seed for init, data order and dropout: a run is (config, seed)
 

@@ -1,53 +1,26 @@
-"""Shared fixtures: random q, k, v and every registered scaling with test params,
-synthetic WikiText, a localhost file server and a per-module XLA compilation cache."""
+"""Shared fixtures: strict rank promotion, synthetic WikiText and a per-module XLA
+compilation cache. Helpers tests import live in `attnscale.testing`."""
 
-import contextlib
-import functools
-import http.server
-import threading
+import os
 
 import jax
-import jax.numpy as jnp
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 from attnscale import scalings
-
-# (id, name, params): every registered name at least once, plus variants.
-SCALING_CASES = [
-    ("standard", "standard", {}),
-    ("none", "none", {}),
-    ("key_norm_sum", "key_norm_sum", {}),
-    ("key_norm_mean", "key_norm_mean", {}),
-    ("key_norm_power_2", "key_norm_power", {"p": 2.0}),
-    ("key_norm_power_0.5", "key_norm_power", {"p": 0.5}),
-    ("cosine", "cosine", {"temperature": 6.0}),
-    ("qk_layernorm", "qk_layernorm", {}),
-    ("fully_scaled", "fully_scaled", {}),
-    ("unit_scaled", "unit_scaled", {}),
-]
-
+from attnscale.testing import SCALING_CASES
 
 def test_cases_cover_registry():
   assert {name for _, name, _ in SCALING_CASES} == set(scalings.names())
 
 
-def scaling_params(ids=None):
-  return [pytest.param(name, params, id=i) for i, name, params in SCALING_CASES
-          if ids is None or i in ids]
-
-
-def random_qkv(seed=0, B=2, T=12, S=12, N=4, K=2, H=8, dtype=jnp.float32):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  q = jax.random.normal(kq, (B, T, N, H), dtype)
-  k = jax.random.normal(kk, (B, S, K, H), dtype)
-  v = jax.random.normal(kv, (B, S, K, H), dtype)
-  return q, k, v
-
-
-def padding_mask(lengths, S):
-  """[B, 1, 1, S] key mask: True for the first lengths[b] keys."""
-  return (jnp.arange(S)[None, :] < jnp.asarray(lengths)[:, None])[:, None, None, :]
+@pytest.fixture
+def strict_rank_promotion():
+  """Implicit rank promotion is an error (a [B, T] silently broadcast against
+  [B, T, N] is how per-query factors go wrong). For the attention and model tests:
+  `pytestmark = pytest.mark.usefixtures("strict_rank_promotion")`."""
+  with jax.numpy_rank_promotion("raise"):
+    yield
 
 
 # ---------------------------------------------------------------------------
@@ -106,6 +79,17 @@ def synthetic_wikitext(tmp_path_factory):
   return root, data_dir
 
 
+@pytest.fixture(scope="session")
+def tfds_dir(tmp_path_factory):
+  """One TFDS data dir for the session: tiny Shakespeare is prepared once."""
+  if not os.environ.get("ATTNSCALE_DATA"):
+    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
+  data_dir = str(tmp_path_factory.mktemp("tfds"))
+  from attnscale.data import char_lm
+  char_lm.load_tiny_shakespeare(data_dir)
+  return data_dir
+
+
 @pytest.fixture(scope="module")
 def compilation_cache_dir(tmp_path_factory):
   """A persistent XLA cache for one test module: runs of one config compile once.
@@ -123,25 +107,3 @@ def compilation_cache_dir(tmp_path_factory):
   for name, value in saved.items():
     jax.config.update(name, value)
   compilation_cache.reset_cache()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-
-  def log_message(self, *args):  # Keeps pytest's captured output clean.
-    pass
-
-
-@contextlib.contextmanager
-def serve_directory(directory):
-  """Serves `directory` on 127.0.0.1 (an ephemeral port); yields the base URL.
-
-  The builders' online branches are tested against it: no test leaves the machine.
-  """
-  handler = functools.partial(_QuietHandler, directory=str(directory))
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
-    yield f"http://127.0.0.1:{server.server_port}"
-  finally:
-    server.shutdown()
-    server.server_close()

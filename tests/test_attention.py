@@ -10,7 +10,9 @@ from jax.test_util import check_grads
 
 import attnscale
 from attnscale import scalings
-from conftest import padding_mask, random_qkv, scaling_params
+from attnscale.testing import padding_mask, random_qkv, scaling_params
+
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 SETTINGS = {  # id: (is_causal, use padding mask, kv_heads)

@@ -17,7 +17,7 @@ import pytest
 from attnscale import data
 from attnscale.data import paths
 from attnscale.data import tiny_shakespeare
-from conftest import serve_directory
+from attnscale.testing import serve_directory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RELPATH = tiny_shakespeare.TinyShakespeareChar.RELPATH

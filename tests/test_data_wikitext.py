@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from attnscale.data import mlm, paths, tokenizer, wikitext
-from conftest import serve_directory
+from attnscale.testing import serve_directory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnscale.model import ModelConfig, Transformer
-from attnscale.unit_model import UnitScaledTransformer
+from attnscale.models import ModelConfig, Transformer, UnitScaledTransformer
+
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
 CASES = {
     "gpt": (Transformer, dict(scaling="standard")),
     "gpt_key_norm_sum": (Transformer, dict(scaling="key_norm_sum")),
     "bert_post_ln": (Transformer, dict(causal=False, ln_position="post", head="mlm")),
-    "unit_scaled": (UnitScaledTransformer, dict(variant="unit_scaled", scaling="unit_scaled")),
+    "unit_scaled": (UnitScaledTransformer, dict(variant="unit", scaling="umup")),
 }
 
 
@@ -56,7 +57,6 @@ def test_bf16_compute_float32_everything_else(case):
 
 
 def test_bf16_residual_stream_stays_float32():
-  from attnscale.model import residual_stream
   _, bf16 = _models("gpt")
-  x = residual_stream(bf16, jnp.zeros((1, 8), jnp.int32))
+  x = bf16.residual_stream(jnp.zeros((1, 8), jnp.int32))
   assert x.dtype == jnp.float32

@@ -19,13 +19,13 @@ from flax import nnx
 from attnscale import configlib, eval_lib, tasks, train_lib
 from attnscale import train_state as ts
 from attnscale.data import mlm, tokenizer
-from attnscale.model import ModelConfig, Transformer
-from attnscale.unit_model import UnitScaledTransformer
+from attnscale import models
+from attnscale.models import ModelConfig
 from configs import bert_small
-from conftest import SCALING_CASES
+from attnscale.testing import SCALING_CASES
 
 # A persistent XLA cache for this module (conftest): reruns of one config compile once.
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
+pytestmark = pytest.mark.usefixtures("compilation_cache_dir", "strict_rank_promotion")
 
 V = 60  # vocabulary of the synthetic token tests
 RESERVED = len(tokenizer.SPECIALS)
@@ -164,15 +164,14 @@ def encoder(name, params, *, ln_position="post", variant="standard", head="mlm")
   cfg = ModelConfig(vocab_size=V, block_size=16, num_layers=2, num_heads=2, width=16,
                     causal=False, scaling=name, scaling_params=params,
                     ln_position=ln_position, head=head, variant=variant)
-  model_cls = UnitScaledTransformer if variant == "unit_scaled" else Transformer
-  return model_cls(cfg, rngs=nnx.Rngs(params=0))
+  return models.build(cfg, rngs=nnx.Rngs(params=0))
 
 
 MODEL_CASES = (
     [pytest.param(name, params, ln, "standard", "mlm", id=f"{i}-{ln}")
      for i, name, params in SCALING_CASES for ln in ("post", "pre")]
-    + [pytest.param(name, {}, "pre", "unit_scaled", "lm", id=f"unit_model-{name}")
-       for name in ("fully_scaled", "unit_scaled", "key_norm_sum")])
+    + [pytest.param(name, {}, "pre", "unit", "lm", id=f"unit_model-{name}")
+       for name in ("fully_scaled", "umup", "key_norm_sum")])
 
 
 @pytest.mark.parametrize("name, params, ln_position, variant, head", MODEL_CASES)
@@ -226,7 +225,7 @@ def test_presets_validate():
       ts.model_config(config)
   unit = bert_small.get_config("scaling=unit_scaled").model
   assert (unit.variant, unit.scaling, unit.ln_position, unit.head) == (
-      "unit_scaled", "fully_scaled", "pre", "lm")
+      "unit", "fully_scaled", "pre", "lm")
   assert bert_small.get_config("ln=pre").model.ln_position == "pre"
 
 
@@ -247,8 +246,8 @@ def test_bad_config_values(overrides, message):
 @pytest.mark.parametrize("overrides, message", [
     ({"model.ln_position": "mid"}, "model.ln_position must be one of ['pre', 'post']"),
     ({"model.head": "cls"}, "model.head must be one of ['lm', 'mlm']"),
-    ({"model.variant": "unit_scaled", "model.scaling": "fully_scaled"},
-     "model.variant='unit_scaled' is pre-LN with a tied readout"),
+    ({"model.variant": "unit", "model.scaling": "fully_scaled"},
+     "model.variant='unit' is pre-LN with a tied readout"),
 ])
 def test_bad_model_values(overrides, message):
   config = bert_small.get_config("preset=test")

@@ -9,7 +9,9 @@ import pytest
 
 import attnscale
 from attnscale import scalings
-from conftest import padding_mask, random_qkv
+from attnscale.testing import padding_mask, random_qkv
+
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -114,7 +116,7 @@ def _output_std(name, n, d=64, is_causal=False, seed=0):
 
 
 def test_graphcore_output_scale_numbers():
-  # SCIENCE.md: q, k, v ~ N(0, 1), n = 256, d = 64: standard std about 0.10
+  # docs/science.md, "Why the standard output shrinks with n": q, k, v ~ N(0, 1), n = 256, d = 64: standard std about 0.10
   # (theory sqrt(e/n) = 0.103), fully scaled about 1.0.
   standard = _output_std("standard", 256)
   assert abs(standard - math.sqrt(math.e / 256)) < 0.01, standard

@@ -34,7 +34,7 @@ def output_scale():
 
 
 def test_graphcore_headline(output_scale):
-  # SCIENCE.md: standard about 0.10 (theory sqrt(e/256) = 0.103), fully scaled about 1.0.
+  # docs/science.md, "Why the standard output shrinks with n": standard about 0.10 (theory sqrt(e/256) = 0.103), fully scaled about 1.0.
   # Measured (seed 0): 0.1014 and 0.984.
   assert abs(output_scale.std["standard"][0] - 0.10) <= 0.01
   assert abs(output_scale.std["fully_scaled"][0] - 1.0) <= 0.1

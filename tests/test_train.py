@@ -28,7 +28,6 @@ from tensorboardX.proto import event_pb2
 
 from attnscale import scalings, tasks, train_lib
 from attnscale import train_state as ts
-from attnscale.data import char_lm
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,16 +37,6 @@ LN_VOCAB = math.log(65)  # the loss of a uniform prediction: where training star
 
 # ---------------------------------------------------------------------------
 # Fixtures and helpers.
-
-
-@pytest.fixture(scope="session")
-def tfds_dir(tmp_path_factory):
-  """One TFDS data dir for the session: tiny Shakespeare is prepared once."""
-  if not os.environ.get("ATTNSCALE_DATA"):
-    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  data_dir = str(tmp_path_factory.mktemp("tfds"))
-  char_lm.load_tiny_shakespeare(data_dir)
-  return data_dir
 
 
 # A persistent XLA cache for this module (conftest): reruns of one config compile once.
@@ -336,8 +325,8 @@ MODEL_OPTIONS = {
     "sigmoid": {"model.normalizer": "sigmoid"},
     "mqa": {"model.num_kv_heads": 1},
     "bf16_compute": {"model.dtype": "bfloat16"},
-    "unit_variant_bf16": {"model.variant": "unit_scaled", "model.dtype": "bfloat16"},
-    "unit_variant_2023_rule": {"model.variant": "unit_scaled", "model.residual_rule": "2023"},
+    "unit_variant_bf16": {"model.variant": "unit", "model.dtype": "bfloat16"},
+    "unit_variant_2023_rule": {"model.variant": "unit", "model.unit.residual_rule": "2023"},
 }
 SMOKE_CASES = ([pytest.param(f"scaling={name}", {}, id=name) for name in scalings.names()] +
                [pytest.param("scaling=standard", o, id=i) for i, o in MODEL_OPTIONS.items()] +

@@ -1,5 +1,6 @@
 """The unit-scaled, residual-weighted transformer: unit scale at init, trains."""
 
+import dataclasses
 import math
 
 import jax
@@ -9,16 +10,25 @@ import pytest
 from flax import nnx
 
 from attnscale import unit_scaling as us
-from attnscale.model import ModelConfig
-from attnscale import unit_model
-from attnscale.unit_model import UnitScaledTransformer, branch_taus
+from attnscale.models import ModelConfig, UnitConfig
+from attnscale.models import unit_transformer as unit_model
+from attnscale.models.unit_transformer import UnitScaledTransformer, branch_taus
 from configs import shakespeare_char
+
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
+
+
+def unit_config(**kw) -> ModelConfig:
+  """A ModelConfig of the unit variant; the `UnitConfig` fields may be given flat."""
+  fields = {f.name for f in dataclasses.fields(UnitConfig)}
+  unit = UnitConfig(**{k: kw.pop(k) for k in list(kw) if k in fields})
+  return ModelConfig(**({"variant": "unit"} | kw), unit=unit)
 
 
 def make_model(**kw):
   cfg = dict(vocab_size=65, block_size=64, num_layers=2, num_heads=4, width=128,
-             scaling="fully_scaled", variant="unit_scaled")
-  return UnitScaledTransformer(ModelConfig(**(cfg | kw)), rngs=nnx.Rngs(0))
+             scaling="fully_scaled")
+  return UnitScaledTransformer(unit_config(**(cfg | kw)), rngs=nnx.Rngs(0))
 
 
 def block_vjp(block, x, cotangent):
@@ -38,10 +48,10 @@ def block_vjp(block, x, cotangent):
 # The experiment's configuration (scaling=unit_scaled in the config argument)
 # and u-muP's own 1/d attention.
 EXPERIMENT = dict(scaling="fully_scaled", attn_residual="relative")
-UMUP = dict(scaling="unit_scaled")
+UMUP = dict(scaling="umup")
 
 
-@pytest.mark.parametrize("kw", [EXPERIMENT, UMUP], ids=["fully_scaled", "unit_scaled"])
+@pytest.mark.parametrize("kw", [EXPERIMENT, UMUP], ids=["fully_scaled", "umup"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_every_block_unit_at_init(kw, causal):
   # Unit-scaling style: each block on random N(0, 1) input, a N(0, 1) cotangent.
@@ -89,7 +99,7 @@ def test_mlp_internal_gradients_unit():
 
 @pytest.mark.parametrize("kw", [EXPERIMENT, UMUP, dict(UMUP, shared_kv=True),
                                 dict(EXPERIMENT, residual_rule="2023")],
-                         ids=["fully_scaled", "unit_scaled", "shared_kv", "rule_2023"])
+                         ids=["fully_scaled", "umup", "shared_kv", "rule_2023"])
 def test_gradients_are_valid(kw, monkeypatch):
   """dL/dx is exactly plain autodiff; each weight gradient a positive multiple of it.
 
@@ -122,10 +132,10 @@ def test_embedding_and_logits_unit_at_init():
 
 
 def test_branch_taus_follow_the_rules():
-  cfg = ModelConfig(num_layers=3, width=64, num_heads=4, block_size=256,
-                    scaling="fully_scaled", variant="unit_scaled")
+  cfg = unit_config(num_layers=3, width=64, num_heads=4, block_size=256,
+                    scaling="fully_scaled")
   np.testing.assert_allclose(branch_taus(cfg), [1 / math.sqrt(3 + i) for i in range(6)])
-  rel = ModelConfig(**{**cfg.__dict__, "attn_residual": "relative"})
+  rel = dataclasses.replace(cfg, unit=UnitConfig(attn_residual="relative"))
   r = us.attention_residual_weight(256, is_causal=True)
   np.testing.assert_allclose(branch_taus(rel)[0::2], [r / math.sqrt(3 + i) for i in (0, 2, 4)])
   np.testing.assert_allclose(branch_taus(rel)[1::2], branch_taus(cfg)[1::2])
@@ -140,19 +150,24 @@ def test_relative_weight_matches_standard_attention_share():
 
 def test_config_argument_reaches_the_variant():
   c = shakespeare_char.get_config("preset=test,scaling=unit_scaled")
-  assert (c.model.variant, c.model.scaling, c.model.attn_residual) == (
-      "unit_scaled", "fully_scaled", "relative")
+  assert (c.model.variant, c.model.scaling, c.model.unit.attn_residual) == (
+      "unit", "fully_scaled", "relative")
   c = shakespeare_char.get_config("preset=test,scaling=fully_scaled")
   assert (c.model.variant, c.model.scaling) == ("standard", "fully_scaled")
 
 
 def test_bad_variant_options():
   with pytest.raises(ValueError, match="model.variant must be one of"):
-    ModelConfig(variant="unit")
-  with pytest.raises(ValueError, match="model.variant='unit_scaled' takes a scaling"):
-    ModelConfig(variant="unit_scaled", scaling="cosine")
-  with pytest.raises(ValueError, match="model.residual_rule"):
-    ModelConfig(variant="unit_scaled", residual_rule="2024")
+    ModelConfig(variant="units")
+  with pytest.raises(ValueError, match="model.variant='unit' takes a scaling"):
+    ModelConfig(variant="unit", scaling="cosine")
+  with pytest.raises(ValueError, match="model.unit.residual_rule"):
+    unit_config(residual_rule="2024")
+  # The old names say what replaced them.
+  with pytest.raises(ValueError, match="model.variant='unit_scaled' was renamed 'unit'"):
+    ModelConfig(variant="unit_scaled")
+  with pytest.raises(ValueError, match="scaling 'unit_scaled' was renamed 'umup'"):
+    ModelConfig(scaling="unit_scaled")
 
 
 def test_diagnostics_serve_the_unit_model():

@@ -1,4 +1,4 @@
-"""Unit scaling: exact gradient rules, unit std at init, and the "unit_scaled" attention."""
+"""Unit scaling: exact gradient rules, unit std at init, and the "umup" attention (u-muP's, formerly "unit_scaled")."""
 
 import functools
 import math
@@ -11,6 +11,8 @@ import pytest
 import attnscale
 from attnscale import scalings
 from attnscale import unit_scaling as us
+
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
 EXACT = dict(rtol=1e-6, atol=1e-6)
 STAT_TOL = 0.1  # |std - 1| at init, the unit-scaling library's statistical tests.
@@ -47,7 +49,7 @@ def test_scale_fwd_and_scale_bwd_are_identity_one_way():
 RULE_CASES = [("umup", 0.3), ("umup", 2.0), ("2023", 0.3)]
 
 
-def _weights(rule, tau):  # The formulas of SCIENCE.md, written out independently.
+def _weights(rule, tau):  # docs/science.md's formulas, written out independently.
   if rule == "umup":
     return tau / math.sqrt(1 + tau**2), 1 / math.sqrt(1 + tau**2)
   return math.sqrt(tau), math.sqrt(1 - tau)
@@ -75,7 +77,7 @@ def test_residual_apply_dx_is_plain_autodiff_and_branch_weights_scaled(rule, tau
   y, (gw, gx) = vjp(lambda w, x: us.residual_apply(functools.partial(f, w), x, tau, rule),
                     w, x)
   y_plain, (gw_plain, gx_plain) = vjp(lambda w, x: a * f(w, x) + b * x, w, x)
-  if rule == "umup":  # The u-muP form as SCIENCE.md writes it.
+  if rule == "umup":  # The u-muP form as docs/science.md writes it.
     np.testing.assert_allclose(y, (tau * f(w, x) + x) / math.sqrt(1 + tau**2), **EXACT)
   np.testing.assert_allclose(y, y_plain, **EXACT)
   np.testing.assert_allclose(gx, gx_plain, **EXACT)
@@ -206,7 +208,7 @@ def test_softmax_cross_entropy_real_loss_unit_grad():
 
 
 # ---------------------------------------------------------------------------
-# The "unit_scaled" attention scaling.
+# The "umup" attention scaling (registered as "unit_scaled" before).
 
 
 def qkv(seed=0, B=2, T=12, N=4, K=2, H=8):
@@ -214,14 +216,14 @@ def qkv(seed=0, B=2, T=12, N=4, K=2, H=8):
 
 
 def test_unit_scaled_is_registered_and_documented():
-  assert "unit_scaled" in scalings.names()
-  f = scalings.get("unit_scaled", mult=2.0)
+  assert "umup" in scalings.names()
+  f = scalings.get("umup", mult=2.0)
   assert isinstance(f, us.UnitScaledAttention) and f.mult == 2.0
   assert "mult/d" in type(f).__doc__ and "2024" in type(f).__doc__
   # mult = sqrt(d) is the standard logit scale 1/sqrt(d).
   q, k, _ = qkv()
   _, p_std = attnscale.attention_weights(q, k)
-  _, p_us = attnscale.attention_weights(q, k, scale_fn=scalings.get("unit_scaled",
+  _, p_us = attnscale.attention_weights(q, k, scale_fn=scalings.get("umup",
                                                                       mult=8**0.5))
   np.testing.assert_allclose(p_us, p_std, rtol=1e-5, atol=1e-6)
 
@@ -229,8 +231,8 @@ def test_unit_scaled_is_registered_and_documented():
 def test_unit_scaled_reference_equals_fused():
   # Causal and padded (and grouped-query): n_i is a prefix count that stops at the padding.
   q, k, v = qkv()
-  is_causal, mask = True, (jnp.arange(12) < jnp.array([12, 5])[:, None])[:, None, None, :]
-  f = scalings.get("unit_scaled")
+  is_causal, mask = True, (jnp.arange(12)[None] < jnp.array([12, 5])[:, None])[:, None, None, :]
+  f = scalings.get("umup")
 
   def loss(impl, q, k, v):
     out = attnscale.attention(q, k, v, scale_fn=f, mask=mask, is_causal=is_causal,
@@ -249,7 +251,7 @@ def test_unit_scaled_reference_equals_fused():
 @pytest.mark.parametrize("implementation", ["reference", None])
 def test_unit_scaled_no_future_leak(implementation):
   q, k, v = qkv()
-  f = scalings.get("unit_scaled")
+  f = scalings.get("umup")
   out = attnscale.attention(q, k, v, scale_fn=f, is_causal=True, implementation=implementation)
   i = 5  # Change every key and value after position i.
   k2 = k.at[:, i + 1:].set(normal(10, k[:, i + 1:].shape) * 3)
@@ -265,7 +267,7 @@ def test_unit_scaled_no_future_leak(implementation):
 def test_unit_scaled_output_unit_at_init(is_causal, mult):
   n, d = 256, 64
   q, k, v = (normal(s, (2, n, 4, d)) for s in (0, 1, 2))
-  out = attnscale.attention(q, k, v, scale_fn=scalings.get("unit_scaled", mult=mult),
+  out = attnscale.attention(q, k, v, scale_fn=scalings.get("umup", mult=mult),
                             is_causal=is_causal)
   if is_causal:
     out = out[:, 15:]  # positions with n_i >= 16

@@ -8,7 +8,9 @@ import pytest
 
 import attnscale
 from attnscale import xla_attention
-from conftest import random_qkv
+from attnscale.testing import random_qkv
+
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
 
 def naive(q, k, v, mask=None, is_causal=False):
@@ -19,7 +21,7 @@ def naive(q, k, v, mask=None, is_causal=False):
   visible = jnp.ones(logits.shape, bool)
   if is_causal:
     T, S = q.shape[1], k.shape[1]
-    visible &= jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]
+    visible &= (jnp.arange(S)[None, :] <= jnp.arange(T)[:, None])[None, None]
   if mask is not None:
     visible &= mask
   p = jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)

@@ -9,6 +9,9 @@ Unlike nanoGPT, the window offsets depend on (seed, step) only, so a resumed run
 sees exactly the batches an uninterrupted one would, and every process of a
 multi-host run draws the same global offsets and keeps its own rows.
 
+Corpora (`DATASETS`, what `config.dataset` names): tiny Shakespeare
+(nanoGPT's shakespeare_char) and WikiText-2 as characters.
+
 Dimension legend: G global batch (all processes), B this process's rows,
 T sequence length, N number of eval batches.
 """
@@ -16,11 +19,12 @@ T sequence length, N number of eval batches.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
+import tensorflow_datasets as tfds
 
-from attnscale.data import tiny_shakespeare
+from attnscale.data import tiny_shakespeare, wikitext_char
 
 
 def _codepoints(text: str) -> np.ndarray:
@@ -85,6 +89,19 @@ def char_dataset(train_text: str, validation_text: str) -> CharDataset:
                      validation=_encode(vocab, validation_text), vocab=vocab)
 
 
+def _read_splits(builder: tfds.core.DatasetBuilder) -> CharDataset:
+  """Prepares `builder` (array_record, once) and tokenizes its two text splits.
+
+  Every character builder stores one record per split holding the split's whole
+  text, read back through a TFDS data source: no TensorFlow involved.
+  """
+  builder.download_and_prepare()
+  source = builder.as_data_source()
+  train, validation = (source[s][0]["text"].decode("utf-8")
+                       for s in ("train", "validation"))
+  return char_dataset(train, validation)
+
+
 def load_tiny_shakespeare(data_dir: str | None = None) -> CharDataset:
   """Tiny Shakespeare, tokenized by characters (65 chars, nanoGPT's split).
 
@@ -99,14 +116,36 @@ def load_tiny_shakespeare(data_dir: str | None = None) -> CharDataset:
   Returns:
     The train (1,003,854 tokens) and validation (111,540 tokens) streams.
   """
-  builder = tiny_shakespeare.TinyShakespeareChar(
-      data_dir=data_dir, file_format="array_record")
-  builder.download_and_prepare()
-  source = builder.as_data_source()
-  # One record per split (see the builder), holding the split's whole text.
-  train, validation = (source[s][0]["text"].decode("utf-8")
-                       for s in ("train", "validation"))
-  return char_dataset(train, validation)
+  return _read_splits(tiny_shakespeare.TinyShakespeareChar(
+      data_dir=data_dir, file_format="array_record"))
+
+
+def load_wikitext2_char(data_dir: str | None = None) -> CharDataset:
+  """WikiText-2 (v1) tokenized by characters: the corpus's train and valid files.
+
+  Prepares the TFDS dataset `wikitext2_char` (`attnscale.data.wikitext_char`)
+  on first use, as `load_tiny_shakespeare` does.
+
+  Returns:
+    The train (10,780,437 tokens) and validation (1,120,192 tokens) streams,
+    283 characters.
+  """
+  return _read_splits(wikitext_char.Wikitext2Char(
+      data_dir=data_dir, file_format="array_record"))
+
+
+# config.dataset -> loader(data_dir): the corpora a character-level LM trains on.
+DATASETS: dict[str, Callable[[str | None], CharDataset]] = {
+    "tiny_shakespeare_char": load_tiny_shakespeare,
+    "wikitext2_char": load_wikitext2_char,
+}
+
+
+def load(name: str, data_dir: str | None = None) -> CharDataset:
+  """The character dataset `name` (a key of `DATASETS`)."""
+  if name not in DATASETS:
+    raise ValueError(f"config.dataset must be one of {list(DATASETS)}, got {name!r}")
+  return DATASETS[name](data_dir)
 
 
 def get_batch(tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int,

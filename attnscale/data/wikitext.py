@@ -62,6 +62,30 @@ class WikitextConfig(tfds.core.BuilderConfig):
   tokenizer_seed: int = 0  # only used to sample paragraphs from a corpus > 2M of them
 
 
+def source_texts(cfg: WikitextConfig, dl_manager,
+                 stems=tuple(SPLITS.values())) -> dict[str, str]:
+  """{file stem: text} of the given splits of `cfg`, local or downloaded, checked.
+
+  Shared by the paragraph builder here and the character-level one
+  (`attnscale.data.wikitext_char`), so both read the same checked bytes.
+  """
+  if paths.data_root() is not None:
+    files = {stem: paths.local_file(f"{cfg.local_folder}/{stem}.txt", cfg.zip_url,
+                                    cfg.local_sha256.get(stem))
+             for stem in stems}
+  else:
+    archive = dl_manager.download(cfg.zip_url)
+    if cfg.zip_sha256 is not None and paths.sha256_of(archive) != cfg.zip_sha256:
+      raise ValueError(f"sha256 mismatch for {archive} (from {cfg.zip_url}): expected "
+                       f"{cfg.zip_sha256}, got {paths.sha256_of(archive)}")
+    # Read from the zip directly: TFDS's extractor needs TensorFlow.
+    with zipfile.ZipFile(archive) as z:
+      return {stem: z.read(f"{cfg.zip_folder}/wiki.{stem}.tokens").decode("utf-8")
+              for stem in stems}
+  # Bytes decoded as is: text mode would translate newlines.
+  return {stem: pathlib.Path(f).read_bytes().decode("utf-8") for stem, f in files.items()}
+
+
 class WikitextParagraphs(tfds.core.GeneratorBasedBuilder):
   """WikiText paragraphs with their subword ids; the tokenizer beside them."""
 
@@ -73,8 +97,8 @@ class WikitextParagraphs(tfds.core.GeneratorBasedBuilder):
           zip_url="https://wikitext.smerity.com/wikitext-2-v1.zip",
           zip_sha256="92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c",
           zip_folder="wikitext-2", local_folder="wikitext-2",
-          # /work/shared/data/wikitext-2/PROVENANCE.md: byte-identical to
-          # pytorch/examples word_language_model/data/wikitext-2.
+          # The offline copy's files (under $ATTNSCALE_DATA/wikitext-2) are
+          # byte-identical to pytorch/examples word_language_model/data/wikitext-2.
           local_sha256={
               "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
               "valid": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
@@ -106,28 +130,9 @@ class WikitextParagraphs(tfds.core.GeneratorBasedBuilder):
                   "Pointer Sentinel Mixture Models. arXiv:1609.07843, 2016."),
     )
 
-  def _source_texts(self, dl_manager) -> dict[str, str]:
-    """{file stem: text} of the three splits, local or downloaded, checked."""
-    cfg = self.builder_config
-    if paths.data_root() is not None:
-      files = {stem: paths.local_file(f"{cfg.local_folder}/{stem}.txt", cfg.zip_url,
-                                      cfg.local_sha256.get(stem))
-               for stem in SPLITS.values()}
-    else:
-      archive = dl_manager.download(cfg.zip_url)
-      if cfg.zip_sha256 is not None and paths.sha256_of(archive) != cfg.zip_sha256:
-        raise ValueError(f"sha256 mismatch for {archive} (from {cfg.zip_url}): expected "
-                         f"{cfg.zip_sha256}, got {paths.sha256_of(archive)}")
-      # Read from the zip directly: TFDS's extractor needs TensorFlow.
-      with zipfile.ZipFile(archive) as z:
-        return {stem: z.read(f"{cfg.zip_folder}/wiki.{stem}.tokens").decode("utf-8")
-                for stem in SPLITS.values()}
-    # Bytes decoded as is: text mode would translate newlines.
-    return {stem: pathlib.Path(f).read_bytes().decode("utf-8") for stem, f in files.items()}
-
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    texts = {stem: paragraphs(t) for stem, t in self._source_texts(dl_manager).items()}
     cfg = self.builder_config
+    texts = {stem: paragraphs(t) for stem, t in source_texts(cfg, dl_manager).items()}
     tokenizer = tokenizer_lib.train(texts["train"], vocab_size=cfg.vocab_size,
                                     seed=cfg.tokenizer_seed)
     self.data_path.mkdir(parents=True, exist_ok=True)

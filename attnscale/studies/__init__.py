@@ -13,9 +13,12 @@ for tables), a plot function returning a matplotlib Figure, and one CLI name in
   trained       per-layer attention diagnostics of trained runs:
                 `trained_diagnostics`, `plot_trained`.
 
-`write_tables` and `save_figure` write a study's CSV/Markdown and PNG.
+`write_tables` and `save_figure` write a study's CSV/Markdown and PNG; they (and
+`to_csv`, `to_markdown`) are `attnscale.reporting`'s, re-exported here for
+notebooks, and shared with the sweeps.
 """
 
+from attnscale.reporting import save_figure, to_csv, to_markdown, write_tables
 from attnscale.studies.key_norm_kde import (DEFAULT_METHODS, DISTRIBUTIONS, KeyNormResult,
                                           Method, gaussian_kde, key_norms, plot_key_norms,
                                           sample_qk, silverman_bandwidth, summary)
@@ -23,8 +26,6 @@ from attnscale.studies.output_std import (OutputScaleResult, TemperatureResult,
                                         default_scalings, graphcore_theory, output_scale,
                                         plot_output_scale, plot_temperature,
                                         temperature_sweep, with_temperature)
-from attnscale.studies.plotting import save_figure
-from attnscale.studies.tables import to_csv, to_markdown, write_tables
 from attnscale.studies.trained import (RunDiagnostics, TrainedResult, plot_trained,
                                        run_diagnostics, trained_diagnostics)
 

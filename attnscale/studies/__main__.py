@@ -14,7 +14,7 @@ import argparse
 import math
 import sys
 
-from attnscale import scalings, studies
+from attnscale import reporting, scalings, studies
 from attnscale.studies import key_norm_kde
 
 STUDIES = ("output_scale", "temperature", "key_norms", "trained")
@@ -26,8 +26,8 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 
 def _write(fig, rows, out, name, title, notes):
   """Writes the study's PNG, CSV and Markdown; returns (paths, notes)."""
-  paths = [studies.save_figure(fig, out, name)]
-  return paths + studies.write_tables(rows, out, name, title=title, notes=notes), notes
+  paths = [reporting.save_figure(fig, out, name)]
+  return paths + reporting.write_tables(rows, out, name, title=title, notes=notes), notes
 
 
 def run_output_scale(a):

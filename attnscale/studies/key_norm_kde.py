@@ -30,13 +30,12 @@ import math
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from matplotlib import ticker
 
 from attnscale import scalings
 from attnscale.attention import attention_weights
-from attnscale.studies import plotting
+from attnscale import reporting
 
 DISTRIBUTIONS = ("normal", "uniform", "student_t", "nonzero_mean", "unequal_lengths")
 
@@ -207,7 +206,7 @@ def plot_key_norms(result: KeyNormResult):
   and a last column overlaying the standardised shapes against N(0, 1)."""
   methods = result.methods
   rows = len(result.d_values)
-  fig = plotting.new_figure(2.3 * (len(methods) + 1), 2.9 * rows + 0.6)
+  fig = reporting.new_figure(2.3 * (len(methods) + 1), 2.9 * rows + 0.6)
   axes = np.asarray(fig.subplots(rows, len(methods) + 1, squeeze=False))
   z_grid = np.linspace(-4, 6, 400)
   for r, d in enumerate(result.d_values):
@@ -217,7 +216,7 @@ def plot_key_norms(result: KeyNormResult):
       stats = summary(x)
       h = silverman_bandwidth(x)
       grid = np.linspace(x.min() - 3 * h, x.max() + 3 * h, 400)
-      color = plotting.style(c)["color"]
+      color = reporting.style(c)["color"]
       ax.hist(x, bins=30, density=True, color="0.85")
       ax.plot(grid, gaussian_kde(x, grid, h), color=color, lw=1.6)
       ax.text(0.97, 0.97, f"mean {stats['mean']:.3g}\nsd {stats['sd']:.3g}\n"

@@ -31,9 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnscale import scalings
+from attnscale import reporting, scalings
 from attnscale.attention import attention, attention_weights
-from attnscale.studies import plotting
 
 DEFAULT_N = tuple(2**i for i in range(4, 13))  # 16 ... 4096
 DEFAULT_TEMPERATURES = tuple(float(2.0**(i / 2)) for i in range(-8, 9))  # 2^-4 ... 2^4
@@ -252,14 +251,14 @@ def _log_axes(ax, xlabel):
 
 def plot_output_scale(result: OutputScaleResult):
   """Three panels: bidirectional std vs n, causal std per position, causal pooled."""
-  fig = plotting.new_figure(18, 5.2)
+  fig = reporting.new_figure(18, 5.2)
   ax_bi, ax_pos, ax_pool = fig.subplots(1, 3, sharey=True)
   n = np.asarray(result.n_values)
   positions = np.arange(1, result.sizes["causal_len"] + 1)
   lengths = np.asarray(result.causal_lengths)
   for i, name in enumerate(result.std):
     # The scalings with a prediction are drawn on top (others coincide with them).
-    style = dict(plotting.style(i), zorder=3 if name in THEORY else 2)
+    style = dict(reporting.style(i), zorder=3 if name in THEORY else 2)
     ax_bi.plot(n, result.std[name], label=name, lw=1.5, ms=5, **style)
     ax_pos.plot(positions, result.causal_position[name], lw=1.0, color=style["color"],
                 zorder=style["zorder"], label=name)
@@ -328,12 +327,12 @@ def temperature_sweep(temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
 
 def plot_temperature(result: TemperatureResult):
   """std(z) against t (log2 axis) per n, with the theory dashed."""
-  fig = plotting.new_figure(8, 5.2)
+  fig = reporting.new_figure(8, 5.2)
   ax = fig.subplots()
   t = np.asarray(result.temperatures)
   t_fine = np.geomspace(t.min(), t.max(), 200)
   for i, n in enumerate(result.n_values):
-    style = plotting.style(i)
+    style = reporting.style(i)
     ax.plot(t, result.std[n], lw=1.5, ms=5, label=f"measured, n = {n}", **style)
     ax.plot(t_fine, graphcore_theory(n, t_fine), "--", color=style["color"], lw=1.2,
             label=f"sqrt(exp(t^-2)/n), n = {n}")

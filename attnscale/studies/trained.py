@@ -4,9 +4,11 @@ For each layer of a trained model, on the first validation batch: the std of
 the attention output (what fully scaled attention sets to about 1 at init), the
 mean entropy of the attention weights in nats (0 = one key, log n = uniform)
 and the largest logit (how far from temperature 1 the scaling sits). These are
-`eval.py`'s diagnostics (`attnscale.diagnostics.model_attention_stats`): read
-from WORKDIR/eval.json when it exists, else computed from the latest
-checkpoint (which needs the run's data set, as eval.py does).
+`eval.py`'s diagnostics: read from WORKDIR/eval.json when it exists, else
+computed from the latest checkpoint by the same function eval.py uses
+(`attnscale.diagnostics.task_attention_stats`: the task's first evaluation batch
+with the task's attention masks, e.g. the masked LM's padding), which needs the
+run's data set, as eval.py does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from attnscale.studies import plotting
+from attnscale import reporting
 
 STATS = (("output_std", "attention output std"), ("entropy", "attention entropy (nats)"),
          ("max_logit", "max logit"))
@@ -30,7 +32,7 @@ class RunDiagnostics:
 
   Attributes:
     workdir: the run directory.
-    scaling: config.model.scaling of the run.
+    scaling: the run's attention label (`configlib.run_label`, eval.json's "scaling").
     step: the checkpoint step the statistics come from.
     layers: per layer, {"output_std", "entropy", "max_logit"}.
     source: "eval.json" or "checkpoint".
@@ -64,14 +66,13 @@ def run_diagnostics(workdir: str, *, recompute: bool = False) -> RunDiagnostics:
     return RunDiagnostics(workdir, result["scaling"], int(result["step"]),
                           result["attention"], "eval.json")
   # Imported here: the synthetic studies need neither orbax nor the data sets.
-  import jax.numpy as jnp
-  from attnscale import diagnostics, eval_lib, tasks
+  from attnscale import configlib, diagnostics, eval_lib, tasks
 
   config = eval_lib.load_config(workdir)
+  task = tasks.get_task(config)
   model, step, _ = eval_lib.restore(config, workdir)
-  first = next(tasks.get_task(config).eval_batches())  # eval.py's batch
-  layers = diagnostics.model_attention_stats(model, jnp.asarray(first["inputs"]))
-  return RunDiagnostics(workdir, config.model.scaling, int(step), layers, "checkpoint")
+  layers = diagnostics.task_attention_stats(model, task)  # exactly eval.py's
+  return RunDiagnostics(workdir, configlib.run_label(config), int(step), layers, "checkpoint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +94,13 @@ def trained_diagnostics(workdirs: Sequence[str], *, recompute: bool = False) -> 
 
 def plot_trained(result: TrainedResult):
   """Output std, entropy and max logit against layer, one line per run."""
-  fig = plotting.new_figure(15, 4.6)
+  fig = reporting.new_figure(15, 4.6)
   axes = fig.subplots(1, len(STATS))
   for i, run in enumerate(result.runs):
     layers = np.arange(len(run.layers))
     for ax, (name, _) in zip(axes, STATS):
       ax.plot(layers, [layer[name] for layer in run.layers], lw=1.5, ms=6,
-              label=f"{run.label}, step {run.step}", **plotting.style(i))
+              label=f"{run.label}, step {run.step}", **reporting.style(i))
   num_layers = max(len(run.layers) for run in result.runs)
   for ax, (name, title) in zip(axes, STATS):
     ax.set_xlabel("layer")

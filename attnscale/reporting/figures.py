@@ -1,14 +1,18 @@
-"""Matplotlib helpers shared by the studies: figures without pyplot, stable PNGs.
+"""Figures for sweeps and studies: matplotlib without pyplot, stable PNG bytes.
 
 Figures are built with `matplotlib.figure.Figure` (the object-oriented API), so
 no GUI backend or pyplot global state is involved; `savefig` renders with Agg.
 A notebook displays them as the value of a cell (after `%matplotlib inline`).
+
+A figure is saved as OUT_DIR/NAME.png, next to the NAME.csv and NAME.md tables
+of the same rows (`attnscale.reporting.tables`).
 """
 
 from __future__ import annotations
 
 import os
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 # Saved PNGs carry no "Software" (matplotlib version) entry, so the same
@@ -16,13 +20,14 @@ from matplotlib.figure import Figure
 PNG_METADATA = {"Software": None}
 DPI = 120
 
-# One colour and marker per scaling, the same in every study's figure.
+# One colour and marker per series, the same sequence in every figure.
 _COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
            "tab:pink", "tab:gray", "tab:olive", "tab:cyan"]
 _MARKERS = ["o", "s", "^", "v", "D", "P", "X", "*", "<", ">"]
 
 
 def new_figure(width: float, height: float) -> Figure:
+  """An empty figure of WIDTH x HEIGHT inches with constrained layout (no pyplot)."""
   return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -31,8 +36,18 @@ def style(i: int) -> dict:
   return {"color": _COLORS[i % len(_COLORS)], "marker": _MARKERS[i % len(_MARKERS)]}
 
 
+def label_axes(ax: Axes, *, xlabel: str, ylabel: str, title: str) -> None:
+  """Axis labels, title, a light grid, and a legend when some line has a label."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(True, alpha=0.3)
+  if ax.get_legend_handles_labels()[0]:  # an empty legend only warns
+    ax.legend()
+
+
 def save_figure(fig: Figure, out_dir: str, name: str) -> str:
-  """Writes OUT_DIR/NAME.png; returns the path."""
+  """Writes OUT_DIR/NAME.png (DPI, no version metadata); returns the path."""
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, f"{name}.png")
   fig.savefig(path, dpi=DPI, metadata=PNG_METADATA)

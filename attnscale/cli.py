@@ -1,0 +1,196 @@
+"""What the entry points (train.py, eval.py, sweep.py) share: every bad flag
+ends in one `error: ...` line that names the flag or config field, never in a
+traceback.
+
+    app.run(main, flags_parser=functools.partial(cli.parse_flags, config_flag="config"))
+    cli.check_workdir(_WORKDIR.value)
+
+absl and ml_collections report a bad flag in ways a user cannot act on: a
+config file that does not exist surfaces as an OSError at the config's first
+use, an override of a field the config lacks as `AttributeError: "'nosuch'"`
+(without the path), a value of the wrong type as `invalid literal for int()`
+(without the field). `parse_flags` turns each into one line. Imports no JAX:
+an entry point fails in a second.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import NoReturn
+
+from absl import flags
+
+
+def fail(message: str) -> NoReturn:
+  """Exits with status 1 after printing `error: message` to stderr."""
+  sys.exit(f"error: {message}")
+
+
+def parse_flags(argv: list[str], *, config_flag: str | None = None) -> list[str]:
+  """absl's flag parsing (for `app.run(flags_parser=...)`); a bad flag exits
+  with one `error:` line.
+
+  Args:
+    argv: the command line.
+    config_flag: the name of a `config_flags.DEFINE_config_file` flag, whose
+      file and `--NAME.field=value` overrides are checked too; None if none.
+
+  Returns:
+    The arguments that are not flags (absl's return value).
+  """
+  try:
+    remaining = flags.FLAGS(argv)
+    if config_flag is not None:
+      # config_flags defers a failure to load the file to the config's first
+      # use: make that use happen here, where it can be reported.
+      config = flags.FLAGS[config_flag].value
+      if config is not None:
+        config.keys()
+    return remaining
+  except flags.Error as e:
+    fail(flag_error_message(e))
+  except OSError as e:
+    if config_flag is None:
+      raise
+    fail(config_file_message(config_flag, _flag_value(argv, config_flag), e))
+  except (AttributeError, KeyError):
+    # An override of a field the config lacks; anything else is a real bug.
+    message = config_flag and _unknown_override_message(argv, config_flag)
+    if not message:
+      raise
+    fail(message)
+
+
+def flag_error_message(error: flags.Error) -> str:
+  """One line for an absl flag error, naming the flag.
+
+  absl says `flag --NAME=VALUE: why`; when the parser was a config file's
+  `get_config`, config_flags appends the whole traceback: its last line is
+  the config's own one-line ValueError.
+  """
+  lines = str(error).strip().splitlines()
+  match = re.match(r"flag --([\w.-]+)=(.*?): (.*)", lines[0])
+  if len(lines) > 1:
+    why = lines[-1].split(": ", 1)[-1]
+    return f"--{match.group(1)}: {why}" if match else why
+  if not match:  # unknown flag, missing required flag, ...
+    return lines[0]
+  name, value, why = match.groups()
+  if f"--{name}" in why:
+    return why
+  kind = flags.FLAGS[name].flag_type() if name in flags.FLAGS else ""
+  if kind == "bool":  # absl's why is a tuple's repr
+    return f"--{name}={value}: expected a bool (true or false)"
+  if kind in ("int", "float"):
+    return f"--{name}={value}: expected {'an' if kind == 'int' else 'a'} {kind} ({why})"
+  return f"--{name}={value}: {why}"
+
+
+def config_file_message(flag: str, value: str | None, error: Exception) -> str:
+  """One line for a config file that could not be loaded."""
+  path = (value or "").split(":", 1)[0]
+  if not os.path.exists(path):
+    return f"--{flag}={value}: no such config file {path!r}"
+  return f"--{flag}={value}: cannot load the config file ({str(error).strip().splitlines()[-1]})"
+
+
+def override_error(path: str, config, *, renamed: Mapping[str, str] | None = None,
+                   flag: str = "config") -> str:
+  """The one line for `--FLAG.PATH=...` when `config` has no field PATH.
+
+  Args:
+    path: the dotted field path the override names (`model.nosuch`).
+    config: the config (a ConfigDict or a nested dict) it was meant for.
+    renamed: old dotted path -> new dotted path; None reads
+      `configlib.RENAMED_FIELDS` now (it changes as fields move).
+    flag: the config flag's name.
+
+  Returns:
+    The message: the replacement when the field (or a parent of it) was renamed,
+    else the close matches among the parent's fields (or all of them).
+  """
+  if renamed is None:
+    from attnscale import configlib  # imports JAX: only on this error path
+    renamed = configlib.RENAMED_FIELDS
+  parts = path.split(".")
+  for i in range(len(parts), 0, -1):
+    old = ".".join(parts[:i])
+    if old in renamed:
+      new = ".".join([renamed[old], *parts[i:]])
+      return f"--{flag}.{path}: field {old} was renamed to {renamed[old]}: use --{flag}.{new}"
+  parent, depth = config, 0
+  while depth < len(parts) - 1 and _has_key(parent, parts[depth]):
+    parent, depth = parent[parts[depth]], depth + 1
+  where = ".".join(parts[:depth])
+  known = sorted(parent.keys()) if hasattr(parent, "keys") else []
+  close = difflib.get_close_matches(parts[depth], known, n=3)
+  prefix = f"{where}." if where else ""
+  if close:
+    hint = "did you mean " + " or ".join(f"{prefix}{c}" for c in close) + "?"
+  else:
+    hint = f"{where or 'the config'} has {', '.join(known)}"
+  return f"--{flag}.{path}: the config has no field {prefix}{parts[depth]} ({hint})"
+
+
+def workdir_problem(path: str, *, flag: str = "workdir") -> str | None:
+  """Why `path` cannot be a run directory (it, or a parent, is a file), or None."""
+  probe = os.path.abspath(path)
+  while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+    probe = os.path.dirname(probe)
+  if os.path.isdir(probe):
+    return None
+  if probe == os.path.abspath(path):
+    return f"--{flag}={path}: is a file, not a directory"
+  return f"--{flag}={path}: {probe} is a file, not a directory"
+
+
+def check_workdir(path: str, *, flag: str = "workdir") -> None:
+  """Exits with one `error:` line if `path` cannot be a run directory."""
+  problem = workdir_problem(path, flag=flag)
+  if problem:
+    fail(problem)
+
+
+def _has_key(tree, key: str) -> bool:
+  return hasattr(tree, "keys") and key in tree.keys()
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--name=V` or `--name V` in argv (the last one), else None."""
+  value = None
+  for i, arg in enumerate(argv):
+    if re.fullmatch(rf"--?{re.escape(name)}=.*", arg):
+      value = arg.split("=", 1)[1]
+    elif re.fullmatch(rf"--?{re.escape(name)}", arg) and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def _unknown_override_message(argv: list[str], flag: str) -> str | None:
+  """The message for the first `--FLAG.path=...` override naming no field, if any."""
+  value = _flag_value(argv, flag)
+  if value is None:
+    return None
+  file, *arg = value.split(":", 1)  # as config_flags splits it
+  spec = importlib.util.spec_from_file_location(f"_{flag}_file", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(*arg)
+  for a in argv:
+    match = re.match(rf"--?(?:no)?{re.escape(flag)}\.([^=]+)", a)
+    if match and not _has_path(config, match.group(1)):
+      return override_error(match.group(1), config, flag=flag)
+  return None
+
+
+def _has_path(config, path: str) -> bool:
+  for key in path.split("."):
+    if not _has_key(config, key):
+      return False
+    config = config[key]
+  return True

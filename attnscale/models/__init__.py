@@ -1,0 +1,31 @@
+"""Model variants behind one contract (`base.Model`), chosen by `model.variant`.
+
+    standard  transformer.Transformer             GPT / BERT (nanoGPT's architecture)
+    unit      unit_transformer.UnitScaledTransformer  unit-scaled, residual-weighted
+
+A new variant is one file with a `base.Model` subclass plus one line in
+`VARIANTS`; its own config fields go in a sub-config of `ModelConfig`.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from attnscale.models.base import AttentionCall, Model, ScalingParams, gather_positions
+from attnscale.models.config import ModelConfig, UnitConfig
+from attnscale.models.transformer import Transformer
+from attnscale.models.unit_transformer import UnitScaledTransformer
+
+VARIANTS: dict[str, type[Model]] = {
+    "standard": Transformer,
+    "unit": UnitScaledTransformer,
+}
+
+
+def build(cfg: ModelConfig, *, rngs: nnx.Rngs) -> Model:
+  """The model `cfg.variant` names, initialised from `rngs`."""
+  return VARIANTS[cfg.variant](cfg, rngs=rngs)
+
+
+__all__ = ["AttentionCall", "Model", "ModelConfig", "ScalingParams", "Transformer",
+           "UnitConfig", "UnitScaledTransformer", "VARIANTS", "build", "gather_positions"]

@@ -1,0 +1,195 @@
+"""The model contract, and what every variant shares.
+
+A model variant is an `nnx.Module` subclass of `Model`, registered by name in
+`attnscale.models.VARIANTS`. It provides an embedding, a list of blocks and a
+readout; `Model` turns those into the forward pass (`__call__`) and into the
+inspection that diagnostics, evaluation and studies use (`attention_calls`), so
+nothing outside a variant guesses at its attributes. Each block's attention is an
+`AttentionLayer`: a variant supplies its projections (`qkv`, `project_out`), and
+the layer supplies the scaling (with its learned parameters, `ScalingParams`)
+and the one call to `attnscale.attention`.
+
+Dimension legend: B batch, T sequence, P prediction slots, D width, N heads,
+K key/value heads, H head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attnscale import scalings
+# The module's name is shadowed by the function in attnscale/__init__.py.
+from attnscale.attention import attention
+from attnscale.models.config import ModelConfig
+
+Array = jax.Array
+
+
+class AttentionCall(NamedTuple):
+  """The exact inputs of one layer's attention call (what diagnostics inspect)."""
+
+  q_BTNH: Array
+  k_BSKH: Array
+  v_BSKH: Array
+  scale_fn: scalings.ScaleFn
+  is_causal: bool
+  normalizer: str
+
+
+def dropout(x: Array, rate: float, key: Array | None) -> Array:
+  """Inverted dropout; the identity when `key` is None (evaluation) or rate is 0."""
+  if key is None or rate == 0:
+    return x
+  keep = jax.random.bernoulli(key, 1 - rate, x.shape)
+  return jnp.where(keep, x / (1 - rate), 0).astype(x.dtype)
+
+
+def split_key(key: Array | None, num: int) -> list[Array | None]:
+  """`num` dropout keys from `key` (all None when dropout is off)."""
+  return list(jax.random.split(key, num)) if key is not None else [None] * num
+
+
+def gather_positions(x_BTD: Array, positions_BP: Array | None) -> Array:
+  """x at the given positions per row, [B, P, D] (all of x when positions is None)."""
+  if positions_BP is None:
+    return x_BTD
+  return jnp.take_along_axis(x_BTD, positions_BP[..., None].astype(jnp.int32), axis=1)
+
+
+class ScalingParams(nnx.Module):
+  """The parameters a scaling learns, in one attention layer (`scalings.Learned`).
+
+  Created from the scaling's registration alone, so a new learned scaling needs
+  no model code: one `nnx.Param` per declared keyword (not fixed in
+  `scaling_params`), shaped and initialised from the model's sizes.
+  """
+
+  def __init__(self, name: str, params: dict[str, Any] | None, dims: scalings.Dims):
+    self.name = name
+    self.fixed = tuple(sorted(dict(params or {}).items()))  # static, not learned
+    fixed = dict(self.fixed)
+    self.learned_names = tuple(k for k in scalings.learned(name) if k not in fixed)
+    for key in self.learned_names:
+      setattr(self, key, nnx.Param(scalings.learned(name)[key].initial_value(dims)))
+
+  def __call__(self) -> scalings.ScaleFn:
+    """The scaling, holding this layer's current parameter values."""
+    learned = {key: getattr(self, key)[...] for key in self.learned_names}
+    return scalings.get(self.name, **dict(self.fixed), **learned)
+
+
+class AttentionLayer(nnx.Module):
+  """Self-attention: a variant's projections around the configured scaling."""
+
+  def __init__(self, cfg: ModelConfig):
+    self.cfg = cfg
+    self.scaling = ScalingParams(cfg.scaling, cfg.scaling_params, cfg.scaling_dims)
+
+  def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
+    """q [B, T, N, H], k and v [B, T, K, H]: what the scaling sees."""
+    raise NotImplementedError
+
+  def project_out(self, z_BTD: Array) -> Array:
+    """The output projection of the heads' concatenated outputs."""
+    raise NotImplementedError
+
+  def scale_fn(self) -> scalings.ScaleFn:
+    return self.scaling()
+
+  def call_inputs(self, x_BTD: Array) -> AttentionCall:
+    q_BTNH, k_BTKH, v_BTKH = self.qkv(x_BTD)
+    return AttentionCall(q_BTNH, k_BTKH, v_BTKH, self.scale_fn(), self.cfg.causal,
+                         self.cfg.normalizer)
+
+  def __call__(self, x_BTD: Array, mask: Array | None = None) -> Array:
+    B, T, D = x_BTD.shape
+    q_BTNH, k_BTKH, v_BTKH, scale_fn, is_causal, normalizer = self.call_inputs(x_BTD)
+    z_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, scale_fn=scale_fn, mask=mask,
+                       is_causal=is_causal, implementation=self.cfg.attention_impl,
+                       normalizer=normalizer)
+    return self.project_out(z_BTNH.reshape(B, T, D))
+
+
+class Block(nnx.Module):
+  """One residual block; `attn` is its `AttentionLayer`."""
+
+  attn: AttentionLayer
+
+  def attn_input(self, x_BTD: Array) -> Array:
+    """What the attention sees of the residual stream x (e.g. LN(x))."""
+    raise NotImplementedError
+
+  def __call__(self, x_BTD: Array, mask: Array | None = None,
+               dropout_key: Array | None = None) -> Array:
+    """The residual stream after this block."""
+    raise NotImplementedError
+
+  def attention_call(self, x_BTD: Array) -> AttentionCall:
+    return self.attn.call_inputs(self.attn_input(x_BTD))
+
+
+class Model(nnx.Module):
+  """The contract of a model variant: embed, blocks, readout.
+
+  Subclasses set `cfg` and `blocks` (an `nnx.List` of `Block`) and implement
+  `embed_tokens` and `logits`; they get the forward pass and `attention_calls`.
+  """
+
+  cfg: ModelConfig
+  blocks: nnx.List
+
+  @classmethod
+  def validate_config(cls, cfg: ModelConfig) -> None:
+    """Checks of the fields only this variant reads (one-line ValueError)."""
+
+  def embed_tokens(self, tokens_BT: Array, dropout_key: Array | None = None) -> Array:
+    """The residual stream's start [B, T, D]."""
+    raise NotImplementedError
+
+  def logits(self, x_BPD: Array) -> Array:
+    """Logits [B, P, V] in float32 from the final residual stream at P positions."""
+    raise NotImplementedError
+
+  def residual_stream(self, tokens_BT: Array, mask: Array | None = None,
+                      dropout_key: Array | None = None) -> Array:
+    """Embeddings then every block: the final residual stream [B, T, D].
+
+    Each layer gets its own dropout key (split from `dropout_key`; None = none).
+    """
+    T = tokens_BT.shape[1]
+    if T > self.cfg.block_size:
+      raise ValueError(f"sequence length {T} exceeds model.block_size {self.cfg.block_size}")
+    keys = split_key(dropout_key, len(self.blocks) + 1)
+    x_BTD = self.embed_tokens(tokens_BT, keys[0])
+    for block, key in zip(self.blocks, keys[1:]):
+      x_BTD = block(x_BTD, mask, key)
+    return x_BTD
+
+  def attention_calls(self, tokens_BT: Array, *, mask: Array | None = None
+                      ) -> list[AttentionCall]:
+    """Every layer's attention inputs in a deterministic forward pass."""
+    x_BTD = self.embed_tokens(tokens_BT)
+    calls = []
+    for block in self.blocks:
+      calls.append(block.attention_call(x_BTD))
+      x_BTD = block(x_BTD, mask)
+    return calls
+
+  def __call__(self, tokens_BT: Array, *, mask: Array | None = None,
+               dropout_key: Array | None = None, positions: Array | None = None) -> Array:
+    """Logits [B, T, V] (or [B, P, V]) in float32. Dropout is on iff `dropout_key` is given.
+
+    Args:
+      tokens_BT: int token ids.
+      mask: optional boolean attention mask broadcastable to [B, N, T, T]
+        (e.g. padding [B, 1, 1, T]), combined with causality when causal.
+      dropout_key: PRNG key for dropout; None = deterministic (evaluation).
+      positions: optional int [B, P]: logits only at these positions (the
+        masked-LM targets; BERT's gather before the output layer).
+    """
+    x_BTD = self.residual_stream(tokens_BT, mask, dropout_key)
+    return self.logits(gather_positions(x_BTD, positions))

@@ -1,0 +1,164 @@
+"""The standard variant: a GPT- or BERT-style transformer (`model.variant = "standard"`).
+
+nanoGPT's architecture: pre-LN blocks, learned positions, tied input/output
+embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections at
+0.02 / sqrt(2 L). The attention's scaling is a config value (`scaling`), plus the
+model-level options compared against the same baselines: QK-LayerNorm before any
+scaling, a shared key/value projection (W_K = W_V), and the sigmoid alternative
+to softmax.
+
+The BERT encoder (Devlin et al. 2019) is the same model with `causal=False`, a
+padding mask, `ln_position="post"` (the original x = LN(x + f(x)) blocks after
+an embedding LayerNorm; "pre" is the pre-LN encoder) and `head="mlm"` (BERT's
+masked-LM head: dense + GELU + LayerNorm, then the tied embedding and an output
+bias). Unlike BERT, the body has no biases, no segment embeddings and no pooler
+(no next-sentence task, as RoBERTa).
+
+Dimension legend: B batch, T sequence, P prediction slots, D width, N heads,
+K key/value heads, H head dim, F MLP hidden, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attnscale import layers
+from attnscale.models import base
+from attnscale.models.base import ScalingParams
+from attnscale.models.config import ModelConfig
+
+Array = jax.Array
+# The QK-LayerNorm option: the "qk_layernorm" scaling's normalisation of q and k,
+# applied before the configured scaling (Dehghani et al. 2023).
+QK_NORM = "qk_layernorm"
+
+
+def _normal(std):
+  return nnx.initializers.normal(stddev=std)
+
+
+class Attention(base.AttentionLayer):
+  """Multi-head self-attention: dense projections around the configured scaling."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg)
+    D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    dense = lambda out, std: layers.Dense(D, out, use_bias=False, kernel_init=_normal(std),
+                                          dtype=cfg.dtype, rngs=rngs)
+    self.q_proj = dense(N * H, cfg.init_std)
+    self.k_proj = dense(K * H, cfg.init_std)
+    self.v_proj = None if cfg.shared_kv else dense(K * H, cfg.init_std)
+    self.out_proj = dense(D, cfg.init_std / math.sqrt(2 * cfg.num_layers))
+    self.qk_norm = ScalingParams(QK_NORM, None, cfg.scaling_dims) if cfg.qk_layernorm else None
+
+  def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
+    """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm)."""
+    cfg = self.cfg
+    B, T, _ = x_BTD.shape
+    q_BTNH = self.q_proj(x_BTD).reshape(B, T, cfg.num_heads, cfg.head_dim)
+    k_BTKH = self.k_proj(x_BTD).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+    v_BTKH = k_BTKH if cfg.shared_kv else self.v_proj(x_BTD).reshape(k_BTKH.shape)
+    if self.qk_norm is not None:
+      normed = self.qk_norm()(q_BTNH, k_BTKH, None)  # a per-vector op: needs no visibility
+      q_BTNH, k_BTKH = normed.q.astype(q_BTNH.dtype), normed.k.astype(k_BTKH.dtype)
+    return q_BTNH, k_BTKH, v_BTKH
+
+  def project_out(self, z_BTD: Array) -> Array:
+    return self.out_proj(z_BTD)
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, F = cfg.width, cfg.mlp_ratio * cfg.width
+    self.up = layers.Dense(D, F, use_bias=False, kernel_init=_normal(cfg.init_std),
+                           dtype=cfg.dtype, rngs=rngs)
+    self.down = layers.Dense(F, D, use_bias=False,
+                             kernel_init=_normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)),
+                             dtype=cfg.dtype, rngs=rngs)
+
+  def __call__(self, x_BTD):
+    return self.down(jax.nn.gelu(self.up(x_BTD)))
+
+
+class Block(base.Block):
+  """Pre-LN: x + Attn(LN(x)), then x + MLP(LN(x)); post-LN: LN(x + Attn(x)), LN(x + MLP(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    self.ln1, self.attn, self.ln2, self.mlp = ln(), Attention(cfg, rngs=rngs), ln(), MLP(cfg, rngs=rngs)
+
+  def attn_input(self, x_BTD):
+    """What the attention sees: LN(x) pre-LN, x itself post-LN."""
+    return x_BTD if self.cfg.ln_position == "post" else self.ln1(x_BTD)
+
+  def __call__(self, x_BTD, mask=None, dropout_key=None):
+    k1, k2 = base.split_key(dropout_key, 2)
+    rate = self.cfg.dropout
+    if self.cfg.ln_position == "post":
+      x_BTD = self.ln1(x_BTD + base.dropout(self.attn(x_BTD, mask), rate, k1))
+      return self.ln2(x_BTD + base.dropout(self.mlp(x_BTD), rate, k2))
+    x_BTD = x_BTD + base.dropout(self.attn(self.ln1(x_BTD), mask), rate, k1)
+    return x_BTD + base.dropout(self.mlp(self.ln2(x_BTD)), rate, k2)
+
+
+def readout(x_BPD: Array, embed: nnx.Embed) -> Array:
+  """Tied output layer x @ E^T: in the compute dtype, accumulated and returned in
+  float32 (logits for a stable softmax cross-entropy)."""
+  return layers.matmul(x_BPD, embed.embedding[...].T.astype(x_BPD.dtype),
+                       preferred_element_type=jnp.promote_types(x_BPD.dtype, jnp.float32))
+
+
+class MLMHead(nnx.Module):
+  """BERT's masked-LM head: LN(GELU(dense(x))) @ E^T + b, E the tied token embedding."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.dense = layers.Dense(cfg.width, cfg.width, kernel_init=_normal(cfg.init_std),
+                              dtype=cfg.dtype, rngs=rngs)
+    self.ln = nnx.LayerNorm(cfg.width, dtype=cfg.dtype, rngs=rngs)
+    self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
+
+  def __call__(self, x_BPD, embed: nnx.Embed):
+    h_BPD = self.ln(jax.nn.gelu(self.dense(x_BPD)))
+    return readout(h_BPD, embed) + self.bias[None, None, :]
+
+
+class Transformer(base.Model):
+  """Token + position embeddings, L blocks, final LN (pre-LN), tied output embedding."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.width, embedding_init=_normal(cfg.init_std),
+                           rngs=rngs)
+    self.pos_embed = nnx.Param(_normal(cfg.init_std)(rngs.params(), (cfg.block_size, cfg.width)))
+    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    # Pre-LN normalises the final stream; post-LN (BERT) the embeddings instead,
+    # every block's output being normalised already. The GPT's parameters (and
+    # their random init) stay exactly as they were.
+    if cfg.ln_position == "pre":
+      self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    else:
+      self.ln_embed = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    if cfg.head == "mlm":
+      self.mlm_head = MLMHead(cfg, rngs=rngs)
+
+  def embed_tokens(self, tokens_BT, dropout_key=None):
+    T = tokens_BT.shape[1]
+    x_BTD = self.embed(tokens_BT) + self.pos_embed[None, :T]
+    if self.cfg.ln_position == "post":
+      x_BTD = self.ln_embed(x_BTD)
+    # The residual stream stays float32 under a bfloat16 `dtype` (as torch.autocast's):
+    # products and LayerNorm outputs take `dtype`, the sums of branches do not.
+    return base.dropout(x_BTD, self.cfg.dropout, dropout_key)
+
+  def logits(self, x_BPD):
+    if self.cfg.ln_position == "pre":
+      x_BPD = self.ln_f(x_BPD)  # per position: the same before or after the gather
+    if self.cfg.head == "mlm":
+      return self.mlm_head(x_BPD, self.embed)
+    return readout(x_BPD, self.embed)

@@ -1,0 +1,243 @@
+"""The unit-scaled, residual-weighted transformer (`model.variant = "unit"`).
+
+Graphcore's fix for fully scaled attention: "almost-scaled dot-product attention"
+(Graphcore Research, 2023) found that making attention's output unit-scale
+(times sqrt(n/e)) trains worse than the under-scaled standard attention, and that
+weighting each residual branch against the skip path restores the baseline's
+dynamics. This model is that experiment built from unit scaling (Blake et al.
+2023, arXiv 2303.11257) and u-muP (Blake et al. 2024, arXiv 2407.17465):
+
+* every op is unit-scaled (`attnscale.unit_scaling`): N(0, 1) weights, linear
+  layers scaled by 1/sqrt(fan_in), unit-scaled embeddings and norms, so at
+  initialisation every activation and gradient has std about 1;
+* attention uses the configured scaling, `fully_scaled` or `umup`, so its
+  output is unit-scale too (per query, from the keys it sees: causal-safe);
+* branch i (0-based, even = attention, odd = MLP) is added as
+  y = (tau_i f(x) + x) / sqrt(1 + tau_i^2) (u-muP) or sqrt(1 - tau) x +
+  sqrt(tau) f(x) (`residual_rule="2023"`), tau_i from u-muP's depth rule
+  (1/sqrt(L + i) at residual_mult = residual_attn_ratio = 1; docs/science.md,
+  "Unit scaling and the residual rule");
+* `attn_residual="relative"` multiplies the attention branches' tau by
+  r = sqrt(e/n_eff) (`unit_scaling.attention_residual_weight`), so the unit-scale
+  attention enters the stream at about sqrt(e/n) of the skip, as the standard
+  model's attention does: Graphcore's "relative weight" fix.
+
+Gradients. Inside a residual branch every op's backward is unit-scaled on its
+own (the MLP's linears and GELU with separate forward/backward scales, the
+attention input's fan-out to q, k and v normalised, q/k gradients rescaled by
+the attention's logit scale), and one `scale_bwd` at the branch's entry
+multiplies back the product of (backward / forward) ratios along the branch.
+A branch is a chain between two cut edges (`residual_split`'s output and
+`residual_add`'s input) and every path through it carries the same ratio, so
+this restores dL/dx of the residual stream to plain autodiff *exactly* (tested),
+while every weight gradient and every gradient inside the branch has std about 1
+at initialisation (Blake et al. 2023, section 5.2: scales may differ forward and
+backward except where that would change the gradient's direction).
+
+It implements the `attnscale.models.base.Model` contract, as the standard
+transformer does, so training, evaluation and diagnostics serve both. Its fields
+are `config.model.unit` (`UnitConfig`).
+
+Dimension legend: B batch, T sequence, D width, N heads, K kv heads, H head dim,
+F MLP hidden, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attnscale import scalings
+from attnscale import unit_scaling as us
+from attnscale.models import base
+from attnscale.models.config import ModelConfig
+
+Array = jax.Array
+RESIDUAL_RULES = ("umup", "2023")
+ATTN_RESIDUALS = ("rule", "relative")
+
+
+def branch_taus(cfg: ModelConfig) -> list[float]:
+  """tau for each of the 2L residual branches (even = attention, odd = MLP)."""
+  unit = cfg.unit
+  rule = us.transformer_residual_scaling_rule(unit.residual_mult, unit.residual_attn_ratio)
+  num = 2 * cfg.num_layers
+  taus = [rule(i, num) for i in range(num)]
+  if unit.attn_residual == "relative":
+    r = us.attention_residual_weight(cfg.block_size, is_causal=cfg.causal)
+    taus = [t * r if i % 2 == 0 else t for i, t in enumerate(taus)]
+  if unit.residual_rule == "2023":  # sqrt(tau/(1 - tau)) = the u-muP branch/skip ratio
+    taus = [t**2 / (1 + t**2) for t in taus]
+  return taus
+
+
+class _LayerNorm(nnx.Module):
+
+  def __init__(self, width: int):
+    self.scale = nnx.Param(jnp.ones((width,)))
+
+  def __call__(self, x):
+    return us.layer_norm(x, self.scale[...])
+
+
+def _unit_normal(rngs, shape):
+  return nnx.Param(jax.random.normal(rngs.params(), shape))
+
+
+def qk_grad_std(cfg: ModelConfig) -> float:
+  """Std of dL/dq (and dL/dk) at init for a unit cotangent on a unit-scale output.
+
+  dq_i = s sum_j dlogit_ij k_j with dlogit_ij ~ p_ij c (g_i . v_j): about
+  s sqrt(d) c sqrt(sum_j p_ij^2) = s sqrt(d) when the output is unit scale
+  (c^2 sum_j p_ij^2 = 1). So 1 for fully scaled attention (s = 1/sqrt(d)) and
+  mult / sqrt(d) for u-muP's 1/d logits. s is the scaling's `init_logit_scale`;
+  a scaling without a constant s is treated as 1/sqrt(d).
+  """
+  scale_fn = scalings.get(cfg.scaling, **dict(cfg.scaling_params or {}))
+  init_logit_scale = getattr(scale_fn, "init_logit_scale", None)
+  if init_logit_scale is None:
+    return 1.0
+  return float(init_logit_scale(cfg.head_dim)) * math.sqrt(cfg.head_dim)
+
+
+class UnitAttention(base.AttentionLayer):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg)
+    D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    self.w_q = _unit_normal(rngs, (D, N * H))
+    self.w_k = _unit_normal(rngs, (D, K * H))
+    self.w_v = None if cfg.shared_kv else _unit_normal(rngs, (D, K * H))
+    self.w_o = _unit_normal(rngs, (N * H, D))
+    # The input feeds q, k and v: its gradient sums three terms of std
+    # qk, qk and 1. Dividing each by their total keeps it unit; the block
+    # multiplies the total back at the branch's entry (`entry_grad_scale`).
+    self.qk_grad = qk_grad_std(cfg)
+    self.entry_grad_scale = math.sqrt(1.0 + 2.0 * self.qk_grad**2)
+
+  def qkv(self, x_BTD):
+    cfg = self.cfg
+    B, T, _ = x_BTD.shape
+    x_BTD = us.scale_bwd(x_BTD.astype(cfg.dtype), 1.0 / self.entry_grad_scale)
+    w = lambda p: p[...].astype(cfg.dtype)  # compute dtype; params stay float32
+    # q and k: gradients scaled to unit after the projection and back before
+    # it, so w_q, w_k get unit gradients and the input's gradient is exact.
+    x_qk_BTD = us.scale_bwd(x_BTD, self.qk_grad)
+    to_qk = lambda y: us.scale_bwd(y, 1.0 / self.qk_grad)
+    q_BTNH = to_qk(us.linear(x_qk_BTD, w(self.w_q))).reshape(B, T, cfg.num_heads,
+                                                              cfg.head_dim)
+    if cfg.shared_kv:
+      # k and v share a projection: rescaling only k's gradient would change
+      # the gradient's direction, so w_k keeps plain scaling (dv dominates it).
+      kv_BTKH = us.linear(x_BTD, w(self.w_k)).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+      return q_BTNH, kv_BTKH, kv_BTKH
+    k_BTKH = to_qk(us.linear(x_qk_BTD, w(self.w_k))).reshape(B, T, cfg.kv_heads,
+                                                              cfg.head_dim)
+    v_BTKH = us.linear(x_BTD, w(self.w_v)).reshape(k_BTKH.shape)
+    return q_BTNH, k_BTKH, v_BTKH
+
+  def project_out(self, z_BTD):
+    return us.linear(z_BTD, self.w_o[...].astype(z_BTD.dtype))
+
+
+# us.gelu has unit *std*, but its output has mean 1/(2 sqrt(pi)) (at N(0, 1)
+# input), and the next linear layer sees the second moment: rescale to unit RMS.
+_GELU_STD_OVER_RMS = 1 / math.sqrt(1 + 1 / (4 * math.pi * us.gelu_scales()[0]**2))
+
+
+class UnitMLP(nnx.Module):
+  """down(gelu(up(x))), each op unit-scaled forward and backward separately.
+
+  Backward/forward ratios: up sqrt(D/F), GELU std/grad_rms, the RMS rescale
+  1/_GELU_STD_OVER_RMS, down sqrt(F/D); their product is rms/grad_rms of the
+  GELU output, and `entry_grad_scale` (its inverse) restores the true gradient
+  at the branch's entry.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    D, F = cfg.width, cfg.mlp_ratio * cfg.width
+    self.dtype = cfg.dtype
+    self.w_up = _unit_normal(rngs, (D, F))
+    self.w_down = _unit_normal(rngs, (F, D))
+    out_std, grad_rms = us.gelu_scales()
+    self.entry_grad_scale = grad_rms * _GELU_STD_OVER_RMS / out_std
+
+  def __call__(self, x_BTD):
+    w = lambda p: p[...].astype(self.dtype)  # compute dtype; params stay float32
+    u_BTF = us.linear(x_BTD.astype(self.dtype), w(self.w_up), constraint=None)
+    h_BTF = us.scale_fwd(us.gelu(u_BTF, constraint=None), _GELU_STD_OVER_RMS)
+    return us.linear(h_BTF, w(self.w_down), constraint=None)
+
+
+class UnitBlock(base.Block):
+  """x <- residual(attn(LN x), tau_attn); x <- residual(mlp(LN x), tau_mlp)."""
+
+  def __init__(self, cfg: ModelConfig, tau_attn: float, tau_mlp: float, *, rngs: nnx.Rngs):
+    self.cfg, self.tau_attn, self.tau_mlp = cfg, tau_attn, tau_mlp
+    self.ln1, self.attn = _LayerNorm(cfg.width), UnitAttention(cfg, rngs=rngs)
+    self.ln2, self.mlp = _LayerNorm(cfg.width), UnitMLP(cfg, rngs=rngs)
+
+  def attn_input(self, x_BTD):
+    """What the attention sees (for diagnostics)."""
+    return self.ln1(x_BTD)
+
+  def __call__(self, x_BTD, mask=None, dropout_key=None):
+    k1, k2 = base.split_key(dropout_key, 2)
+    rule, rate = self.cfg.unit.residual_rule, self.cfg.dropout
+    # Each branch's entry multiplies its gradient back to plain autodiff (the
+    # ops inside scale theirs to unit): see the module docstring.
+    attn_in = lambda h: self.ln1(us.scale_bwd(h, self.attn.entry_grad_scale))
+    mlp_in = lambda h: self.ln2(us.scale_bwd(h, self.mlp.entry_grad_scale))
+    x_BTD = us.residual_apply(lambda h: base.dropout(self.attn(attn_in(h), mask), rate, k1),
+                              x_BTD, self.tau_attn, rule)
+    return us.residual_apply(lambda h: base.dropout(self.mlp(mlp_in(h)), rate, k2),
+                             x_BTD, self.tau_mlp, rule)
+
+
+class UnitScaledTransformer(base.Model):
+  """Unit-scaled GPT: (token + position embedding)/sqrt(2), L weighted blocks, LN, tied readout."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = _unit_normal(rngs, (cfg.vocab_size, cfg.width))
+    self.pos_embed = _unit_normal(rngs, (cfg.block_size, cfg.width))
+    taus = branch_taus(cfg)
+    self.blocks = nnx.List([UnitBlock(cfg, taus[2 * l], taus[2 * l + 1], rngs=rngs)
+                            for l in range(cfg.num_layers)])
+    self.ln_f = _LayerNorm(cfg.width)
+
+  def embed_tokens(self, tokens_BT, dropout_key=None):
+    T = tokens_BT.shape[1]
+    x_BTD = us.embedding(tokens_BT, self.embed[...]) + us.embedding(
+        jnp.arange(T), self.pos_embed[...])[None]
+    # The sum of two unit embeddings has std sqrt(2): rescale the forward only.
+    return base.dropout(us.scale_fwd(x_BTD, 1 / math.sqrt(2)), self.cfg.dropout, dropout_key)
+
+  def logits(self, x_BPD):
+    """Tied readout, unit-scaled: logits = LN(x) @ E^T / sqrt(D), unit-scale at init.
+
+    In the compute dtype, accumulated in float32 (at least) as the standard model's.
+    """
+    h_BPD = self.ln_f(x_BPD).astype(self.cfg.dtype)
+    return us.linear(h_BPD, self.embed[...].T.astype(h_BPD.dtype),
+                     preferred_element_type=jnp.promote_types(h_BPD.dtype, jnp.float32))
+
+  @classmethod
+  def validate_config(cls, cfg: ModelConfig) -> None:
+    if cfg.qk_layernorm or scalings.entry(cfg.scaling).normalizes_qk:
+      raise ValueError(f"model.variant='unit' takes a scaling that leaves q and k as they "
+                       f"are (e.g. fully_scaled, umup), got scaling={cfg.scaling!r}, "
+                       f"qk_layernorm={cfg.qk_layernorm}")
+    if cfg.unit.residual_rule not in RESIDUAL_RULES:
+      raise ValueError(f"model.unit.residual_rule must be one of {list(RESIDUAL_RULES)}, "
+                       f"got {cfg.unit.residual_rule!r}")
+    if cfg.unit.attn_residual not in ATTN_RESIDUALS:
+      raise ValueError(f"model.unit.attn_residual must be one of {list(ATTN_RESIDUALS)}, "
+                       f"got {cfg.unit.attn_residual!r}")
+    if (cfg.ln_position, cfg.head) != ("pre", "lm"):
+      raise ValueError(f"model.variant='unit' is pre-LN with a tied readout: it needs "
+                       f"model.ln_position='pre' and model.head='lm', got "
+                       f"{cfg.ln_position!r} and {cfg.head!r}")

@@ -1,0 +1,25 @@
+"""Reporting: the tables and figures of sweeps and studies, written one way.
+
+A result is written as files side by side in one directory, from the same rows
+(a list of flat dicts):
+
+  NAME.csv  every column, for programs; floats to 6 significant digits or exact.
+  NAME.md   a Markdown table for people (a title and notes above it), numbers
+            right-aligned and formatted per column.
+  NAME.png  the figure, a pyplot-free matplotlib Figure saved without version
+            metadata, so a seeded run writes the same bytes.
+
+`tables` holds the CSV and Markdown writers, `figures` the figure helpers.
+Sweeps (`attnscale.sweeps`) and studies (`attnscale.studies`) both write
+through this package and neither imports the other.
+"""
+
+from attnscale.reporting.figures import (DPI, PNG_METADATA, label_axes, new_figure, save_figure,
+                                         style)
+from attnscale.reporting.tables import (FloatFormat, Row, format_value, power_of_two, to_csv,
+                                        to_markdown, write_tables)
+
+__all__ = [
+    "DPI", "FloatFormat", "PNG_METADATA", "Row", "format_value", "label_axes", "new_figure",
+    "power_of_two", "save_figure", "style", "to_csv", "to_markdown", "write_tables",
+]

@@ -1,0 +1,108 @@
+"""The jitted train and eval steps, and the host helpers that feed them.
+
+    make_train_step(graphdef, task, config, state_shardings, batch_sharding, tx=tx)
+    make_eval_step(graphdef, task, param_shardings, batch_sharding)
+    global_batch(local_batch, sharding)
+    evaluate_sums(eval_step, params, batches, sharding) / evaluate(...)
+
+The training loop (`train_lib`) and evaluation (`eval_lib`) both build on this
+module, so evaluating a checkpoint never imports the loop. A step is a pure
+function of (state, batch): dropout randomness is a function of (seed, step)
+(`dropout_key`) and the data of `step` comes from the task, so a restored state
+continues exactly where the saved one stopped.
+
+Dimension legend: W the window of recent losses (`train_state.LAST_LOSSES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from attnscale import train_state as ts
+
+
+def dropout_key(seed: int, step):
+  """Dropout randomness is a function of (seed, step): resumable without RNG state."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
+
+
+def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
+                    tx: optax.GradientTransformation | None = None):
+  """The jitted (state, batch) -> (state, metrics) step, state donated.
+
+  Args:
+    graphdef: the model's structure (`train_state.create_state`).
+    task: the `attnscale.tasks.Task` whose loss is minimised.
+    config: the run's config (seed, learning-rate schedule).
+    state_shardings, batch_sharding: the layouts jit compiles for.
+    tx: the optimizer the state's opt_state was initialised with: pass the one
+      given to `create_state`, so both come from one object. None builds
+      `train_state.make_optimizer(config)` (the same transformation) for callers
+      that hold none.
+
+  Returns:
+    The step. Its metrics: "loss", "grad_norm", "lr" (of this step) and
+    "last_losses" (the state's window after this step, for `loss_last20`).
+  """
+  tx = ts.make_optimizer(config) if tx is None else tx
+  schedule = ts.learning_rate_schedule(config)
+
+  def train_step(state, batch):
+    step = state["step"]
+
+    def loss_fn(params):
+      return task.loss(nnx.merge(graphdef, params), batch, dropout_key(config.seed, step))
+
+    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    last_losses = ts.push_loss(state["last_losses"], loss)
+    new_state = {"step": step + 1, "params": optax.apply_updates(state["params"], updates),
+                 "opt_state": opt_state, "last_losses": last_losses}
+    metrics = {"loss": loss, "grad_norm": _global_norm(grads), "lr": schedule(step),
+               "last_losses": last_losses}
+    return new_state, metrics
+
+  return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, None), donate_argnums=0)
+
+
+def _global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def make_eval_step(graphdef, task, param_shardings, batch_sharding):
+  """The jitted (params, batch) -> the task's loss sums ("loss_sum", "count", ...)."""
+  def eval_step(params, batch):
+    _, sums = task.loss(nnx.merge(graphdef, params), batch)
+    return sums
+
+  return jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding))
+
+
+def global_batch(local_batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+  """Assembles each process's rows into global arrays sharded on `data`."""
+  return {k: jax.make_array_from_process_local_data(sharding, v)
+          for k, v in local_batch.items()}
+
+
+def evaluate_sums(eval_step, params, batches: Iterable[dict[str, np.ndarray]],
+                  sharding) -> dict[str, float]:
+  """The task's loss sums ("loss_sum", "count", ...) added over `batches`."""
+  totals = {}
+  for batch in batches:
+    sums = jax.device_get(eval_step(params, global_batch(batch, sharding)))
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  return totals
+
+
+def evaluate(eval_step, params, batches: Iterable[dict[str, np.ndarray]], sharding) -> float:
+  """Mean loss per target token over `batches` (sums, so padding weighs 0)."""
+  sums = evaluate_sums(eval_step, params, batches, sharding)
+  return sums.get("loss_sum", 0.0) / max(sums.get("count", 0.0), 1.0)

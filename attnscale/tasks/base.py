@@ -1,0 +1,131 @@
+"""The task contract: everything that depends on what a config trains on.
+
+The harness (training, evaluation, diagnostics, studies) calls only what `Task`
+declares, so it never names a task: a task checks its config fields
+(`validate_config`, before any data is loaded), chooses and loads its corpus
+(`config.dataset`, one of `DATASETS`), makes batches, computes the loss and the
+metrics of eval.json, prints its lines of eval.py's summary, says how its
+attention is masked, and may generate text (`sampler`).
+
+Dimension legend: B batch, T sequence, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any, ClassVar, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from attnscale import configlib
+
+Batch = dict[str, np.ndarray]
+
+
+class Sampler(Protocol):
+  """Generates `length` tokens after `prompt` and returns their text (seeded)."""
+
+  def __call__(self, model, *, prompt: str, length: int, temperature: float,
+               top_k: int | None, seed: int) -> str:
+    ...
+
+
+def cross_entropy(logits_BTV, targets_BT, weights_BT=None):
+  """(sum of weighted token losses, sum of weights), in float32.
+
+  sum_t w_t * (logsumexp(logits_t) - logits_t[y_t]), and sum_t w_t: the mean
+  over batches is the ratio of the summed sums, whatever the padding.
+  """
+  loss_BT = optax.softmax_cross_entropy_with_integer_labels(
+      logits_BTV.astype(jnp.float32), targets_BT)
+  if weights_BT is None:
+    weights_BT = jnp.ones_like(loss_BT)
+  return jnp.sum(loss_BT * weights_BT), jnp.sum(weights_BT)
+
+
+def this_process_rows(batches: Iterator[Batch], batch_size: int) -> Iterator[Batch]:
+  """This process's rows of each global batch: process p keeps rows
+  [p * b, (p + 1) * b) with b = batch_size // process_count (as training does)."""
+  rows = batch_size // jax.process_count()
+  lo = jax.process_index() * rows
+  for batch in batches:
+    yield {k: v[lo:lo + rows] for k, v in batch.items()}
+
+
+class Task(abc.ABC):
+  """What a config trains on. Subclasses set `DATASETS` and implement the
+  abstract methods; one registry line in `attnscale.tasks.TASKS` names them."""
+
+  # The corpora this task can load: the allowed values of config.dataset.
+  DATASETS: ClassVar[tuple[str, ...]] = ()
+
+  def __init__(self, config):
+    """Loads the data of `config.dataset`; expects a config that passed
+    `validate_config` (`attnscale.tasks.get_task` runs it first)."""
+    self.config = config
+
+  @classmethod
+  def validate_config(cls, config) -> None:
+    """Checks the fields only this task reads; one-line ValueError.
+
+    Runs before any data is loaded (from `configlib.validate` and `get_task`),
+    so a bad value fails before a download or a workdir is touched. Subclasses
+    extend it (call super() for the dataset check).
+    """
+    configlib.check_choice("config.dataset", config.dataset, cls.DATASETS)
+
+  @property
+  def tokens_per_batch(self) -> int:
+    """Tokens of one global training batch (padding included), for tokens/s."""
+    return self.config.batch_size * self.config.seq_len
+
+  @abc.abstractmethod
+  def train_batch(self, step: int) -> Batch:
+    """This process's rows of the training batch of `step`: a function of
+    (config, step) only, so a resumed run sees the same batches."""
+
+  @abc.abstractmethod
+  def val_batch(self, index: int) -> Batch:
+    """Validation batch `index` of the periodic estimate (the same at every estimate)."""
+
+  @abc.abstractmethod
+  def eval_batches(self, batch_size: int | None = None) -> Iterator[Batch]:
+    """The whole validation split once, padding weighing 0 (this process's rows).
+
+    The first one is the batch the attention diagnostics run on.
+    """
+
+  @abc.abstractmethod
+  def loss(self, model, batch: Batch, dropout_key=None) -> tuple[jax.Array, dict[str, Any]]:
+    """(mean loss to differentiate, {name: sum}) where the sums add over batches."""
+
+  @abc.abstractmethod
+  def eval_metrics(self, sums: dict[str, float]) -> dict[str, Any]:
+    """eval.json's metrics from the loss sums added over `eval_batches()`."""
+
+  @classmethod
+  @abc.abstractmethod
+  def format_summary(cls, result: dict) -> list[str]:
+    """This task's lines of eval.py's printed summary of `result` (eval.json).
+
+    A classmethod: printing a summary needs no data.
+    """
+
+  @property
+  def sampler(self) -> Sampler | None:
+    """How this task generates text from a model, or None (it does not)."""
+    return None
+
+  def attention_masks(self, batch: Batch) -> tuple[jax.Array | None, jax.Array | None]:
+    """(mask, query_mask_BT) the attention diagnostics run `batch` with.
+
+    mask: the attention mask the model runs with (broadcastable to [B, N, T, S]),
+    or None; query_mask_BT: bool [B, T], the queries the statistics count (True =
+    a real token), or None for all. The default: no padding, nothing masked.
+    """
+    del batch
+    return None, None

@@ -1,0 +1,111 @@
+"""Masked-LM pretraining: a small BERT on WikiText (Devlin et al. 2019).
+
+Rows are [CLS] ids [SEP] [PAD]... cut from WikiText paragraphs, 15% of the real
+tokens selected per row and 80/10/10 [MASK]/random/kept, redrawn every step
+(`attnscale.data.mlm`). The loss and accuracy are over the selected tokens only;
+padded keys are masked out of every attention call, and out of the attention
+diagnostics' queries too.
+
+Dimension legend: B batch, T sequence, P prediction slots, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from attnscale.data import mlm, tokenizer, wikitext
+from attnscale.tasks.base import Task, cross_entropy, this_process_rows
+
+
+def padding_mask(tokens_BT):
+  """[B, 1, 1, T] attention mask, True for the keys that are not [PAD]."""
+  return (tokens_BT != tokenizer.PAD_ID)[:, None, None, :]
+
+
+class MLMTask(Task):
+  """BERT masked-LM pretraining on WikiText (`attnscale.data.mlm`): padded rows,
+  dynamic 80/10/10 masking, loss and accuracy on the masked tokens only."""
+
+  DATASETS = tuple(wikitext.WikitextParagraphs.builder_configs)  # wikitext2, wikitext103
+
+  @classmethod
+  def validate_config(cls, config) -> None:
+    super().validate_config(config)
+    if config.model.get("causal", True):
+      raise ValueError("model.causal must be False for task 'mlm' (a bidirectional encoder)")
+    if config.seq_len < 3:
+      raise ValueError(f"config.seq_len must be >= 3 for task 'mlm' ([CLS], a token, [SEP]), "
+                       f"got {config.seq_len}")
+    for field in ("mask_rate", "mask_token_rate", "random_token_rate"):
+      if not 0 <= config[field] <= 1:
+        raise ValueError(f"config.{field} must be in [0, 1], got {config[field]}")
+    if config.mask_rate == 0:
+      raise ValueError("config.mask_rate must be > 0, got 0")
+    if config.mask_token_rate + config.random_token_rate > 1:
+      raise ValueError(f"config.mask_token_rate + config.random_token_rate must be <= 1, got "
+                       f"{config.mask_token_rate} + {config.random_token_rate}")
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.corpus = mlm.load_wikitext(config.data_dir, config.dataset)
+    self.vocab_size = self.corpus.tokenizer.vocab_size
+    if config.model.vocab_size != self.vocab_size:
+      raise ValueError(f"model.vocab_size ({config.model.vocab_size}) must equal the "
+                       f"tokenizer's vocabulary size ({self.vocab_size}): set "
+                       f"--config.model.vocab_size={self.vocab_size}")
+    self.train_rows, self.val_rows = (
+        mlm.make_rows(self.corpus.ids[s], self.corpus.offsets[s], config.seq_len)
+        for s in ("train", "validation"))
+    self.mask_args = {"mask_rate": config.mask_rate,
+                      "mask_token_rate": config.mask_token_rate,
+                      "random_token_rate": config.random_token_rate}
+
+  def train_batch(self, step: int):
+    return self._batch(self.train_rows, self.config.seed, step)
+
+  def val_batch(self, index: int):
+    # A fixed seed: the same batches at every estimate and in every run.
+    return self._batch(self.val_rows, mlm.EVAL_MASK_SEED, index)
+
+  def _batch(self, rows, seed, step):
+    return mlm.get_batch(rows, batch_size=self.config.batch_size, seed=seed, step=step,
+                         vocab_size=self.vocab_size, process_index=jax.process_index(),
+                         process_count=jax.process_count(), **self.mask_args)
+
+  def eval_batches(self, batch_size: int | None = None):
+    """Every validation row once, with fixed masks."""
+    B = batch_size or self.config.batch_size
+    return this_process_rows(
+        mlm.eval_batches(self.val_rows, batch_size=B, vocab_size=self.vocab_size,
+                         **self.mask_args), B)
+
+  def loss(self, model, batch, dropout_key=None):
+    """Mean cross-entropy per masked token, and sums (loss, count, correct)."""
+    inputs_BT = batch["inputs"]
+    logits_BPV = model(inputs_BT, mask=padding_mask(inputs_BT), dropout_key=dropout_key,
+                       positions=batch["positions"])
+    total, count = cross_entropy(logits_BPV, batch["targets"], batch["weights"])
+    hit_BP = jnp.argmax(logits_BPV, axis=-1) == batch["targets"]
+    correct = jnp.sum(hit_BP * batch["weights"])
+    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count,
+                                             "correct": correct}
+
+  def eval_metrics(self, sums):
+    count = max(sums["count"], 1.0)
+    loss = sums["loss_sum"] / count
+    return {"val_loss": loss, "perplexity": math.exp(loss),
+            "accuracy": sums["correct"] / count, "val_masked_tokens": int(sums["count"])}
+
+  @classmethod
+  def format_summary(cls, result):
+    return [f"  validation MLM loss {result['val_loss']:.4f} | perplexity "
+            f"{result['perplexity']:.2f} | masked-token accuracy {result['accuracy']:.4f} "
+            f"over all {result['val_masked_tokens']:,} masked validation tokens"]
+
+  def attention_masks(self, batch):
+    """The padding mask the model trains with; only real tokens count as queries."""
+    inputs_BT = jnp.asarray(batch["inputs"])
+    return padding_mask(inputs_BT), inputs_BT != tokenizer.PAD_ID

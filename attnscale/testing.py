@@ -1,0 +1,72 @@
+"""Test helpers that are part of the library, so tests and notebooks share them.
+
+Random q, k, v; padding masks; every registered scaling with test parameters; a
+localhost file server for the data builders' download branches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import threading
+
+import jax
+import jax.numpy as jnp
+
+# (id, name, params): every registered name at least once, plus variants.
+SCALING_CASES = [
+    ("standard", "standard", {}),
+    ("none", "none", {}),
+    ("key_norm_sum", "key_norm_sum", {}),
+    ("key_norm_mean", "key_norm_mean", {}),
+    ("key_norm_power_2", "key_norm_power", {"p": 2.0}),
+    ("key_norm_power_0.5", "key_norm_power", {"p": 0.5}),
+    ("cosine", "cosine", {"temperature": 6.0}),
+    ("qk_layernorm", "qk_layernorm", {}),
+    ("fully_scaled", "fully_scaled", {}),
+    ("umup", "umup", {}),
+]
+
+
+def scaling_params(ids=None):
+  """`pytest.param(name, params)` for each case (those in `ids` if given)."""
+  import pytest  # a test dependency, not the library's
+  return [pytest.param(name, params, id=i) for i, name, params in SCALING_CASES
+          if ids is None or i in ids]
+
+
+def random_qkv(seed=0, B=2, T=12, S=12, N=4, K=2, H=8, dtype=jnp.float32):
+  """q [B, T, N, H], k and v [B, S, K, H], standard normal."""
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(kq, (B, T, N, H), dtype)
+  k = jax.random.normal(kk, (B, S, K, H), dtype)
+  v = jax.random.normal(kv, (B, S, K, H), dtype)
+  return q, k, v
+
+
+def padding_mask(lengths, S):
+  """[B, 1, 1, S] key mask: True for the first lengths[b] keys."""
+  return (jnp.arange(S)[None, :] < jnp.asarray(lengths)[:, None])[:, None, None, :]
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+
+  def log_message(self, *args):  # Keeps pytest's captured output clean.
+    pass
+
+
+@contextlib.contextmanager
+def serve_directory(directory):
+  """Serves `directory` on 127.0.0.1 (an ephemeral port); yields the base URL.
+
+  The builders' online branches are tested against it: no test leaves the machine.
+  """
+  handler = functools.partial(_QuietHandler, directory=str(directory))
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    yield f"http://127.0.0.1:{server.server_port}"
+  finally:
+    server.shutdown()
+    server.server_close()

@@ -1,0 +1,104 @@
+"""One diagnostics function: eval.json's attention statistics and the trained
+study's (`python -m attnscale.studies trained --recompute`) are the same numbers,
+for a masked LM with padding as for a char LM.
+
+Tiny train.py runs (test preset, 3 steps). The BERT run trains on the session's
+synthetic WikiText (tests/conftest.py); the char LM run needs $ATTNSCALE_DATA.
+"""
+
+import csv
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attnscale import diagnostics, eval_lib, studies, tasks, train_lib
+from attnscale.data import mlm, tokenizer
+from attnscale.studies import __main__ as cli
+from configs import bert_small, shakespeare_char
+
+# A persistent XLA cache (conftest); strict rank promotion guards the masks' shapes.
+pytestmark = pytest.mark.usefixtures("compilation_cache_dir", "strict_rank_promotion")
+
+STEPS = 3
+
+
+def evaluated_run(config, workdir):
+  train_lib.train_and_evaluate(config, workdir)
+  eval_lib.evaluate_run(workdir, sample_length=1)
+  with open(os.path.join(workdir, "eval.json")) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def bert_run(synthetic_wikitext, tmp_path_factory):
+  config = bert_small.get_config("preset=test")
+  config.data_dir = synthetic_wikitext[1]
+  config.model.vocab_size = mlm.load_wikitext(config.data_dir, splits=()).tokenizer.vocab_size
+  config.num_train_steps = STEPS
+  workdir = str(tmp_path_factory.mktemp("bert"))
+  return config, workdir, evaluated_run(config, workdir)
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+  if not os.environ.get("ATTNSCALE_DATA"):
+    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
+  config = shakespeare_char.get_config("preset=test")
+  config.data_dir = str(tmp_path_factory.mktemp("tfds"))
+  config.num_train_steps = STEPS
+  workdir = str(tmp_path_factory.mktemp("char"))
+  return config, workdir, evaluated_run(config, workdir)
+
+
+def study_csv(workdir, out):
+  """The rows `python -m attnscale.studies trained --recompute` writes."""
+  cli.main(["trained", "--recompute", "--workdirs", workdir, "--out", str(out)])
+  with open(out / "trained.csv") as f:
+    return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("run", ["bert_run", "char_run"])
+def test_recomputed_study_equals_eval_json(run, request, tmp_path):
+  config, workdir, result = request.getfixturevalue(run)
+  recomputed = studies.run_diagnostics(workdir, recompute=True)
+  assert recomputed.source == "checkpoint" and recomputed.step == STEPS
+  assert recomputed.scaling == result["scaling"] == "standard"
+  assert recomputed.layers == result["attention"]  # the same function, the same floats
+  rows = study_csv(workdir, tmp_path)
+  assert [int(row["layer"]) for row in rows] == list(range(config.model.num_layers))
+  for row, layer in zip(rows, result["attention"]):
+    assert row["source"] == "checkpoint"
+    for name in ("output_std", "entropy", "max_logit"):
+      assert float(row[name]) == pytest.approx(layer[name], rel=1e-5, abs=1e-6)
+
+
+def test_bert_diagnostics_use_the_padding_mask(bert_run):
+  """What the study got wrong before: the padded batch without the task's masks."""
+  config, workdir, result = bert_run
+  task = tasks.get_task(config)
+  model, _, _ = eval_lib.restore(config, workdir)
+  first = next(task.eval_batches())
+  inputs_BT = jnp.asarray(first["inputs"])
+  assert (first["inputs"] == tokenizer.PAD_ID).any()  # there is padding to mask
+  mask, query_mask_BT = task.attention_masks(first)
+  assert mask.shape == (config.batch_size, 1, 1, config.seq_len)
+  assert query_mask_BT.shape == (config.batch_size, config.seq_len)
+  masked = diagnostics.model_attention_stats(model, inputs_BT, mask=mask,
+                                             query_mask_BT=query_mask_BT)
+  assert masked == result["attention"] == diagnostics.task_attention_stats(model, task, first)
+  unmasked = diagnostics.model_attention_stats(model, inputs_BT)
+  assert not np.allclose([layer["entropy"] for layer in unmasked],
+                         [layer["entropy"] for layer in masked])
+
+
+def test_char_lm_diagnostics_need_no_mask(char_run):
+  config, workdir, result = char_run
+  task = tasks.get_task(config)
+  first = next(task.eval_batches())
+  assert task.attention_masks(first) == (None, None)  # causal, no padding
+  model, _, _ = eval_lib.restore(config, workdir)
+  assert diagnostics.model_attention_stats(model, jnp.asarray(first["inputs"])) == (
+      result["attention"])
