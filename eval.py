@@ -6,6 +6,7 @@ perplexity and masked-token accuracy (the sampling flags do not apply to it).
   python eval.py --workdir=runs/char_cpu
   python eval.py --workdir=runs/char_cpu --prompt="ROMEO:" --length=500 --temperature=0.8 --top_k=40
   python eval.py --workdir=runs/bert_cpu
+  python eval.py --workdir=runs/char_rope --lengths=128,256,512,1024,2048
 
 A bad flag exits with one `error: ...` line naming it (attnscale/cli.py).
 """
@@ -23,6 +24,9 @@ _LENGTH = flags.DEFINE_integer("length", 300, "Characters to sample.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Sampling temperature.")
 _TOP_K = flags.DEFINE_integer("top_k", 200, "Sample from the top k tokens (0 = all).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_LENGTHS = flags.DEFINE_string(
+    "lengths", None, "Comma-separated context lengths, e.g. 128,256,512,1024,2048: the "
+    "validation loss at each and by position in the window (eval.json 'lengths').")
 flags.mark_flag_as_required("workdir")
 
 
@@ -30,12 +34,13 @@ def main(argv):
   del argv
   cli.check_workdir(_WORKDIR.value)
   logging.set_verbosity(logging.WARNING)
-  from attnscale import eval_lib
+  from attnscale import eval_lib, length_eval
   try:
+    lengths = length_eval.parse_lengths(_LENGTHS.value) if _LENGTHS.value else None
     result = eval_lib.evaluate_run(_WORKDIR.value, step=_STEP.value, prompt=_PROMPT.value,
                                    sample_length=_LENGTH.value,
                                    temperature=_TEMPERATURE.value, top_k=_TOP_K.value or None,
-                                   seed=_SEED.value)
+                                   seed=_SEED.value, lengths=lengths)
   except (ValueError, FileNotFoundError) as e:
     cli.fail(str(e))
   print(eval_lib.format_summary(result))

@@ -59,6 +59,8 @@ def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float
   m.shared_kv = False  # W_K = W_V
   m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
   m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
+  m.positions = "learned"  # learned | rope (rotary on q, k) | none (NoPE; causal only)
+  m.rope_base = 10000.0  # rotary frequency base
   m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
   m.variant = "standard"  # attnscale.models.VARIANTS: standard | unit
   # The unit-scaled, residual-weighted transformer's own fields
@@ -167,4 +169,5 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
   task_cls.validate_config(config)
   if config.seq_len > config.model.block_size:
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
-                     f"({config.model.block_size}), the number of learned positions")
+                     f"({config.model.block_size}), the training context length (and "
+                     "the learned position table's)")

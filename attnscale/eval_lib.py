@@ -18,7 +18,7 @@ import ml_collections
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnscale import configlib, diagnostics, tasks
+from attnscale import configlib, diagnostics, length_eval, tasks
 from attnscale import steps
 from attnscale import train_state as ts
 
@@ -47,10 +47,16 @@ def restore(config, workdir, step=None):
 
 def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
                  sample_length: int = 300, temperature: float = 0.8, top_k: int | None = 200,
-                 seed: int = 0) -> dict:
-  """Evaluates the run in `workdir`, writes WORKDIR/eval.json, returns its contents."""
+                 seed: int = 0, lengths: list[int] | None = None) -> dict:
+  """Evaluates the run in `workdir`, writes WORKDIR/eval.json, returns its contents.
+
+  `lengths`: also the loss at each of these context lengths and by position in
+  the window (`attnscale.length_eval`), under eval.json's "lengths" key.
+  """
   config = load_config(workdir)
   task = tasks.get_task(config)
+  if lengths:  # a length the model cannot take fails before any work
+    length_eval.check_lengths(ts.model_config(config), task, lengths)
   model, step, mesh = restore(config, workdir, step)
   sharding = NamedSharding(mesh, P("data"))
   graphdef, params = nnx.split(model, nnx.Param)
@@ -63,6 +69,8 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
       **task.eval_metrics(sums),
       "attention": diagnostics.task_attention_stats(model, task),
   }
+  if lengths:
+    result["lengths"] = length_eval.evaluate_lengths(model, task, lengths, mesh=mesh)
   if task.sampler is not None:
     result["sample"] = {
         "prompt": prompt, "length": sample_length, "temperature": temperature,
@@ -91,4 +99,6 @@ def format_summary(result: dict, config: ml_collections.ConfigDict | None = None
   for i, layer in enumerate(result["attention"]):
     lines.append(f"  {i:5d} | {layer['output_std']:15.3f} | {layer['entropy']:14.3f} | "
                  f"{layer['max_logit']:9.2f}")
+  if "lengths" in result:
+    lines += length_eval.format_table(result["lengths"])
   return "\n".join(lines)

@@ -117,6 +117,9 @@ class Entry:
   factory: Callable[..., ScaleFn]
   learned: dict[str, Learned]  # keyword -> the parameter the model creates for it
   normalizes_qk: bool  # replaces q and k by normalised versions (cosine, QK-norm)
+  # keyword -> f(dims): a fixed value the model computes from its sizes (log_n_ratio's
+  # training length); `model.scaling_params` overrides it.
+  from_dims: dict[str, Callable[[Dims], Any]] = dataclasses.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -125,7 +128,8 @@ RENAMED = {"unit_scaled": "umup"}
 
 
 def register(name: str, *, learned: dict[str, Learned] | None = None,
-             normalizes_qk: bool = False):
+             normalizes_qk: bool = False,
+             from_dims: dict[str, Callable[[Dims], Any]] | None = None):
   """Decorator: registers a factory `f(**params) -> scale_fn` under `name`.
 
   Args:
@@ -135,10 +139,13 @@ def register(name: str, *, learned: dict[str, Learned] | None = None,
       Every keyword needs a default in `f`, so `get(name)` works without them.
     normalizes_qk: the scaling normalises q and k itself (the model then refuses
       `model.qk_layernorm`, which would normalise them twice).
+    from_dims: keywords the model fills from its sizes, keyword -> f(`Dims`),
+      fixed rather than learned (log_n_ratio's `train_len`); a value in
+      `model.scaling_params` wins. Each needs a default in `f` as well.
   """
 
   def wrap(factory):
-    _REGISTRY[name] = Entry(factory, dict(learned or {}), normalizes_qk)
+    _REGISTRY[name] = Entry(factory, dict(learned or {}), normalizes_qk, dict(from_dims or {}))
     return factory
 
   return wrap
@@ -313,6 +320,123 @@ def _layer_norm(x_XH, scale_H, eps):
 
 
 @dataclasses.dataclass(frozen=True)
+class QKRMSNorm:
+  """RMSNorm(q), RMSNorm(k) over the head dim (learned gain, no bias), then s = 1/sqrt(d).
+
+  x / sqrt(mean(x^2) + eps) * g: Zhang & Sennrich 2019's RMSNorm applied to
+  queries and keys, as OLMo 2 (arXiv 2501.00656), Qwen3 and Gemma 3 ship it. It
+  differs from `QKLayerNorm` only in not subtracting the mean. `q_scale` /
+  `k_scale` are the gains ([H] or [N|K, H], learnable), None = 1.
+  """
+
+  q_scale: Any = None
+  k_scale: Any = None
+  eps: float = 1e-6
+
+  def __call__(self, q, k, keys):
+    return Scaled(_rms_norm(q, self.q_scale, self.eps), _rms_norm(k, self.k_scale, self.eps),
+                  logit_scale=q.shape[-1] ** -0.5)
+
+
+def _rms_norm(x_XH, scale_H, eps):
+  x_XH = upcast(x_XH)
+  y_XH = x_XH * jax.lax.rsqrt(jnp.square(x_XH).mean(-1, keepdims=True) + eps)
+  if scale_H is None:
+    return y_XH
+  scale_H = jnp.asarray(scale_H)
+  return y_XH * scale_H.reshape((1,) * (y_XH.ndim - scale_H.ndim) + scale_H.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class InverseD:
+  """s = 1/d: muP's attention scaling (Yang et al. 2022, "Tensor Programs V",
+  arXiv 2203.03466, section 4 / appendix J).
+
+  With q and k correlated after training, q.k grows like d, not sqrt(d), so 1/d
+  keeps the logits O(1) as the width grows; at initialisation (independent q, k)
+  the logits are sqrt(d) times smaller than standard's. `mult` is muP's
+  attention multiplier (u-muP's `umup` scaling is mult * q.k / d with a unit
+  output factor; this is the plain form).
+  """
+
+  mult: float = 1.0
+
+  def __call__(self, q, k, keys):
+    return Scaled(q, k, logit_scale=self.mult / q.shape[-1])
+
+  def init_logit_scale(self, head_dim: int) -> float:
+    return self.mult / head_dim
+
+
+@dataclasses.dataclass(frozen=True)
+class LogN:
+  """s_i = s * log(n_i) / sqrt(d): Scalable-Softmax, logits grow with the log of the key count.
+
+  Nakanishi 2025, "Scalable-Softmax Is Superior for Attention" (arXiv
+  2501.19399): softmax(s log(n) z) with z the standard logits and s a learned
+  scalar per head (and layer), so the largest weight does not fade as n grows
+  (plain softmax's does, as 1/n for fixed logits). Chiang & Cholak 2022,
+  "Overcoming a Theoretical Limitation of Self-Attention" (arXiv 2202.12172)
+  multiply by log n with no learned factor: s = 1, the default here
+  (`scalings.get("log_n")`).
+
+  In a model s is learned per head and initialised to s0 = 1 / log(L), L the
+  training length (`model.block_size`): at n_i = L the model starts as standard
+  attention, shorter prefixes start flatter, longer ones sharper.
+  `model.scaling_params={"s": v}` fixes s instead.
+
+  Causal rule: n_i is the number of keys query i sees (its causal prefix, the
+  non-padded keys), never the total length, so a prefix's outputs equal the
+  full sequence's there. At n_i = 1 the factor is 0: one visible key gets
+  weight 1 whatever its logit. It folds into q: the fused kernel serves it.
+  """
+
+  s: Any = 1.0  # scalar or [N] (one per head)
+
+  def __call__(self, q, k, keys):
+    s = upcast(self.s)
+    if s.ndim:  # one per head: [N] -> [1, 1, N] against n_i's [B|1, T, N]
+      s = s.reshape((1,) * (3 - s.ndim) + s.shape)
+    log_n_BTN = jnp.log(jnp.maximum(keys.count(), 1.0))
+    return Scaled(q, k, logit_scale=s * log_n_BTN * q.shape[-1] ** -0.5)
+
+
+def log_n_init(dims: Dims) -> float:
+  """LogN's s0 = 1 / log(L): standard attention at the training length L."""
+  if dims.train_len < 2:
+    raise ValueError(f"log_n needs a training length >= 2, got {dims.train_len}")
+  return 1.0 / math.log(dims.train_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogNRatio:
+  """s_i = max(1, log(n_i) / log(L)) / sqrt(d): standard up to the training length, sharper past it.
+
+  Qwen's "logn attention" (Qwen Technical Report, Bai et al. 2023, arXiv
+  2309.16609, section 2.2 (long-context extension), following Su 2021's
+  entropy-invariant scaling): past the training length L the logits are scaled
+  by log_L(n_i) so the attention entropy stays near what training saw. Identical
+  to standard attention for every n_i <= L, so it only matters when a model
+  runs longer than it was trained.
+
+  Causal rule: n_i is query i's own key count (Qwen's code indexes its table by
+  the query position, which is n_i under causality), not the total length.
+  `train_len` defaults to 2048 (Qwen-7B's pre-training length) for analysis; a
+  model passes its `model.block_size` (`from_dims`).
+  """
+
+  train_len: int = 2048
+
+  def __post_init__(self):
+    if not self.train_len >= 2:
+      raise ValueError(f"log_n_ratio's train_len must be >= 2, got {self.train_len}")
+
+  def __call__(self, q, k, keys):
+    ratio_BTN = jnp.log(jnp.maximum(keys.count(), 1.0)) / math.log(self.train_len)
+    return Scaled(q, k, logit_scale=jnp.maximum(ratio_BTN, 1.0) * q.shape[-1] ** -0.5)
+
+
+@dataclasses.dataclass(frozen=True)
 class FullyScaled:
   """s = 1/sqrt(d), output factor c_i = max(1, sqrt(n_i / e)).
 
@@ -351,3 +475,12 @@ register("qk_layernorm", normalizes_qk=True, learned={
     "k_scale": Learned(("head_dim",), init=1.0),
 })(QKLayerNorm)
 register("fully_scaled")(FullyScaled)
+# RMS QK-norm: gains over the head dim shared by the heads, as qk_layernorm's.
+register("qk_rmsnorm", normalizes_qk=True, learned={
+    "q_scale": Learned(("head_dim",), init=1.0),
+    "k_scale": Learned(("head_dim",), init=1.0),
+})(QKRMSNorm)
+register("inverse_d")(InverseD)
+# Scalable-Softmax: s learned per head, s0 = 1/log(L) (standard at the training length).
+register("log_n", learned={"s": Learned(("heads",), init=log_n_init)})(LogN)
+register("log_n_ratio", from_dims={"train_len": lambda dims: dims.train_len})(LogNRatio)

@@ -43,6 +43,8 @@ class Point:
 
   arg: str
   overrides: tuple[tuple[str, object], ...] = ()
+  # eval.py flags to run after training (e.g. ("--lengths=64,128",)); () = no eval.
+  eval_flags: tuple[str, ...] = ()
 
   @property
   def name(self) -> str:
@@ -58,8 +60,16 @@ class Point:
     """The train.py command line of this point (runs from the repository root)."""
     cmd = [python, "train.py", f"--config={config_file}:{self.arg}",
            f"--workdir={os.path.join(workdir, self.name)}"]
-    return cmd + [f"--config.{key}={value!r}" if isinstance(value, str) else
-                  f"--config.{key}={value}" for key, value in self.overrides]
+    # An argv list, not a shell line: a string goes as it is (shell_commands quotes).
+    return cmd + [f"--config.{key}={value}" for key, value in self.overrides]
+
+
+  def eval_command(self, workdir: str, python: str = sys.executable) -> list[str]:
+    """The eval.py command line run after training ([] when the point has none)."""
+    if not self.eval_flags:
+      return []
+    return [python, "eval.py", f"--workdir={os.path.join(workdir, self.name)}",
+            *self.eval_flags]
 
 
 def _short(key: str) -> str:
@@ -83,7 +93,8 @@ def load_sweep(config_file: str, name: str) -> list[Point]:
   known = getattr(module, "SWEEPS", ())
   if name not in known:
     raise ValueError(f"--sweep must be one of {list(known)}, got {name!r}")
-  points = [Point(p["arg"], tuple(sorted(p.get("overrides", {}).items())))
+  points = [Point(p["arg"], tuple(sorted(p.get("overrides", {}).items())),
+                  tuple(p.get("eval", ())))
             for p in module.get_sweep(name)]
   names = [p.name for p in points]
   if len(set(names)) != len(names):
@@ -108,24 +119,42 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
   """Runs every point that is not done, one after another; returns the failures.
 
   A point that fails (non-zero exit: a NaN at a too-high learning rate, say) is
-  reported and the sweep goes on; its directory keeps what it had.
+  reported and the sweep goes on; its directory keeps what it had. A point with
+  `eval_flags` runs eval.py after training, unless its eval.json is already
+  from the last step.
   """
   failures = []
   config_file, workdir = os.path.abspath(config_file), os.path.abspath(workdir)
   for i, point in enumerate(points):
     run_dir = os.path.join(workdir, point.name)
     state = status(run_dir)
+    tag = f"[{i + 1}/{len(points)}] {point.name}"
     if state == "done":
-      log(f"[{i + 1}/{len(points)}] {point.name}: done, skipped")
-      continue
-    log(f"[{i + 1}/{len(points)}] {point.name}: {'resuming' if state == 'partial' else 'starting'}")
-    start = time.perf_counter()
-    returncode = subprocess.call(point.command(config_file, workdir), cwd=ROOT)
-    log(f"[{i + 1}/{len(points)}] {point.name}: exit {returncode} after "
-        f"{time.perf_counter() - start:.0f}s")
-    if returncode:
-      failures.append((point, returncode))
+      log(f"{tag}: done, skipped")
+    else:
+      log(f"{tag}: {'resuming' if state == 'partial' else 'starting'}")
+      start = time.perf_counter()
+      returncode = subprocess.call(point.command(config_file, workdir), cwd=ROOT)
+      log(f"{tag}: exit {returncode} after {time.perf_counter() - start:.0f}s")
+      if returncode:
+        failures.append((point, returncode))
+        continue
+    if point.eval_flags and not _evaluated(run_dir):
+      start = time.perf_counter()
+      returncode = subprocess.call(point.eval_command(workdir), cwd=ROOT)
+      log(f"{tag}: eval exit {returncode} after {time.perf_counter() - start:.0f}s")
+      if returncode:
+        failures.append((point, returncode))
   return failures
+
+
+def _evaluated(run_dir: str) -> bool:
+  """eval.json exists and is from the run's last step."""
+  path = os.path.join(run_dir, "eval.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f, open(os.path.join(run_dir, "config.json")) as g:
+    return json.load(f).get("step") == json.load(g)["num_train_steps"]
 
 
 # ---------------------------------------------------------------------------
@@ -319,4 +348,6 @@ def plot_loss_curves(rows: Sequence[dict], *, title: str = ""):
 
 def shell_commands(config_file: str, points: Sequence[Point], workdir: str) -> list[str]:
   """One shell line per point, for a cluster's job array or GNU parallel."""
-  return [shlex.join(p.command(config_file, workdir, python="python")) for p in points]
+  return [" && ".join(shlex.join(c) for c in (p.command(config_file, workdir, python="python"),
+                                               p.eval_command(workdir, python="python")) if c)
+          for p in points]

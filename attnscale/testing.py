@@ -26,6 +26,11 @@ SCALING_CASES = [
     ("qk_layernorm", "qk_layernorm", {}),
     ("fully_scaled", "fully_scaled", {}),
     ("umup", "umup", {}),
+    ("qk_rmsnorm", "qk_rmsnorm", {}),
+    ("inverse_d", "inverse_d", {}),
+    ("log_n", "log_n", {}),
+    ("log_n_per_head", "log_n", {"s": (0.3, 0.5, 0.7, 0.9)}),  # random_qkv's N = 4
+    ("log_n_ratio", "log_n_ratio", {"train_len": 4}),  # sharper past 4 keys
 ]
 
 

@@ -51,12 +51,34 @@ SWEEPS = {
     "graphcore_cpu": ("graphcore_cpu", SWEEP_SCALINGS, [2.0**-e for e in range(3, 13)], (0,)),
     # Seconds: the test suite's.
     "test": ("test", ("standard", "fully_scaled"), [2.0**-8, 2.0**-6], (0,)),
+    # The length study (README, "Length generalisation"): trained at 64 (preset
+    # graphcore_cpu), evaluated at 1x ... 16x; rotary and no positions, two seeds,
+    # each scaling at its learning rate in LENGTH_LRS. 32 runs, about an hour.
+    "length": ("graphcore_cpu", ("rope", "none"), "--lengths=64,128,256,512,1024", (0, 1)),
+    # Seconds: the test suite's length sweep.
+    "length_test": ("test", ("rope",), "--lengths=32,64", (0,)),
 }
+# The length study's learning rates: each scaling's best in the graphcore_cpu sweep
+# (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
+# take standard's (log_n and log_n_ratio equal standard at the training length,
+# qk_layernorm is as close to it at initialisation).
+LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
+              "key_norm_sum": 2.0**-5, "fully_scaled": 2.0**-10, "cosine": 2.0**-9,
+              "qk_layernorm": 2.0**-9, "unit_scaled": 2.0**-5}
 
 
 def get_sweep(name: str) -> list[dict]:
-  """The points of sweep `name`: scaling x learning rate x seed."""
+  """The points of sweep `name`: scaling x learning rate x seed (the length
+  sweeps: scaling at its LENGTH_LRS rate x positions x seed, then eval.py --lengths)."""
   configlib.check_choice("sweep", name, SWEEPS)
+  if name.startswith("length"):
+    preset, positions, lengths, seeds = SWEEPS[name]
+    lrs = LENGTH_LRS if name == "length" else {"standard": 2.0**-8, "log_n": 2.0**-8}
+    # Seed-major: after the first half, every (scaling, positions) has one run.
+    return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
+             "overrides": {"learning_rate": lr, "model.positions": pos},
+             "eval": [lengths, "--length=100"]}
+            for seed in seeds for pos in positions for scaling, lr in lrs.items()]
   preset, scalings, learning_rates, seeds = SWEEPS[name]
   return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
            "overrides": {"learning_rate": lr}}

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attnscale import positions as positions_lib
 from attnscale import scalings
 # The module's name is shadowed by the function in attnscale/__init__.py.
 from attnscale.attention import attention
@@ -53,6 +54,14 @@ def split_key(key: Array | None, num: int) -> list[Array | None]:
   return list(jax.random.split(key, num)) if key is not None else [None] * num
 
 
+def check_length(cfg: ModelConfig, length: int) -> None:
+  """One-line ValueError if the model cannot represent `length` positions."""
+  if cfg.positions == "learned" and length > cfg.block_size:
+    raise ValueError(f"sequence length {length} exceeds model.block_size {cfg.block_size}, "
+                     "the learned position table: train with model.positions='rope' or "
+                     "'none' to run longer than training")
+
+
 def gather_positions(x_BTD: Array, positions_BP: Array | None) -> Array:
   """x at the given positions per row, [B, P, D] (all of x when positions is None)."""
   if positions_BP is None:
@@ -65,14 +74,17 @@ class ScalingParams(nnx.Module):
 
   Created from the scaling's registration alone, so a new learned scaling needs
   no model code: one `nnx.Param` per declared keyword (not fixed in
-  `scaling_params`), shaped and initialised from the model's sizes.
+  `scaling_params`), shaped and initialised from the model's sizes, and the
+  registration's `from_dims` values (e.g. a training length) fixed from them.
   """
 
   def __init__(self, name: str, params: dict[str, Any] | None, dims: scalings.Dims):
     self.name = name
-    self.fixed = tuple(sorted(dict(params or {}).items()))  # static, not learned
-    fixed = dict(self.fixed)
-    self.learned_names = tuple(k for k in scalings.learned(name) if k not in fixed)
+    entry = scalings.entry(name)
+    fixed = {key: f(dims) for key, f in entry.from_dims.items()}
+    fixed.update(params or {})
+    self.fixed = tuple(sorted(fixed.items()))  # static, not learned
+    self.learned_names = tuple(k for k in entry.learned if k not in fixed)
     for key in self.learned_names:
       setattr(self, key, nnx.Param(scalings.learned(name)[key].initial_value(dims)))
 
@@ -102,6 +114,12 @@ class AttentionLayer(nnx.Module):
 
   def call_inputs(self, x_BTD: Array) -> AttentionCall:
     q_BTNH, k_BTKH, v_BTKH = self.qkv(x_BTD)
+    if self.cfg.positions == "rope":
+      # Before the scaling: norms, key-norm sums and cosines see the rotated
+      # vectors the logits are made of (rotation keeps norms).
+      positions_T = jnp.arange(x_BTD.shape[1])
+      q_BTNH = positions_lib.rope(q_BTNH, positions_T, self.cfg.rope_base)
+      k_BTKH = positions_lib.rope(k_BTKH, positions_T, self.cfg.rope_base)
     return AttentionCall(q_BTNH, k_BTKH, v_BTKH, self.scale_fn(), self.cfg.causal,
                          self.cfg.normalizer)
 
@@ -160,9 +178,7 @@ class Model(nnx.Module):
 
     Each layer gets its own dropout key (split from `dropout_key`; None = none).
     """
-    T = tokens_BT.shape[1]
-    if T > self.cfg.block_size:
-      raise ValueError(f"sequence length {T} exceeds model.block_size {self.cfg.block_size}")
+    check_length(self.cfg, tokens_BT.shape[1])
     keys = split_key(dropout_key, len(self.blocks) + 1)
     x_BTD = self.embed_tokens(tokens_BT, keys[0])
     for block, key in zip(self.blocks, keys[1:]):

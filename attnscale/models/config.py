@@ -13,6 +13,7 @@ from typing import Any
 
 from attnscale import scalings
 from attnscale.attention import IMPLEMENTATIONS, NORMALIZERS
+from attnscale.positions import POSITIONS
 
 # bfloat16: products and activations in bf16; params, residual stream, LayerNorm
 # statistics, softmax, logits and loss in float32. (float16 would need loss scaling.)
@@ -38,7 +39,7 @@ class ModelConfig:
   """Hyperparameters of a model (mirrors `config.model`)."""
 
   vocab_size: int = 65
-  block_size: int = 256  # maximum sequence length (learned positions)
+  block_size: int = 256  # training context length; the longest sequence with learned positions
   num_layers: int = 6
   num_heads: int = 6
   num_kv_heads: int | None = None  # None = num_heads; fewer = grouped-query
@@ -56,6 +57,8 @@ class ModelConfig:
   head: str = "lm"  # lm: tied embedding | mlm: BERT's dense+GELU+LN, tied embedding, bias
   dtype: str = "float32"  # compute dtype ("bfloat16": mixed precision); params stay float32
   init_std: float = 0.02
+  positions: str = "learned"  # learned (absolute table) | rope (rotary on q, k) | none (NoPE)
+  rope_base: float = 10000.0  # rotary frequency base (positions="rope")
   variant: str = "standard"  # a name from attnscale.models.VARIANTS
   unit: UnitConfig = UnitConfig()  # the "unit" variant's fields
 
@@ -94,6 +97,17 @@ class ModelConfig:
       raise ValueError(f"model.head must be one of {list(HEADS)}, got {self.head!r}")
     if self.dtype not in DTYPES:
       raise ValueError(f"model.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+    if self.positions not in POSITIONS:
+      raise ValueError(f"model.positions must be one of {list(POSITIONS)}, "
+                       f"got {self.positions!r}")
+    if self.positions == "none" and not self.causal:
+      raise ValueError("model.positions='none' needs model.causal=True: a bidirectional "
+                       "encoder cannot infer positions (use 'learned' or 'rope')")
+    if self.positions == "rope" and self.head_dim % 2:
+      raise ValueError(f"model.positions='rope' needs an even head dim, got "
+                       f"width/num_heads = {self.head_dim}")
+    if not self.rope_base > 1:
+      raise ValueError(f"model.rope_base must be > 1, got {self.rope_base}")
     if not 0 <= self.dropout < 1:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
     models.VARIANTS[self.variant].validate_config(self)

@@ -1,6 +1,7 @@
 """The standard variant: a GPT- or BERT-style transformer (`model.variant = "standard"`).
 
-nanoGPT's architecture: pre-LN blocks, learned positions, tied input/output
+nanoGPT's architecture: pre-LN blocks, learned positions (or rotary, or none:
+`model.positions`, attnscale/positions.py), tied input/output
 embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections at
 0.02 / sqrt(2 L). The attention's scaling is a config value (`scaling`), plus the
 model-level options compared against the same baselines: QK-LayerNorm before any
@@ -135,7 +136,10 @@ class Transformer(base.Model):
     self.cfg = cfg
     self.embed = nnx.Embed(cfg.vocab_size, cfg.width, embedding_init=_normal(cfg.init_std),
                            rngs=rngs)
-    self.pos_embed = nnx.Param(_normal(cfg.init_std)(rngs.params(), (cfg.block_size, cfg.width)))
+    # Learned positions only (rope acts on q and k in each layer, none has nothing):
+    # the table is drawn first, so a learned-position model's init is unchanged.
+    self.pos_embed = (nnx.Param(_normal(cfg.init_std)(rngs.params(), (cfg.block_size, cfg.width)))
+                      if cfg.positions == "learned" else None)
     self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     # Pre-LN normalises the final stream; post-LN (BERT) the embeddings instead,
     # every block's output being normalised already. The GPT's parameters (and
@@ -149,7 +153,9 @@ class Transformer(base.Model):
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
-    x_BTD = self.embed(tokens_BT) + self.pos_embed[None, :T]
+    x_BTD = self.embed(tokens_BT)
+    if self.pos_embed is not None:
+      x_BTD = x_BTD + self.pos_embed[None, :T]
     if self.cfg.ln_position == "post":
       x_BTD = self.ln_embed(x_BTD)
     # The residual stream stays float32 under a bfloat16 `dtype` (as torch.autocast's):

@@ -198,12 +198,14 @@ class UnitBlock(base.Block):
 
 
 class UnitScaledTransformer(base.Model):
-  """Unit-scaled GPT: (token + position embedding)/sqrt(2), L weighted blocks, LN, tied readout."""
+  """Unit-scaled GPT: (token + position embedding)/sqrt(2) (the token embedding alone with
+  rope or no positions), L weighted blocks, LN, tied readout."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embed = _unit_normal(rngs, (cfg.vocab_size, cfg.width))
-    self.pos_embed = _unit_normal(rngs, (cfg.block_size, cfg.width))
+    self.pos_embed = (_unit_normal(rngs, (cfg.block_size, cfg.width))
+                      if cfg.positions == "learned" else None)
     taus = branch_taus(cfg)
     self.blocks = nnx.List([UnitBlock(cfg, taus[2 * l], taus[2 * l + 1], rngs=rngs)
                             for l in range(cfg.num_layers)])
@@ -211,10 +213,12 @@ class UnitScaledTransformer(base.Model):
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
-    x_BTD = us.embedding(tokens_BT, self.embed[...]) + us.embedding(
-        jnp.arange(T), self.pos_embed[...])[None]
-    # The sum of two unit embeddings has std sqrt(2): rescale the forward only.
-    return base.dropout(us.scale_fwd(x_BTD, 1 / math.sqrt(2)), self.cfg.dropout, dropout_key)
+    x_BTD = us.embedding(tokens_BT, self.embed[...])
+    if self.pos_embed is not None:
+      x_BTD = x_BTD + us.embedding(jnp.arange(T), self.pos_embed[...])[None]
+      # The sum of two unit embeddings has std sqrt(2): rescale the forward only.
+      x_BTD = us.scale_fwd(x_BTD, 1 / math.sqrt(2))
+    return base.dropout(x_BTD, self.cfg.dropout, dropout_key)
 
   def logits(self, x_BPD):
     """Tied readout, unit-scaled: logits = LN(x) @ E^T / sqrt(D), unit-scale at init.

@@ -6,6 +6,7 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies all --out studies_out --workdirs runs/a runs/b
   python -m attnscale.studies key_norms --out out --dist student_t --df 3
   python -m attnscale.studies output_scale --out out --max-n 1024 --causal-len 256
+  python -m attnscale.studies length --out out --workdirs runs/length/*
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import sys
 
 from attnscale import reporting, scalings, studies
 from attnscale.studies import key_norm_kde
+from attnscale.studies import length as length_study
 
-STUDIES = ("output_scale", "temperature", "key_norms", "trained")
+STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length")
+RUN_STUDIES = ("trained", "length")  # need --workdirs
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -91,16 +94,33 @@ def run_trained(a):
                 "Attention diagnostics of trained runs", notes)
 
 
+def run_length(a):
+  try:
+    r = length_study.length_study(a.workdirs)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+  first, last = r.lengths[0], r.lengths[-1]
+  notes = [f"{len(r.runs)} runs; validation loss (nats/char) over the whole split at each "
+           f"evaluation length (eval.py --lengths), mean ± standard error over seeds.",
+           f"Last column: loss at {last} minus loss at {first} (how much worse the model "
+           "gets with longer windows; negative = longer context helps).",
+           "Per-run values: length_runs.csv."]
+  paths = reporting.write_tables(r.rows(), a.out, "length_runs", title="Length study, every run")
+  written, notes = _write(length_study.plot_length(r), r.summary_rows(), a.out, "length",
+                          "Loss against evaluation length", notes)
+  return written + paths, notes
+
+
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
-           "key_norms": run_key_norms, "trained": run_trained}
+           "key_norms": run_key_norms, "trained": run_trained, "length": run_length}
 
 
 def parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m attnscale.studies", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("study", choices=STUDIES + ("all",),
-                 help="the study to run; all = every synthetic study, and trained when "
-                      "--workdirs is given")
+                 help="the study to run; all = every synthetic study, and trained and "
+                      "length when --workdirs is given")
   p.add_argument("--out", required=True, help="directory for the PNG, CSV and Markdown files")
   p.add_argument("--seed", type=int, default=0, help="jax.random.key(seed) for every draw")
   g = p.add_argument_group("output_scale and temperature")
@@ -127,7 +147,7 @@ def parse_args(argv):
   g.add_argument("--mean", type=float, default=1.0, help="nonzero_mean: the mean")
   g.add_argument("--length-range", type=float, nargs=2, default=[0.5, 2.0],
                  help="unequal_lengths: key lengths ~ U(lo, hi)")
-  g = p.add_argument_group("trained")
+  g = p.add_argument_group("trained and length")
   g.add_argument("--workdirs", nargs="+", default=[], help="train.py run directories")
   g.add_argument("--recompute", action="store_true",
                  help="ignore eval.json and compute from the latest checkpoint")
@@ -144,7 +164,10 @@ def parse_args(argv):
 def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
   names = [args.study] if args.study != "all" else [
-      s for s in STUDIES if s != "trained" or args.workdirs]
+      s for s in STUDIES if s not in RUN_STUDIES or args.workdirs]
+  if "length" in names and args.study == "all" and not all(
+      map(length_study.has_lengths, args.workdirs)):
+    names.remove("length")  # the runs were evaluated without --lengths
   for name in names:
     paths, notes = RUNNERS[name](args)
     print("\n  ".join([f"{name}:"] + notes + paths))

@@ -1,0 +1,173 @@
+"""Length generalisation: validation loss against evaluation length and position in the window.
+
+Reads what `eval.py --lengths=...` wrote into each run's eval.json ("lengths":
+per length the loss and the loss by position, `attnscale.length_eval`), and the
+run's config.json (scaling label, positions, seed, training length). Runs that
+differ only in seed form one group: the table gives each group's mean and
+standard error over seeds (for two seeds, half their difference), the figure
+its mean line and the seeds' range as a band.
+
+  python -m attnscale.studies length --out studies_out --workdirs runs/length/*
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from attnscale import configlib, reporting
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLengths:
+  """One run's losses by evaluation length.
+
+  Attributes:
+    workdir: the run directory.
+    scaling: `configlib.run_label` of the run ("unit_scaled" for the unit model).
+    positions: model.positions.
+    seed: config.seed.
+    train_len: config.seq_len, the training window.
+    lengths: {L: {"val_loss", "bits_per_char", "targets", "loss_by_position"}}.
+  """
+
+  workdir: str
+  scaling: str
+  positions: str
+  seed: int
+  train_len: int
+  lengths: dict[int, dict]
+
+  @property
+  def group(self) -> tuple[str, str]:
+    return self.scaling, self.positions
+
+
+def has_lengths(workdir: str) -> bool:
+  """Whether eval.py --lengths has evaluated `workdir`."""
+  path = os.path.join(workdir, "eval.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return "lengths" in json.load(f)
+
+
+def read_run(workdir: str) -> RunLengths:
+  """The lengths evaluation of `workdir`; a one-line ValueError if it has none."""
+  path = os.path.join(workdir, "eval.json")
+  if not os.path.exists(path):
+    raise ValueError(f"--workdirs {workdir} has no eval.json: run "
+                     f"`python eval.py --workdir={workdir} --lengths=...` first")
+  with open(path) as f:
+    result = json.load(f)
+  if "lengths" not in result:
+    raise ValueError(f"--workdirs {workdir}: its eval.json has no 'lengths': rerun eval.py "
+                     "with --lengths=...")
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = configlib.migrate(json.load(f))
+  return RunLengths(workdir, result["scaling"], config["model"].get("positions", "learned"),
+                    int(config["seed"]), int(config["seq_len"]),
+                    {int(k): v for k, v in result["lengths"].items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthResult:
+  runs: list[RunLengths]
+
+  def groups(self) -> dict[tuple[str, str], list[RunLengths]]:
+    out = collections.defaultdict(list)
+    for run in self.runs:
+      out[run.group].append(run)
+    return dict(out)
+
+  @property
+  def lengths(self) -> list[int]:
+    return sorted(set.intersection(*(set(r.lengths) for r in self.runs)))
+
+  def rows(self) -> list[dict]:
+    """One row per run and length."""
+    return [{"scaling": r.scaling, "positions": r.positions, "seed": r.seed,
+             "train_len": r.train_len, "eval_len": L, "val_loss": r.lengths[L]["val_loss"],
+             "bits_per_char": r.lengths[L]["bits_per_char"], "run": os.path.basename(
+                 os.path.normpath(r.workdir))}
+            for r in self.runs for L in sorted(r.lengths)]
+
+  def summary_rows(self) -> list[dict]:
+    """One row per (scaling, positions): loss at each length, mean +- s.e. over seeds."""
+    rows = []
+    for (scaling, positions), runs in sorted(self.groups().items()):
+      row = {"scaling": scaling, "positions": positions, "seeds": len(runs)}
+      for L in self.lengths:
+        mean, se = mean_se([r.lengths[L]["val_loss"] for r in runs])
+        row[f"L={L}"] = f"{mean:.3f} ± {se:.3f}" if len(runs) > 1 else f"{mean:.3f}"
+      first, last = self.lengths[0], self.lengths[-1]
+      growth = [r.lengths[last]["val_loss"] - r.lengths[first]["val_loss"] for r in runs]
+      mean, se = mean_se(growth)
+      row[f"L={last} - L={first}"] = f"{mean:+.3f} ± {se:.3f}" if len(runs) > 1 else f"{mean:+.3f}"
+      rows.append(row)
+    return rows
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+  """Mean and standard error (sample std / sqrt(n)); s.e. 0 for one value."""
+  x = np.asarray(values, float)
+  se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+  return float(x.mean()), se
+
+
+def length_study(workdirs: Sequence[str]) -> LengthResult:
+  if not workdirs:
+    raise ValueError("length: give one or more --workdirs (runs evaluated with eval.py --lengths)")
+  return LengthResult([read_run(w) for w in workdirs])
+
+
+def position_bins(length: int) -> list[tuple[int, int]]:
+  """Positions [0, L) in powers-of-two bins [2^k - 1, 2^(k+1) - 1): 1, 2-3, 4-7, ... keys seen."""
+  edges = [0] + [2**k - 1 for k in range(1, int(math.log2(length)) + 1)] + [length]
+  return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def plot_length(result: LengthResult):
+  """Per positions type: loss against evaluation length, and against position at the
+  longest length (log-binned), one line per scaling (mean over seeds, band = range)."""
+  groups = result.groups()
+  kinds = sorted({p for _, p in groups})
+  fig = reporting.new_figure(12, 4.2 * len(kinds))
+  axes = fig.subplots(len(kinds), 2, squeeze=False)
+  L_max = result.lengths[-1]
+  bins = position_bins(L_max)
+  for row, kind in enumerate(kinds):
+    ax_len, ax_pos = axes[row]
+    names = sorted(s for s, p in groups if p == kind)
+    for i, scaling in enumerate(names):
+      runs = groups[scaling, kind]
+      style = reporting.style(i)
+      loss_RL = np.array([[r.lengths[L]["val_loss"] for L in result.lengths] for r in runs])
+      ax_len.plot(result.lengths, loss_RL.mean(0), label=scaling, **style)
+      ax_len.fill_between(result.lengths, loss_RL.min(0), loss_RL.max(0),
+                          color=style["color"], alpha=0.15)
+      curve_RP = np.array([r.lengths[L_max]["loss_by_position"] for r in runs])
+      binned_RB = np.stack([curve_RP[:, a:b].mean(1) for a, b in bins], 1)
+      centres = [math.sqrt(max(a, 1) * b) for a, b in bins]
+      ax_pos.plot(centres, binned_RB.mean(0), label=scaling, **style)
+      ax_pos.fill_between(centres, binned_RB.min(0), binned_RB.max(0),
+                          color=style["color"], alpha=0.15)
+    train_len = groups[names[0], kind][0].train_len
+    for ax in (ax_len, ax_pos):
+      ax.set_xscale("log", base=2)
+      ax.axvline(train_len, color="k", lw=0.8, ls="--")
+    reporting.label_axes(ax_len, xlabel="evaluation length", ylabel="validation loss (nats)",
+                         title=f"positions={kind}: loss against length (trained at {train_len})")
+    reporting.label_axes(ax_pos, xlabel="position in the window (keys seen)",
+                         ylabel="validation loss (nats)",
+                         title=f"positions={kind}: loss against position, windows of {L_max}")
+    top = max(ax_len.get_ylim()[0] + 1.5, 3.0)
+    ax_len.set_ylim(top=min(ax_len.get_ylim()[1], top))
+    ax_pos.set_ylim(top=min(ax_pos.get_ylim()[1], top))
+  return fig
