@@ -134,3 +134,34 @@ def test_learned_positions_init_unchanged_and_only_there():
   # Rotary adds no parameters: the rope model's are the learned one's minus the table.
   n = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
   assert n(learned) - n(rope) == 16 * 16
+
+
+def _all_shapes(jaxpr):
+  """Every intermediate's shape, inside nested jaxprs (jit, custom_vjp, ...) too."""
+  for eqn in jaxpr.eqns:
+    for v in eqn.outvars:
+      yield getattr(v.aval, "shape", ())
+    for sub in _sub_jaxprs(eqn.params):
+      yield from _all_shapes(sub)
+
+
+def _sub_jaxprs(params):
+  for value in params.values():
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+      if hasattr(v, "jaxpr") and hasattr(v.jaxpr, "eqns"):
+        yield v.jaxpr
+      elif hasattr(v, "eqns"):
+        yield v
+
+
+@pytest.mark.parametrize("name", ["standard", "log_n", "key_norm_sum", "fully_scaled"])
+def test_long_evaluation_builds_no_t_by_t_array(name):
+  """At 16x a training length of 32, no value in the forward pass is L x L: the
+  fused kernel's causal blocks hold [rows, L] logits with rows < L."""
+  model = lm(name, None, "rope")
+  L = 512
+  graphdef, state = nnx.split(model)
+  fwd = lambda state, tokens: nnx.merge(graphdef, state)(tokens)
+  jaxpr = jax.make_jaxpr(fwd)(state, jnp.zeros((1, L), jnp.int32)).jaxpr
+  square = [s for s in _all_shapes(jaxpr) if sum(d == L for d in s) >= 2]
+  assert not square, square[:3]

@@ -169,3 +169,72 @@ def test_user_defined_scaling_runs_on_both_paths():
                             implementation="reference")
   np.testing.assert_allclose(attnscale.attention(q, k, v, scale_fn=key_norm_sqrt,
                                                  is_causal=True), ref, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# The log-n scalings (issue: length generalisation).
+
+
+def _logit_scale(name, T, *, causal, **params):
+  from attnscale.visibility import VisibleKeys
+  q = jnp.ones((1, T, 2, 16))
+  keys = VisibleKeys(None, causal, T, T, 2, 2)
+  s = scalings.get(name, **params)(q, q, keys).logit_scale
+  return np.broadcast_to(np.asarray(s), (1, T, 2))
+
+
+def test_log_n_is_standard_at_the_training_length():
+  from attnscale.scalings import Dims, log_n_init
+  L = 64
+  s0 = log_n_init(Dims(heads=2, kv_heads=2, head_dim=16, train_len=L))
+  assert s0 == pytest.approx(1 / np.log(L))
+  s = _logit_scale("log_n", L, causal=True, s=s0)
+  # Query i sees n_i = i + 1 keys: s0 * log(n_i) / sqrt(d); standard (1/4) at n = L.
+  np.testing.assert_allclose(s[0, :, 0], s0 * np.log(np.arange(1, L + 1)) / 4, rtol=1e-6)
+  assert s[0, -1, 0] == pytest.approx(0.25)
+  # Per-head s: one value per head, the model's learned form.
+  s = _logit_scale("log_n", 8, causal=False, s=jnp.array([1.0, 2.0]))
+  np.testing.assert_allclose(s[0, 0], np.array([1.0, 2.0]) * np.log(8) / 4, rtol=1e-6)
+  # The default (Chiang & Cholak 2022): s = 1.
+  np.testing.assert_allclose(_logit_scale("log_n", 8, causal=False)[0, 0, 0], np.log(8) / 4,
+                             rtol=1e-6)
+
+
+def test_log_n_ratio_is_standard_up_to_the_training_length_and_sharper_past_it():
+  T, L = 64, 16
+  s = _logit_scale("log_n_ratio", T, causal=True, train_len=L)[0, :, 0]
+  n = np.arange(1, T + 1)
+  np.testing.assert_allclose(s[:L], 0.25)
+  np.testing.assert_allclose(s[L:], np.log(n[L:]) / np.log(L) / 4, rtol=1e-6)
+  assert s[-1] == pytest.approx(1.5 / 4)  # log_16(64) = 1.5
+  assert scalings.get("log_n_ratio").train_len == 2048  # analysis default
+  with pytest.raises(ValueError, match="train_len must be >= 2"):
+    scalings.get("log_n_ratio", train_len=1)
+
+
+def test_model_fills_log_n_ratio_train_len_and_learns_log_n_per_head():
+  from flax import nnx
+  from attnscale import models
+  from attnscale.models import ModelConfig
+  cfg = dict(vocab_size=11, block_size=32, num_layers=1, num_heads=2, width=16)
+  ratio = models.build(ModelConfig(scaling="log_n_ratio", **cfg), rngs=nnx.Rngs(0))
+  assert ratio.blocks[0].attn.scaling().train_len == 32
+  fixed = models.build(ModelConfig(scaling="log_n_ratio", scaling_params={"train_len": 8}, **cfg),
+                       rngs=nnx.Rngs(0))
+  assert fixed.blocks[0].attn.scaling().train_len == 8
+  log_n = models.build(ModelConfig(scaling="log_n", **cfg), rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(log_n.blocks[0].attn.scaling.s[...], [1 / np.log(32)] * 2,
+                             rtol=1e-6)
+
+
+def test_qk_rmsnorm_and_inverse_d():
+  from attnscale.visibility import VisibleKeys
+  q, k, _ = random_qkv()
+  keys = VisibleKeys(None, False, 12, 12, 4, 2)
+  out = scalings.get("qk_rmsnorm", q_scale=jnp.full((8,), 2.0))(q, k, keys)
+  rms = np.sqrt(np.mean(np.square(np.asarray(q)), -1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(out.q, 2 * np.asarray(q) / rms, rtol=1e-5)
+  np.testing.assert_allclose(np.sqrt(np.mean(np.square(out.k), -1)), 1.0, rtol=1e-3)
+  assert out.logit_scale == pytest.approx(8**-0.5)
+  assert scalings.get("inverse_d")(q, k, keys).logit_scale == pytest.approx(1 / 8)
+  assert scalings.get("inverse_d", mult=4.0).init_logit_scale(8) == pytest.approx(0.5)
