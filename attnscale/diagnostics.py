@@ -3,8 +3,10 @@
 For each layer, on a batch of real data: the std of the attention output (the
 quantity Graphcore's fully scaled attention sets to about 1), the entropy of the
 attention weights (0 = one key, log n = uniform; a collapsing or saturating
-scale shows here first) and the largest logit (how far from a softmax
-temperature of 1 the scaling sits). With padding, only the real (non-padded)
+scale shows here first), the largest logit (how far from a softmax
+temperature of 1 the scaling sits) and the sink rate (the weight on the first
+key: heads that park attention on token 0, Xiao et al. 2023), per layer and
+per head. With padding, only the real (non-padded)
 queries count, and the padding mask keeps padded keys out of everything.
 
 `task_attention_stats(model, task, batch)` is the one entry point of
@@ -22,39 +24,52 @@ from attnscale.attention import attention, attention_weights
 
 
 def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
-                    is_causal=False, normalizer="softmax",
-                    query_mask_BT=None) -> dict[str, jax.Array]:
-  """Output std, mean entropy (nats) and max logit of one attention call.
+                    is_causal=False, normalizer="softmax", query_mask_BT=None,
+                    **options) -> dict[str, jax.Array]:
+  """Output std, entropy, max logit and sink rate of one attention call, per layer and head.
 
-  output_std = std(z) over [B, T, N, H], entropy = mean over [B, N, T] of
-  -sum_s p_s log p_s, max_logit = max over [B, N, T, S] of the scaled logits.
-  Entropy and logits come from the reference path (the T x S weights); the
-  output is the fused path's, what the model computes. `query_mask_BT` (bool,
-  True = a real token) restricts all three to the real queries.
+  Layer values: output_std = std(z) over [B, T, N, H]; entropy = mean over
+  [B, N, T] of -sum_s p_s log p_s (nats); max_logit = max over [B, N, T, S] of
+  the scaled logits; sink_rate = mean over [B, N, T'] of p_i0, the weight on
+  the first key, over the queries T' that see more than one key (under
+  causality query 0 sees only key 0, which says nothing). "heads" holds the
+  last three per head ([N] each), what tells a head that sinks its attention
+  into the first token from one that spreads it.
+
+  Entropy, logits and weights come from the reference path (the T x S
+  weights); the output is the fused path's, what the model computes.
+  `query_mask_BT` (bool, True = a real token) restricts everything to the real
+  queries. `options` are further `attention` arguments (a soft-cap, a sink).
   """
   logits_BNTS, probs_BNTS = attention_weights(q_BTNH, k_BSKH, scale_fn=scale_fn, mask=mask,
-                                              is_causal=is_causal, normalizer=normalizer)
+                                              is_causal=is_causal, normalizer=normalizer,
+                                              **options)
   plogp_BNTS = jnp.where(probs_BNTS > 0, probs_BNTS * jnp.log(jnp.maximum(probs_BNTS, 1e-30)), 0)
   z_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, scale_fn=scale_fn, mask=mask,
-                     is_causal=is_causal, normalizer=normalizer)
+                     is_causal=is_causal, normalizer=normalizer, **options).astype(jnp.float32)
   logits_BNTS = jnp.where(jnp.isfinite(logits_BNTS), logits_BNTS, -jnp.inf)
-  if query_mask_BT is None:
-    return {
-        "output_std": jnp.std(z_BTNH.astype(jnp.float32)),
-        "entropy": jnp.mean(-plogp_BNTS.sum(-1)),
-        "max_logit": jnp.max(logits_BNTS),
-    }
-  w_BT = query_mask_BT.astype(jnp.float32)
-  N, H = z_BTNH.shape[2:]
-  z_BTNH = z_BTNH.astype(jnp.float32)
+  B, T, N, H = z_BTNH.shape
+  w_BT = (jnp.ones((B, T)) if query_mask_BT is None
+          else jnp.broadcast_to(query_mask_BT, (B, T)).astype(jnp.float32))
   count = jnp.maximum(jnp.sum(w_BT), 1.0)
   mean = jnp.sum(z_BTNH * w_BT[:, :, None, None]) / (count * N * H)
   var = jnp.sum(jnp.square(z_BTNH - mean) * w_BT[:, :, None, None]) / (count * N * H)
-  entropy_BNT = -plogp_BNTS.sum(-1)
+
+  w_B1T = w_BT[:, None, :]
+  entropy_N = jnp.sum(-plogp_BNTS.sum(-1) * w_B1T, axis=(0, 2)) / count
+  real_B1T1 = w_B1T[..., None] > 0
+  max_logit_N = jnp.max(jnp.where(real_B1T1, logits_BNTS, -jnp.inf), axis=(0, 2, 3))
+  # The first key's weight, over the queries that see more than one key (under
+  # causality query 0 sees key 0 alone).
+  several_B1T = w_B1T * (jnp.arange(T) > 0)[None, None, :] if is_causal else w_B1T
+  sink_N = (jnp.sum(probs_BNTS[..., 0] * several_B1T, axis=(0, 2))
+            / jnp.maximum(jnp.sum(several_B1T), 1.0))
   return {
       "output_std": jnp.sqrt(var),
-      "entropy": jnp.sum(entropy_BNT * w_BT[:, None, :]) / (count * entropy_BNT.shape[1]),
-      "max_logit": jnp.max(jnp.where(query_mask_BT[:, None, :, None], logits_BNTS, -jnp.inf)),
+      "entropy": jnp.mean(entropy_N),
+      "max_logit": jnp.max(max_logit_N),
+      "sink_rate": jnp.mean(sink_N),
+      "heads": {"entropy": entropy_N, "max_logit": max_logit_N, "sink_rate": sink_N},
   }
 
 
@@ -81,7 +96,9 @@ def model_attention_stats(model, tokens_BT, mask=None,
             for call in model.attention_calls(tokens_BT, mask=mask)]
 
   stats = jax.device_get(run(tokens_BT, mask, query_mask_BT))
-  return [{k: float(v) for k, v in layer.items()} for layer in stats]
+  return [{**{k: float(v) for k, v in layer.items() if k != "heads"},
+           "heads": {k: [float(x) for x in v] for k, v in layer["heads"].items()}}
+          for layer in stats]
 
 
 def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
@@ -99,7 +116,8 @@ def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
     batch: a batch of the task's; None = `next(task.eval_batches())`.
 
   Returns:
-    Per layer, {"output_std", "entropy", "max_logit"} as floats.
+    Per layer, {"output_std", "entropy", "max_logit", "sink_rate"} as floats and
+    "heads": {"entropy", "max_logit", "sink_rate"}, a list per head.
   """
   if batch is None:
     batch = next(iter(task.eval_batches()))

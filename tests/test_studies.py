@@ -173,8 +173,13 @@ def test_trained_diagnostics_from_eval_json_and_checkpoint(trained_run):
     # key_norm_sum near init: logits about 1/n, weights nearly uniform, so the
     # entropy is close to its maximum (log n averaged over causal positions).
     assert 0 < row["max_logit"] < 0.5
+  # Per head: 2 layers x 2 heads per run; key_norm_sum's near-uniform weights put
+  # about the mean 1/n_i on the first key.
+  heads = r.head_rows()
+  assert len(heads) == 2 * 2 * 2 and {h["head"] for h in heads} == {0, 1}
+  assert all(0 < h["sink_rate"] < 0.5 for h in heads)
   fig = studies.plot_trained(r)
-  assert len(fig.axes) == 3
+  assert len(fig.axes) == 4
   with pytest.raises(ValueError, match="at least one workdir"):
     studies.trained_diagnostics([])
 

@@ -89,9 +89,12 @@ def run_trained(a):
     raise SystemExit("trained: give one or more --workdirs (train.py run directories)")
   r = studies.trained_diagnostics(a.workdirs, recompute=a.recompute)
   notes = ["Per-layer attention statistics on the first validation batch "
-           "(eval.py's diagnostics)."]
-  return _write(studies.plot_trained(r), r.rows(), a.out, "trained",
-                "Attention diagnostics of trained runs", notes)
+           "(eval.py's diagnostics); per head in trained_heads.csv / .md."]
+  heads = reporting.write_tables(r.head_rows(), a.out, "trained_heads",
+                                 title="Attention diagnostics per head")
+  paths, notes = _write(studies.plot_trained(r), r.rows(), a.out, "trained",
+                        "Attention diagnostics of trained runs", notes)
+  return paths + heads, notes
 
 
 def run_length(a):

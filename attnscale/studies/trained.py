@@ -23,7 +23,8 @@ import numpy as np
 from attnscale import reporting
 
 STATS = (("output_std", "attention output std"), ("entropy", "attention entropy (nats)"),
-         ("max_logit", "max logit"))
+         ("max_logit", "max logit"), ("sink_rate", "weight on the first key"))
+HEAD_STATS = ("entropy", "max_logit", "sink_rate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,8 @@ class RunDiagnostics:
     workdir: the run directory.
     scaling: the run's attention label (`configlib.run_label`, eval.json's "scaling").
     step: the checkpoint step the statistics come from.
-    layers: per layer, {"output_std", "entropy", "max_logit"}.
+    layers: per layer, {"output_std", "entropy", "max_logit", "sink_rate", "heads"}
+      (eval.json's; runs evaluated before sink_rate and heads existed lack them).
     source: "eval.json" or "checkpoint".
   """
 
@@ -81,8 +83,16 @@ class TrainedResult:
 
   def rows(self) -> list[dict]:
     return [{"run": run.label, "scaling": run.scaling, "step": run.step, "layer": i,
-             **{name: float(layer[name]) for name, _ in STATS}, "source": run.source}
+             **{name: float(layer.get(name, np.nan)) for name, _ in STATS},
+             "source": run.source}
             for run in self.runs for i, layer in enumerate(run.layers)]
+
+  def head_rows(self) -> list[dict]:
+    """One row per run, layer and head: entropy, max logit, sink rate."""
+    return [{"run": run.label, "layer": i, "head": h,
+             **{name: float(layer["heads"][name][h]) for name in HEAD_STATS}}
+            for run in self.runs for i, layer in enumerate(run.layers) if "heads" in layer
+            for h in range(len(layer["heads"]["entropy"]))]
 
 
 def trained_diagnostics(workdirs: Sequence[str], *, recompute: bool = False) -> TrainedResult:
@@ -94,12 +104,12 @@ def trained_diagnostics(workdirs: Sequence[str], *, recompute: bool = False) -> 
 
 def plot_trained(result: TrainedResult):
   """Output std, entropy and max logit against layer, one line per run."""
-  fig = reporting.new_figure(15, 4.6)
+  fig = reporting.new_figure(19, 4.6)
   axes = fig.subplots(1, len(STATS))
   for i, run in enumerate(result.runs):
     layers = np.arange(len(run.layers))
     for ax, (name, _) in zip(axes, STATS):
-      ax.plot(layers, [layer[name] for layer in run.layers], lw=1.5, ms=6,
+      ax.plot(layers, [layer.get(name, np.nan) for layer in run.layers], lw=1.5, ms=6,
               label=f"{run.label}, step {run.step}", **reporting.style(i))
   num_layers = max(len(run.layers) for run in result.runs)
   for ax, (name, title) in zip(axes, STATS):
