@@ -8,6 +8,9 @@ perplexity and masked-token accuracy (the sampling flags do not apply to it).
   python eval.py --workdir=runs/bert_cpu
   python eval.py --workdir=runs/char_rope --lengths=128,256,512,1024,2048
 
+In several processes, add train.py's --multihost flags to each (README, "GPUs,
+TPU pods, several hosts"); process 0 writes eval.json and prints the summary.
+
 A bad flag exits with one `error: ...` line naming it (attnscale/cli.py).
 """
 
@@ -27,6 +30,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _LENGTHS = flags.DEFINE_string(
     "lengths", None, "Comma-separated context lengths, e.g. 128,256,512,1024,2048: the "
     "validation loss at each and by position in the window (eval.json 'lengths').")
+_MULTIHOST = cli.define_multihost_flags()  # as train.py's: one of several processes
 flags.mark_flag_as_required("workdir")
 
 
@@ -34,6 +38,7 @@ def main(argv):
   del argv
   cli.check_workdir(_WORKDIR.value)
   logging.set_verbosity(logging.WARNING)
+  cli.initialize_multihost(_MULTIHOST)  # before anything starts JAX's backend
   from attnscale import eval_lib, length_eval
   try:
     lengths = length_eval.parse_lengths(_LENGTHS.value) if _LENGTHS.value else None
@@ -43,7 +48,9 @@ def main(argv):
                                    seed=_SEED.value, lengths=lengths)
   except (ValueError, FileNotFoundError) as e:
     cli.fail(str(e))
-  print(eval_lib.format_summary(result))
+  import jax
+  if jax.process_index() == 0:
+    print(eval_lib.format_summary(result))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def main(argv):
   cli.check_workdir(_WORKDIR.value)
   from attnscale import sweeps
   try:
-    points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value)
+    points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
   except ValueError as e:
     cli.fail(str(e))
   if _PRINT.value:
@@ -42,6 +42,14 @@ def main(argv):
   failures = []
   if not _COLLECT.value:
     failures = sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value)
+    # A staged sweep adds points from its results (seeds at the best learning
+    # rates): run until a reload adds nothing.
+    while True:
+      more = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
+      if {p.name for p in more} <= {p.name for p in points}:
+        break
+      points = more
+      failures += sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value)
   rows = sweeps.collect(_WORKDIR.value, points)
   paths = sweeps.write_results(rows, _WORKDIR.value, title=f"{_SWEEP.value} sweep")
   print(sweeps.markdown_table(rows))

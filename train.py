@@ -3,10 +3,14 @@ r"""Trains a model from a config; resumes from the latest checkpoint in --workdi
   python train.py --config=configs/shakespeare_char.py:preset=cpu,scaling=key_norm_sum \
       --workdir=runs/char_cpu --config.num_train_steps=2000
 
-Multi-host (TPU pods, several GPU hosts): start the same command on every host
-with --multihost, which calls jax.distributed.initialize() (it reads the cluster
-from the TPU / SLURM / Open MPI environment; set JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES and JAX_PROCESS_ID elsewhere).
+Several processes (TPU pods, GPU clusters, or two on a laptop): start the same
+command in every process with --multihost, which calls jax.distributed.initialize()
+(it detects TPU, SLURM and Open MPI clusters); elsewhere add where process 0's
+coordinator listens, how many processes there are and which one this is:
+
+  python train.py --config=configs/shakespeare_char.py:preset=test --workdir=runs/two \
+      --multihost --coordinator_address=localhost:12355 --num_processes=2 --process_id=0
+  (and the same with --process_id=1; README, "GPUs, TPU pods, several hosts")
 
 A bad flag (a missing config file, an override of a field the config lacks or
 of the wrong type, a --workdir that is a file) or a bad config value exits with
@@ -24,7 +28,7 @@ from attnscale import cli
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
-_MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize().")
+_MULTIHOST = cli.define_multihost_flags()  # --multihost, --coordinator_address, ...
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -33,9 +37,7 @@ def main(argv):
   cli.check_workdir(_WORKDIR.value)
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
-  import jax
-  if _MULTIHOST.value:
-    jax.distributed.initialize()
+  cli.initialize_multihost(_MULTIHOST)  # before anything starts JAX's backend
   from attnscale import train_lib
   try:
     train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

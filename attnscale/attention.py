@@ -1,15 +1,19 @@
 """Pure functional dot-product attention with a pluggable scaling.
 
-    z_i = c_i * sum_j p_ij v_j,   p_i = normalizer_j((q'_i . k'_j) * s_i)
+    z_i = c_i * sum_j p_ij v_j,   p_i = normalizer_j(l_ij),   l_ij = cap((q'_i . k'_j) * s_i)
 
 where (q', k', s_i, c_i) come from the scaling (`attnscale.scalings`) and only the
-keys visible to query i (mask, causality) take part. Two implementations:
+keys visible to query i (mask, causality) take part. cap is the optional logit
+soft-cap c tanh(x / c); the normalizer is softmax (optionally with an attention
+sink: an extra exp(b) in the denominator) or sigmoid(l_ij - log n_i). Two
+implementations:
 
 * "reference": plain einsums, the T x S logits materialised, softmax in float32 (or wider).
   This is the definition.
 * the fused path (default): s_i folded into q, c_i applied to the output, and one
   scale-1 kernel call, so one kernel serves every scaling: cuDNN flash attention
-  (`jax.nn.dot_product_attention`) on a GPU, `attnscale.xla_attention` elsewhere.
+  (`jax.nn.dot_product_attention`) on a GPU, `attnscale.xla_attention` elsewhere
+  and for what jax.nn's cuDNN call cannot take (soft-cap, sink, sigmoid).
 
 Dimension legend: B batch, T query length, S key/value length, N query heads,
 K key/value heads (K divides N: grouped-query attention), H head dim.
@@ -38,7 +42,9 @@ def attention(q_BTNH: Array,
               mask: Array | None = None,
               is_causal: bool = False,
               implementation: str | None = None,
-              normalizer: str = "softmax") -> Array:
+              normalizer: str = "softmax",
+              logit_softcap: float | None = None,
+              sink: float | Array | None = None) -> Array:
   """Multi-head dot-product attention with the scaling `scale_fn`.
 
   Args:
@@ -51,22 +57,36 @@ def attention(q_BTNH: Array,
       attend (padding and any custom pattern). Masked keys count nowhere: not
       in key-norm sums, not in n.
     is_causal: query i attends to keys j <= i only (top-left aligned).
-    implementation: None (fused: cuDNN on a GPU for bf16/fp16, else "xla"),
-      "xla" (fused, `attnscale.xla_attention`), "cudnn" (fused, cuDNN flash
-      attention; errors where cuDNN refuses), or "reference". With
-      normalizer="sigmoid", None means "reference" (no fused sigmoid kernel).
-    normalizer: "softmax", or "sigmoid": p_ij = sigmoid(logit_ij - log n_i),
-      Ramapuram et al. 2024, "Theory, Analysis, and Best Practices for
-      Sigmoid Self-Attention" (arXiv 2409.04431), reference path only.
+    implementation: None (fused: cuDNN on a GPU for bf16/fp16 softmax with no
+      soft-cap and no sink, else "xla"), "xla" (fused,
+      `attnscale.xla_attention`), "cudnn" (fused, cuDNN flash attention; errors
+      where cuDNN refuses, and for sigmoid, a soft-cap or a sink, which jax.nn's
+      cuDNN call cannot take), or "reference".
+    normalizer: "softmax", or "sigmoid": p_ij = sigmoid(l_ij - log n_i) with n_i
+      the number of keys query i sees, Ramapuram et al. 2024, "Theory,
+      Analysis, and Best Practices for Sigmoid Self-Attention" (arXiv
+      2409.04431). No row normalisation; the fused path runs it in the XLA kernel.
+    logit_softcap: c > 0: each scaled logit l -> c * tanh(l / c), so |l| <= c,
+      before masking and the normalizer. Gemma Team 2024, "Gemma 2: Improving
+      Open Language Models at a Practical Size" (arXiv 2408.00118; c = 50 for
+      attention). A tanh cannot be folded into q, so the fused path runs it in
+      the XLA kernel. None = off.
+    sink: an attention sink logit b, a scalar or [heads] (one per query head,
+      traced arrays welcome: a model learns it): softmax only, p_ij = exp(l_ij) /
+      (exp(b) + sum_k exp(l_ik)), so a query may put weight on nothing. b = 0
+      is the off-by-one softmax (Miller 2023, "Attention Is Off By One"); a
+      learned b per head is gpt-oss's (OpenAI 2025, gpt-oss model card). The
+      sink is not a key: it changes no n_i and no scaling's sums. The fused
+      path takes lse_i = log sum_j exp(l_ij) from the XLA kernel and multiplies
+      its output by sum_j p_ij = sigmoid(lse_i - b). None = off.
 
   Returns:
     [batch, q_len, heads, head_dim] in q's dtype. A query that sees no key gets
     zeros.
   """
   mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, implementation, normalizer)
-  if normalizer == "sigmoid" and implementation not in (None, "reference"):
-    raise ValueError("normalizer='sigmoid' has no fused kernel: implementation must "
-                     f"be None or 'reference', got {implementation!r}")
+  logit_softcap, sink = _check_options(q_BTNH.shape[2], implementation, normalizer,
+                                       logit_softcap, sink)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
@@ -79,10 +99,14 @@ def attention(q_BTNH: Array,
     base = 1.0 if out_scale_BTN is None else _broadcast(out_scale_BTN, n_BTN.shape)
     out_scale_BTN = jnp.where(n_BTN > 0, base, 0.0)
 
-  if normalizer == "sigmoid" or implementation == "reference":
-    z_BTNH = _reference(scaled, v_BSKH, keys, normalizer)
+  if implementation == "reference":
+    z_BTNH = _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink)
   else:
-    z_BTNH = _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation)
+    z_BTNH, sink_BTN = _fused(scaled, v_BSKH, keys, implementation, normalizer,
+                              logit_softcap, sink)
+    if sink_BTN is not None:
+      out_scale_BTN = sink_BTN if out_scale_BTN is None else sink_BTN * _broadcast(
+          out_scale_BTN, sink_BTN.shape)
   if out_scale_BTN is not None:
     z_BTNH = z_BTNH * _per_query(out_scale_BTN, z_BTNH.shape)
   return z_BTNH.astype(q_BTNH.dtype)
@@ -99,25 +123,43 @@ def _per_query(x_BTN, shape_BTNH) -> Array:
   return _broadcast(x_BTN, shape_BTNH[:3])[..., None]
 
 
-def _fused(scaled, v_BSKH, mask_BNTS, is_causal, implementation):
-  """Folds s_i into q and calls a fused kernel with scale 1.
+def _fused(scaled, v_BSKH, keys, implementation, normalizer, logit_softcap, sink):
+  """Folds s_i into q and calls a fused kernel with scale 1; returns (z, sink factor).
 
   "cudnn": `jax.nn.dot_product_attention`'s cuDNN flash attention (GPU). "xla":
   `attnscale.xla_attention` (causal blocks, matmul layouts; jax.nn's own XLA
   path is 3x slower on CPU). None: cuDNN on a GPU where it takes the shapes and
-  dtype (jax.nn's None means XLA, even on a GPU), otherwise "xla".
+  dtype (jax.nn's None means XLA, even on a GPU) and the options (softmax, no
+  soft-cap, no sink: jax.nn neither takes a tanh nor returns lse), otherwise "xla".
+  The sink factor sigmoid(lse_i - b), [B, T, N], multiplies the output (None
+  without a sink).
   """
   dtype = v_BSKH.dtype
   q_BTNH = (upcast(scaled.q) * _per_query(scaled.logit_scale, scaled.q.shape)).astype(dtype)
   k_BSKH = scaled.k.astype(dtype)
-  if implementation == "cudnn" or (implementation is None and _cudnn_available(dtype)):
+  plain = normalizer == "softmax" and logit_softcap is None and sink is None
+  if implementation == "cudnn" or (implementation is None and plain
+                                   and _cudnn_available(dtype)):
     try:
-      return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_BNTS, scale=1.0,
-                                          is_causal=is_causal, implementation="cudnn")
+      return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=keys.mask_BNTS,
+                                          scale=1.0, is_causal=keys.is_causal,
+                                          implementation="cudnn"), None
     except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions
       if implementation == "cudnn":
         raise
-  return xla_attention.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask_BNTS, is_causal)
+  bias_BTN = None
+  if normalizer == "sigmoid":
+    # -log n_i per query: O(B T N), from the causal prefix and the key mask.
+    n_BTN = keys.count()
+    bias_BTN = -jnp.log(jnp.maximum(n_BTN, 1.0))
+  out = xla_attention.dot_product_attention(
+      q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
+      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, return_lse=sink is not None)
+  if sink is None:
+    return out, None
+  z_BTNH, lse_BTN = out
+  # sum_j p_ij = Z / (Z + e^b) = sigmoid(lse_i - b), with Z = sum_j e^(l_ij) = e^(lse_i).
+  return z_BTNH, jax.nn.sigmoid(lse_BTN - _broadcast(sink, lse_BTN.shape))
 
 
 def _cudnn_available(dtype) -> bool:
@@ -131,33 +173,40 @@ def attention_weights(q_BTNH: Array,
                       scale_fn: scalings_lib.ScaleFn | None = None,
                       mask: Array | None = None,
                       is_causal: bool = False,
-                      normalizer: str = "softmax") -> tuple[Array, Array]:
+                      normalizer: str = "softmax",
+                      logit_softcap: float | None = None,
+                      sink: float | Array | None = None) -> tuple[Array, Array]:
   """The reference path's logits and attention weights, for analysis.
 
+  `logit_softcap` and `sink` as in `attention`.
+
   Returns:
-    (logits_BNTS, probs_BNTS), float32 (or wider): the scaled logits (-inf where
-    a key is not visible) and the normalised weights p_ij (0 where not visible).
-    The output is c_i * probs @ v; `attention` applies c_i.
+    (logits_BNTS, probs_BNTS), float32 (or wider): the scaled (and soft-capped)
+    logits (-inf where a key is not visible) and the normalised weights p_ij (0
+    where not visible; with a sink a row sums to sigmoid(lse_i - b) < 1). The
+    output is c_i * probs @ v; `attention` applies c_i.
   """
   v_BSKH = jnp.zeros_like(k_BSKH)
   mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, "reference", normalizer)
+  logit_softcap, sink = _check_options(q_BTNH.shape[2], "reference", normalizer,
+                                       logit_softcap, sink)
   B, T, N, _ = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
   scaled = (scale_fn or scalings_lib.Standard())(q_BTNH, k_BSKH, keys)
-  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer)
+  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink)
   return logits_BKGTS.reshape(B, N, T, S), p_BKGTS.reshape(B, N, T, S)
 
 
-def _reference(scaled, v_BSKH, keys, normalizer):
+def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink):
   """The definition: materialised logits, float32 normaliser, einsums."""
   B, S, K, H = v_BSKH.shape
-  _, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer)
+  _, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink)
   z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
   return z_BTKGH.reshape(B, keys.q_len, keys.num_heads, H)
 
 
-def _logits_and_probs(scaled, keys, B, normalizer):
+def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None):
   T, S, N, K = keys.q_len, keys.kv_len, keys.num_heads, keys.num_kv_heads
   G, H = N // K, scaled.q.shape[-1]
   # Group query heads by their key/value head: n = k * G + g.
@@ -166,6 +215,8 @@ def _logits_and_probs(scaled, keys, B, normalizer):
   s_BTN = _broadcast(scaled.logit_scale, (B, T, N))
   s_BKGT1 = s_BTN.reshape(B, T, K, G).transpose(0, 2, 3, 1)[..., None]
   logits_BKGTS = logits_BKGTS * s_BKGT1
+  if logit_softcap is not None:
+    logits_BKGTS = jnp.tanh(logits_BKGTS / logit_softcap) * logit_softcap
 
   visible_BNTS = jnp.ones((1, 1, T, S), bool)
   if keys.is_causal:
@@ -177,10 +228,18 @@ def _logits_and_probs(scaled, keys, B, normalizer):
 
   if normalizer == "softmax":
     max_BKGT1 = jnp.max(logits_BKGTS, axis=-1, keepdims=True)
-    # A row with no visible key has max -inf: shift by 0 instead (its weights are 0).
-    max_BKGT1 = jax.lax.stop_gradient(jnp.where(jnp.isfinite(max_BKGT1), max_BKGT1, 0.0))
+    if sink is None:
+      # A row with no visible key has max -inf: shift by 0 instead (its weights are 0).
+      max_BKGT1 = jnp.where(jnp.isfinite(max_BKGT1), max_BKGT1, 0.0)
+    else:
+      # The sink's term joins the shift, so neither it nor the keys' terms overflow.
+      sink_1KG11 = _broadcast(sink, (N,)).reshape(1, K, G, 1, 1)
+      max_BKGT1 = jnp.maximum(max_BKGT1, sink_1KG11)
+    max_BKGT1 = jax.lax.stop_gradient(max_BKGT1)
     e_BKGTS = jnp.where(visible_BKGTS, jnp.exp(logits_BKGTS - max_BKGT1), 0.0)
     denom_BKGT1 = e_BKGTS.sum(axis=-1, keepdims=True)
+    if sink is not None:
+      denom_BKGT1 = denom_BKGT1 + jnp.exp(sink_1KG11 - max_BKGT1)
     p_BKGTS = e_BKGTS / jnp.where(denom_BKGT1 > 0, denom_BKGT1, 1.0)
   else:
     n_BTN = jnp.broadcast_to(keys.count(), (B, T, N))
@@ -188,6 +247,35 @@ def _logits_and_probs(scaled, keys, B, normalizer):
     p_BKGTS = jnp.where(visible_BKGTS,
                         jax.nn.sigmoid(logits_BKGTS - log_n_BKGT1[..., None]), 0.0)
   return logits_BKGTS, p_BKGTS
+
+
+def _check_options(num_heads, implementation, normalizer, logit_softcap, sink):
+  """Validates the soft-cap and the sink; returns them as (float | None, Array | None)."""
+  if logit_softcap is not None:
+    logit_softcap = float(logit_softcap)  # a static number: the kernel's constant
+    if not logit_softcap > 0:
+      raise ValueError(f"logit_softcap must be > 0 or None, got {logit_softcap!r}")
+    if logit_softcap == float("inf"):
+      raise ValueError("logit_softcap must be finite (None turns the soft-cap off), got inf")
+    if implementation == "cudnn":
+      raise ValueError("implementation='cudnn' cannot take logit_softcap (jax.nn's cuDNN "
+                       "attention has no soft-cap): use None or 'xla'")
+  if normalizer == "sigmoid" and implementation == "cudnn":
+    raise ValueError("normalizer='sigmoid' has no cuDNN kernel: implementation must be "
+                     "None, 'xla' or 'reference', got 'cudnn'")
+  if sink is None:
+    return logit_softcap, None
+  if normalizer != "softmax":
+    raise ValueError(f"sink needs normalizer='softmax' (it adds exp(sink) to the softmax's "
+                     f"denominator; sigmoid has none), got {normalizer!r}")
+  sink = upcast(sink)
+  if sink.shape not in ((), (num_heads,)):
+    raise ValueError(f"sink must be a scalar or have shape [heads] = ({num_heads},), "
+                     f"got shape {tuple(sink.shape)}")
+  if implementation == "cudnn":
+    raise ValueError("implementation='cudnn' cannot take a sink (jax.nn's cuDNN attention "
+                     "returns no log-sum-exp): use None or 'xla'")
+  return logit_softcap, sink
 
 
 def _check_inputs(q, k, v, mask, implementation, normalizer):

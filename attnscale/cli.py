@@ -1,9 +1,12 @@
 """What the entry points (train.py, eval.py, sweep.py) share: every bad flag
 ends in one `error: ...` line that names the flag or config field, never in a
-traceback.
+traceback; and the multi-host flags (`--multihost` and the three values of
+`jax.distributed.initialize`).
 
     app.run(main, flags_parser=functools.partial(cli.parse_flags, config_flag="config"))
     cli.check_workdir(_WORKDIR.value)
+    _MULTIHOST = cli.define_multihost_flags()  # at import; in main, before any JAX:
+    cli.initialize_multihost(_MULTIHOST)
 
 absl and ml_collections report a bad flag in ways a user cannot act on: a
 config file that does not exist surfaces as an OSError at the config's first
@@ -15,6 +18,7 @@ an entry point fails in a second.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import os
@@ -154,6 +158,66 @@ def check_workdir(path: str, *, flag: str = "workdir") -> None:
   problem = workdir_problem(path, flag=flag)
   if problem:
     fail(problem)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultihostFlags:
+  """The flag holders `define_multihost_flags` defines."""
+
+  multihost: flags.FlagHolder
+  coordinator_address: flags.FlagHolder
+  num_processes: flags.FlagHolder
+  process_id: flags.FlagHolder
+
+
+def define_multihost_flags() -> MultihostFlags:
+  """Defines --multihost, --coordinator_address, --num_processes, --process_id.
+
+  The last three are `jax.distributed.initialize`'s arguments of those names:
+  left out, JAX reads $JAX_COORDINATOR_ADDRESS or detects the cluster (Cloud
+  TPU, SLURM, Open MPI, Kubernetes); JAX itself reads no environment variable
+  for the other two. Elsewhere (several GPU machines without a scheduler, two
+  processes on a laptop) give all three.
+  """
+  return MultihostFlags(
+      multihost=flags.DEFINE_bool(
+          "multihost", False, "One of several processes: call jax.distributed.initialize() "
+          "(TPU pods, SLURM, Open MPI detected; elsewhere give the three flags below)."),
+      coordinator_address=flags.DEFINE_string(
+          "coordinator_address", None, "With --multihost: HOST:PORT of process 0's "
+          "coordinator, the same in every process (default: $JAX_COORDINATOR_ADDRESS or "
+          "the cluster's)."),
+      num_processes=flags.DEFINE_integer(
+          "num_processes", None, "With --multihost: how many processes (default: the "
+          "cluster's).", lower_bound=1),
+      process_id=flags.DEFINE_integer(
+          "process_id", None, "With --multihost: this process, 0 ... num_processes - 1 "
+          "(default: the cluster's).", lower_bound=0))
+
+
+def initialize_multihost(multihost: MultihostFlags) -> None:
+  """Calls `jax.distributed.initialize` under --multihost; before any JAX call.
+
+  Exits with one `error:` line when one of the three values is given without
+  --multihost, or initialization fails (e.g. nothing says how many processes).
+  Multi-process CPU runs use JAX's default CPU collectives (gloo).
+  """
+  given = [f"--{name}" for name in ("coordinator_address", "num_processes", "process_id")
+           if getattr(multihost, name).value is not None]
+  if not multihost.multihost.value:
+    if given:
+      fail(f"{given[0]} needs --multihost")
+    return
+  import jax
+  try:
+    jax.distributed.initialize(coordinator_address=multihost.coordinator_address.value,
+                               num_processes=multihost.num_processes.value,
+                               process_id=multihost.process_id.value)
+  except (ValueError, TypeError, RuntimeError) as e:
+    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    fail(f"--multihost: jax.distributed.initialize() failed ({why}); outside a TPU, SLURM "
+         "or Open MPI cluster give --coordinator_address=HOST:PORT, --num_processes=N and "
+         "--process_id=I")
 
 
 def _has_key(tree, key: str) -> bool:

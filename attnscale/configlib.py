@@ -44,7 +44,8 @@ def _coerce(key, value, default):
                      f"{type(default).__name__}") from None
 
 
-def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float = 2.0) -> None:
+def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float = 2.0,
+                         temperature: float = 0.0) -> None:
   """The attention fields every model config shares, set on `config.model`.
 
   `scaling` is the config argument's: a registered name, or "unit_scaled",
@@ -54,14 +55,24 @@ def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float
   instead picks u-muP's 1/d attention.)
   """
   m.scaling = scaling  # attention scaling: attnscale.scalings.names()
-  m.scaling_params = {"p": p} if scaling == "key_norm_power" else {}  # its params
+  m.scaling_params = {}  # its params (e.g. key_norm_power's p); a learned one set here is fixed
+  if scaling == "key_norm_power":
+    m.scaling_params = {"p": p}
+  elif scaling == "cosine" and temperature > 0:  # a fixed temperature instead of the learned one
+    m.scaling_params = {"temperature": temperature}
   m.qk_layernorm = False  # learned LayerNorm on q, k before the scaling
   m.shared_kv = False  # W_K = W_V
   m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
   m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
+  m.logit_softcap = 0.0  # c > 0: logits -> c tanh(logits / c) (Gemma 2: 50); 0 = off
+  m.sink = "none"  # none | zero (off-by-one softmax) | learned (a sink logit per head)
+  m.attn_gate = "none"  # none | headwise | elementwise: output * sigmoid(x W_g)
   m.positions = "learned"  # learned | rope (rotary on q, k) | none (NoPE; causal only)
   m.rope_base = 10000.0  # rotary frequency base
-  m.dtype = "float32"  # compute dtype (bfloat16 for mixed precision); params float32
+  # float32 | bfloat16 | float16 (no loss scaling) | fp8 (simulated: e4m3 product inputs,
+  # e5m2 gradients; attnscale/precision.py); params, softmax and loss stay float32.
+  m.dtype = "float32"
+  m.fp8_scaling = "none"  # model.dtype=fp8: none | per_tensor (power-of-2 scale, current amax)
   m.variant = "standard"  # attnscale.models.VARIANTS: standard | unit
   # The unit-scaled, residual-weighted transformer's own fields
   # (attnscale/models/unit_transformer.py).
@@ -118,6 +129,10 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   """
   m = config.model
   label = m.scaling
+  params = dict(m.get("scaling_params") or {})
+  if params:  # fixed parameters: cosine(temperature=10), key_norm_power(p=2)
+    label += "(" + ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                            for k, v in sorted(params.items())) + ")"
   if m.get("variant", "standard") != "standard":
     if m.scaling == "fully_scaled" and m.unit.attn_residual == "relative":
       label = "unit_scaled"
@@ -128,6 +143,12 @@ def run_label(config: ml_collections.ConfigDict) -> str:
       label += f"+{option}"
   if m.get("normalizer", "softmax") != "softmax":
     label += f"+{m.normalizer}"
+  if m.get("logit_softcap"):
+    label += f"+softcap{m.logit_softcap:g}"
+  if m.get("sink", "none") != "none":
+    label += f"+sink_{m.sink}"
+  if m.get("attn_gate", "none") != "none":
+    label += f"+gate_{m.attn_gate}"
   return label
 
 
@@ -163,11 +184,46 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
     check_positive(f"config.{field}", config[field], allow_zero=True)
   if config.learning_rate == 0:
     raise ValueError("config.learning_rate must be > 0, got 0")
+  mesh_shape(config, num_devices)
   if config.batch_size % num_devices:
     raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
-                     f"number of devices ({num_devices})")
+                     f"number of devices ({num_devices}): the batch is sharded on "
+                     "config.mesh.data x config.mesh.fsdp, every device")
   task_cls.validate_config(config)
   if config.seq_len > config.model.block_size:
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
                      f"({config.model.block_size}), the training context length (and "
                      "the learned position table's)")
+
+
+def mesh_shape(config: ml_collections.ConfigDict | None, num_devices: int) -> tuple[int, int]:
+  """The (data, fsdp) device counts of `config.mesh` on `num_devices` devices.
+
+  -1 in one field takes all the rest; a config without a `mesh` (None, or a
+  config.json written before it existed) puts every device on `data`.
+
+  Raises:
+    ValueError: a count that is neither >= 1 nor -1, both -1, or counts that do
+      not multiply to (or divide) the device count; one line, naming the field.
+  """
+  mesh = None if config is None else config.get("mesh")
+  data, fsdp = (-1, 1) if mesh is None else (mesh.data, mesh.fsdp)
+  for field, value in (("data", data), ("fsdp", fsdp)):
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+      raise ValueError(f"config.mesh.{field} must be a device count >= 1 or -1 (all the "
+                       f"rest), got {value!r}")
+  if data == fsdp == -1:
+    raise ValueError("config.mesh.data and config.mesh.fsdp cannot both be -1 (all the rest): "
+                     "give one of them a device count")
+  if -1 in (data, fsdp):
+    field, count = ("fsdp", fsdp) if data == -1 else ("data", data)
+    if num_devices % count:
+      raise ValueError(f"config.mesh.{field} ({count}) must divide the device count "
+                       f"({num_devices})")
+    rest = num_devices // count
+    return (rest, count) if data == -1 else (count, rest)
+  if data * fsdp != num_devices:
+    raise ValueError(f"config.mesh.data x config.mesh.fsdp ({data} x {fsdp} = {data * fsdp}) "
+                     f"must equal the device count ({num_devices}); -1 in one of them takes "
+                     "all the rest")
+  return data, fsdp

@@ -90,9 +90,8 @@ def model_attention_stats(model, tokens_BT, mask=None,
 
   @jax.jit
   def run(tokens_BT, mask, query_mask_BT):
-    return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, scale_fn=call.scale_fn,
-                            mask=mask, is_causal=call.is_causal, normalizer=call.normalizer,
-                            query_mask_BT=query_mask_BT)
+    return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, mask=mask,
+                            query_mask_BT=query_mask_BT, **call.options())
             for call in model.attention_calls(tokens_BT, mask=mask)]
 
   stats = jax.device_get(run(tokens_BT, mask, query_mask_BT))

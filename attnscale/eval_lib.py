@@ -16,7 +16,6 @@ import os
 import jax
 import ml_collections
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from attnscale import configlib, diagnostics, length_eval, tasks
 from attnscale import steps
@@ -33,8 +32,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def restore(config, workdir, step=None):
-  """(model, step) from the checkpoint `step` (default latest) of `workdir`."""
-  mesh = ts.make_mesh()
+  """(model, step, mesh) from the checkpoint `step` (default latest) of `workdir`."""
+  mesh = ts.evaluation_mesh(config)  # the run's FSDP sharding when it fits the devices here
   graphdef, state, shardings = ts.create_state(config, mesh)
   checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
   step = checkpoints.latest_step() if step is None else step
@@ -58,7 +57,7 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
   if lengths:  # a length the model cannot take fails before any work
     length_eval.check_lengths(ts.model_config(config), task, lengths)
   model, step, mesh = restore(config, workdir, step)
-  sharding = NamedSharding(mesh, P("data"))
+  sharding = ts.batch_sharding(mesh)
   graphdef, params = nnx.split(model, nnx.Param)
   eval_step = steps.make_eval_step(graphdef, task, None, sharding)
   sums = steps.evaluate_sums(eval_step, params, task.eval_batches(), sharding)
@@ -67,7 +66,9 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
       "step": int(step),
       "scaling": configlib.run_label(config),
       **task.eval_metrics(sums),
-      "attention": diagnostics.task_attention_stats(model, task),
+      # On the whole first batch: each process holds only its rows of it.
+      "attention": diagnostics.task_attention_stats(
+          model, task, steps.global_batch(next(iter(task.eval_batches())), sharding)),
   }
   if lengths:
     result["lengths"] = length_eval.evaluate_lengths(model, task, lengths, mesh=mesh)

@@ -25,9 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
-
 from attnscale import steps
+from attnscale import train_state as ts
 from attnscale.data import char_lm
 from attnscale.models.base import check_length
 from attnscale.tasks.base import this_process_rows
@@ -85,7 +84,7 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
     list of L mean losses, position 0 first)}}, the loss in nats per target.
   """
   check_lengths(model.cfg, task, lengths)
-  sharding = NamedSharding(mesh, P("data"))
+  sharding = ts.batch_sharding(mesh)  # rows over data x fsdp, as training's
   graphdef, params = nnx.split(model, nnx.Param)
 
   @jax.jit

@@ -86,7 +86,12 @@ def make_eval_step(graphdef, task, param_shardings, batch_sharding):
 
 
 def global_batch(local_batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-  """Assembles each process's rows into global arrays sharded on `data`."""
+  """Assembles each process's rows into global arrays laid out as `sharding`.
+
+  `train_state.batch_sharding`: rows on every device, process p's devices
+  holding global rows [p * b, (p + 1) * b), which is where
+  `make_array_from_process_local_data` puts process p's b rows.
+  """
   return {k: jax.make_array_from_process_local_data(sharding, v)
           for k, v in local_batch.items()}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -76,8 +77,12 @@ def _short(key: str) -> str:
   return {"learning_rate": "lr"}.get(key, key.rsplit(".", 1)[-1])
 
 
-def load_sweep(config_file: str, name: str) -> list[Point]:
+def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[Point]:
   """The points of sweep `name` in `config_file` (which defines `get_sweep(name)`).
+
+  A staged sweep's `get_sweep(name, workdir=...)` may add points from the
+  results so far (the seeds at each scaling's best learning rate); `workdir` is
+  passed when its signature takes it.
 
   Raises:
     ValueError: the config has no sweeps, or no sweep of that name (the
@@ -93,9 +98,11 @@ def load_sweep(config_file: str, name: str) -> list[Point]:
   known = getattr(module, "SWEEPS", ())
   if name not in known:
     raise ValueError(f"--sweep must be one of {list(known)}, got {name!r}")
+  takes_workdir = "workdir" in inspect.signature(module.get_sweep).parameters
+  specs = module.get_sweep(name, workdir=workdir) if takes_workdir else module.get_sweep(name)
   points = [Point(p["arg"], tuple(sorted(p.get("overrides", {}).items())),
                   tuple(p.get("eval", ())))
-            for p in module.get_sweep(name)]
+            for p in specs]
   names = [p.name for p in points]
   if len(set(names)) != len(names):
     raise ValueError(f"sweep {name!r} has two points with the same directory name")
@@ -240,7 +247,8 @@ def _num(x) -> float:
 
 def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
   """Per scaling, the learning rate with the lowest final training loss (mean
-  over seeds), as {scaling: {"learning_rate", "final_train_loss", "seeds"}}."""
+  over seeds), as {scaling: {"learning_rate", "final_train_loss", "seeds", "se"}},
+  "se" the standard error of that mean over seeds (NaN with one seed)."""
   by_key: dict[tuple[str, float], list[float]] = {}
   for r in rows:
     if r["status"] == "done" and math.isfinite(r["final_train_loss"]):
@@ -249,8 +257,27 @@ def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
   for (scaling, lr), losses in sorted(by_key.items()):
     mean = sum(losses) / len(losses)
     if scaling not in best or mean < best[scaling]["final_train_loss"]:
-      best[scaling] = {"learning_rate": lr, "final_train_loss": mean, "seeds": len(losses)}
+      best[scaling] = {"learning_rate": lr, "final_train_loss": mean, "seeds": len(losses),
+                       "se": standard_error(losses)}
   return best
+
+
+def standard_error(values: Sequence[float]) -> float:
+  """Sample std / sqrt(n) (NaN for fewer than two values)."""
+  n = len(values)
+  if n < 2:
+    return math.nan
+  mean = sum(values) / n
+  return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def within_noise(a: dict, b: dict, z: float = 1.96) -> bool | None:
+  """Whether two `best_per_scaling` entries' means differ by less than z standard
+  errors of their difference (a 95% interval at z = 1.96); None when either has
+  a single seed (no spread to judge by)."""
+  if not (math.isfinite(a["se"]) and math.isfinite(b["se"])):
+    return None
+  return abs(a["final_train_loss"] - b["final_train_loss"]) < z * math.hypot(a["se"], b["se"])
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
@@ -273,8 +300,28 @@ def markdown_table(rows: Sequence[dict]) -> str:
 
 
 def best_table(rows: Sequence[dict]) -> str:
-  """Markdown: the best learning rate per scaling and its loss, lowest loss first."""
+  """Markdown: the best learning rate per scaling and its loss, lowest loss first.
+
+  With several seeds at a scaling's best learning rate the loss is mean ± standard
+  error, and the last column says whether it is within noise of the best scaling
+  (the difference under 1.96 standard errors of the difference, a 95% interval).
+  """
   best = sorted(best_per_scaling(rows).items(), key=lambda kv: kv[1]["final_train_loss"])
+  if any(b["seeds"] > 1 for _, b in best):
+    top = best[0][1]
+    columns = ("scaling", "best lr", "seeds", "final train loss", "vs best")
+
+    def cells(scaling, b):
+      loss = (f"{b['final_train_loss']:.4f} ± {b['se']:.4f}" if b["seeds"] > 1
+              else f"{b['final_train_loss']:.4f}")
+      same = within_noise(b, top)
+      verdict = ("best" if b is top else "-" if same is None
+                 else "within noise" if same else "worse")
+      return dict(zip(columns, (scaling, b["learning_rate"], b["seeds"], loss, verdict)))
+
+    return reporting.to_markdown([cells(*kv) for kv in best], columns,
+                                 formats={"best lr": reporting.power_of_two},
+                                 numeric=("best lr", "seeds", "final train loss"))
   columns = ("scaling", "best lr", "final train loss")
   return reporting.to_markdown(
       [dict(zip(columns, (scaling, b["learning_rate"], b["final_train_loss"])))

@@ -2,14 +2,18 @@
 
     train_and_evaluate(config, workdir)
 
-* One jitted train step with donated state over a `data` mesh of all devices.
+* One jitted train step with donated state over a `data` x `fsdp` mesh of all
+  devices of all processes (`config.mesh`; `train_state` shards the state).
 * Auto-resume from the latest orbax checkpoint in WORKDIR (state, data position
   and RNG: all three are functions of the saved step), periodic and final saves,
-  and a save on SIGTERM (preemption). After a hard kill (SIGKILL, a lost node)
+  and a save on SIGTERM (preemption), at one step that every process agrees on
+  when there are several (`_Preemption`). After a hard kill (SIGKILL, a lost node)
   the rerun supersedes what the killed process logged past that checkpoint
   (`MetricsWriter(resume_step=...)`), so each step is logged once.
 * TensorBoard event files, metrics.jsonl and the resolved config.json in WORKDIR,
-  a progress line with loss, steps/s and tokens/s, periodic validation loss.
+  a progress line with loss, steps/s and tokens/s, periodic validation loss:
+  written and printed by process 0 only (the values are global). Every process
+  writes its shards of each checkpoint (orbax), so WORKDIR must be shared.
   Each log also records `loss_last20` (the mean loss of the run's last 20 steps:
   Graphcore's final-loss metric; the window is part of the checkpointed state)
   and `elapsed_s` (training seconds since the run started, continued across
@@ -31,7 +35,7 @@ import time
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.experimental import multihost_utils
 
 from attnscale import configlib, metrics_writer, tasks
 from attnscale import train_state as ts
@@ -40,11 +44,13 @@ from attnscale.metrics_writer import MetricsWriter
 from attnscale.steps import (dropout_key, evaluate, evaluate_sums, global_batch,  # noqa: F401
                              make_eval_step, make_train_step)
 
-# Fields that may change when a run resumes: bookkeeping, not the experiment.
-# num_train_steps joins them only under a constant learning rate: it is the
-# length of the cosine decay, so changing it would change the finished steps' run.
+# Fields that may change when a run resumes: bookkeeping, not the experiment
+# ("mesh": all its fields; the devices change, the losses agree within float
+# rounding and orbax restores across mesh shapes). num_train_steps joins them
+# only under a constant learning rate: it is the length of the cosine decay, so
+# changing it would change the finished steps' run.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                     "keep_checkpoints", "data_dir")
+                     "keep_checkpoints", "data_dir", "mesh")
 
 
 LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the last 20 steps
@@ -74,7 +80,7 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     resumable = RESUMABLE_CHANGES + (
         ("num_train_steps",) if config.lr_schedule == "constant" else ())
     diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _flat_diff(old, new)
-             if k not in resumable]
+             if k.split(".")[0] not in resumable]
     if diffs:
       raise ValueError(f"--workdir {workdir} holds a run with a different config "
                        f"({'; '.join(diffs)}): use a new --workdir to start another run")
@@ -94,20 +100,40 @@ def _flat_diff(old, new, prefix=""):
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag the loop checks at each step boundary."""
+  """SIGTERM (preemption): save a checkpoint at a step boundary, then stop.
 
-  def __init__(self):
-    self.requested = False
+  One process: a SIGTERM handler sets a flag the loop reads at each step
+  boundary. Several processes: a save is collective, and each process would
+  see its signal at a different step (or only one gets it), so the step is
+  agreed by JAX's preemption sync manager, which `jax.distributed.initialize`
+  starts and which catches SIGTERM itself (no Python handler goes over it):
+  every process asks `reached_preemption_sync_point(step)` at every step and
+  all get True at the same one, the largest step any process had reached plus
+  one (jax.experimental.multihost_utils; orbax's CheckpointManager uses it too).
+  """
 
   def __enter__(self):
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._flag = False
+    self._several = jax.process_count() > 1
+    if not self._several:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
     return self
 
   def _handle(self, signum, frame):
-    self.requested = True
+    self._flag = True
+
+  def reached(self, step: int) -> bool:
+    """Whether to save after `step` and stop; every process calls it at every step."""
+    if self._several:
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self._flag
 
   def __exit__(self, *exc):
-    signal.signal(signal.SIGTERM, self._previous)
+    if not self._several:
+      # None: the previous handler was not Python's (jax.distributed's, in
+      # a run of one process); the loop is over, so the default will do.
+      signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None
+                    else self._previous)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -117,13 +143,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   configlib.validate(config, num_devices=jax.device_count())
   ts.model_config(config)
   task = tasks.get_task(config)
+  mesh = ts.make_mesh(config)
+  batch_sharding = ts.batch_sharding(mesh)
+  tx = ts.make_optimizer(config)  # the one optimizer: its state and its updates
+  # Before the workdir: a parameter that config.mesh.fsdp cannot split fails here.
+  graphdef, state, shardings = ts.create_state(config, mesh, tx)
   os.makedirs(workdir, exist_ok=True)
   save_config(config, workdir)
 
-  mesh = ts.make_mesh()
-  batch_sharding = NamedSharding(mesh, P("data"))
-  tx = ts.make_optimizer(config)  # the one optimizer: its state and its updates
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
   checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
   if checkpoints.latest_step() is not None:
     state = checkpoints.restore(state, shardings)
@@ -139,8 +166,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   elapsed_before = metrics_writer.value_at(workdir, "train/elapsed_s", step) or 0.0
   writer = MetricsWriter(workdir, resume_step=step)
   num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+  processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+  fsdp = f", fsdp {mesh.shape['fsdp']}" if mesh.shape["fsdp"] > 1 else ""
   log(f"{config.task} | {configlib.run_label(config)} | {num_params / 1e6:.2f}M params | "
-      f"{jax.device_count()} devices ({jax.devices()[0].platform}) | workdir {workdir}")
+      f"{jax.device_count()} devices{processes} ({jax.devices()[0].platform}{fsdp}) | "
+      f"workdir {workdir}")
 
   last_good = checkpoints.latest_step()
   start_time = time.perf_counter() - elapsed_before
@@ -162,9 +192,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         step += 1
         pending.append(metrics)
         done = step == config.num_train_steps
-        # Read the flag once: a SIGTERM arriving later in this iteration is
-        # handled (saved, then exit) at the next one, never exit-without-save.
-        preempted = preemption.requested
+        # Asked once: a SIGTERM arriving later in this iteration is handled
+        # (saved, then exit) at the next one, never exit-without-save.
+        preempted = preemption.reached(step)
         save = done or preempted or step % config.checkpoint_every == 0
         if save or step % config.log_every == 0:
           # Reading the metrics waits for the device; do it only here, and

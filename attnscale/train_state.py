@@ -11,9 +11,19 @@ losses (the train step pushes each step's), so the final-loss metric
 reports the uninterrupted run's value. A checkpoint written before the window
 existed restores with an empty one (`Checkpoints.restore`).
 
-Parallelism: one `jax.sharding.Mesh` over all devices (of all processes) with a
-`data` axis; params and optimizer state are replicated, batches sharded on
-`data` (data parallel; XLA inserts the gradient all-reduce).
+Parallelism: one `jax.sharding.Mesh` over all devices (of all processes) with
+axes `data` x `fsdp` (`config.mesh`; the default puts every device on `data`).
+Batches are sharded on both axes, so every device gets its own rows. Params and
+optimizer state are sharded on `fsdp` and replicated over `data` (fully sharded
+data parallel, as nanodo, big_vision and MaxText do it with NamedSharding): each
+weight matrix is split along its largest axis that `fsdp` divides; vectors and
+scalars (gains, biases, the step) are replicated. XLA's partitioner inserts the
+collectives (all-gathers of the weights, the gradients' reductions). A matrix
+that no axis of splits evenly is a one-line error naming config.mesh.fsdp
+(`state_shardings`): replicating it instead would quietly give back the memory
+FSDP is for.
+
+Dimension legend: W the window of recent losses (`LAST_LOSSES`).
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnscale import models
+from attnscale import configlib, models
 from attnscale.models import ModelConfig
 
 State = dict[str, Any]
@@ -47,9 +57,51 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
   return ModelConfig(**config.model.to_dict())
 
 
-def make_mesh() -> jax.sharding.Mesh:
-  """A 1-D mesh over every device of every process, axis `data`."""
-  return jax.sharding.Mesh(np.asarray(jax.devices()), ("data",))
+MESH_AXES = ("data", "fsdp")
+
+
+def make_mesh(config: ml_collections.ConfigDict | None = None) -> jax.sharding.Mesh:
+  """The `data` x `fsdp` mesh of `config.mesh` over every device of every process.
+
+  None (or a config without `mesh`) puts every device on `data`.
+
+  Raises:
+    ValueError: config.mesh does not fit the devices (one line, naming the field).
+  """
+  return _mesh(*configlib.mesh_shape(config, jax.device_count()))
+
+
+def evaluation_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """The mesh to evaluate a run's checkpoint on, with the devices here.
+
+  The run's own mesh when it fits these devices; else the run's fsdp count if
+  it divides the device count (the model was sharded because it needed to be),
+  or 1, with every other device on `data`. The data count is a throughput
+  choice, so a checkpoint trained on 8 devices evaluates on 1 (orbax restores
+  across mesh shapes).
+  """
+  num_devices = jax.device_count()
+  try:
+    return _mesh(*configlib.mesh_shape(config, num_devices))
+  except ValueError:  # trained on another device count
+    mesh = config.get("mesh")
+    fsdp = mesh.fsdp if mesh is not None and mesh.fsdp > 0 else 1
+    fsdp = fsdp if num_devices % fsdp == 0 else 1
+    return _mesh(num_devices // fsdp, fsdp)
+
+
+def _mesh(data: int, fsdp: int) -> jax.sharding.Mesh:
+  # Devices ordered by process: flattening the mesh gives each process one
+  # contiguous block of batch rows, so process p's devices hold rows
+  # [p * b, (p + 1) * b) of the global batch, the rows `Task.train_batch` gives
+  # process p (`jax.make_array_from_process_local_data` places them there).
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  return jax.sharding.Mesh(np.asarray(devices).reshape(data, fsdp), MESH_AXES)
+
+
+def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+  """Batches: rows sharded on every device (`data` and `fsdp` both split them)."""
+  return NamedSharding(mesh, P(MESH_AXES))
 
 
 def learning_rate_schedule(config) -> optax.Schedule:
@@ -107,9 +159,61 @@ def mean_last_losses(last_losses) -> float:
   return float(np.mean([float(x) for x in np.asarray(last_losses["loss_W"])[-count:]]))
 
 
+def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> P | None:
+  """The partition spec of an array of `shape` on an fsdp axis of `fsdp` devices.
+
+  big_vision's `fsdp` rule (big_vision/sharding.py): a matrix (ndim >= 2) is
+  split along its largest axis that `fsdp` divides (the first of equal ones);
+  vectors and scalars are replicated (O(width) bytes, not worth a collective).
+  nanodo (nanodo/fsdp.py) instead names each layer's model axis D in a table;
+  a rule on shapes alone shards a new model variant without one. None: a matrix
+  that no axis of splits evenly (JAX shards only evenly).
+  """
+  if fsdp == 1 or len(shape) < 2:
+    return P()
+  for axis in sorted(range(len(shape)), key=lambda i: -shape[i]):
+    if shape[axis] % fsdp == 0:
+      return P(*(None,) * axis, "fsdp")
+  return None
+
+
+def state_shardings(abstract: State, mesh: jax.sharding.Mesh):
+  """The NamedSharding of every leaf of the (abstract) train state on `mesh`.
+
+  Raises:
+    ValueError: a parameter matrix that mesh.fsdp divides no axis of; one line
+      naming config.mesh.fsdp, the parameter, and the counts that would work.
+  """
+  fsdp = mesh.shape["fsdp"]
+  # Parameters first: the optimizer's moments mirror them, and the parameter's
+  # name is the one a user recognises.
+  bad = (_unsplittable({"params": abstract["params"]}, fsdp) if "params" in abstract else None
+         ) or _unsplittable(abstract, fsdp)
+  if bad is not None:
+    path, x = bad
+    shapes = [leaf.shape for leaf in jax.tree.leaves(abstract)]
+    allowed = [f for f in range(1, mesh.size + 1)
+               if mesh.size % f == 0 and all(fsdp_spec(s, f) is not None for s in shapes)]
+    raise ValueError(f"config.mesh.fsdp={fsdp} divides no axis of {_dotted(path)} "
+                     f"{tuple(x.shape)}: with {mesh.size} devices it must be one of {allowed}")
+  return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(x.shape, fsdp)), abstract)
+
+
+def _unsplittable(tree, fsdp: int):
+  """(path, leaf) of the first leaf of `tree` that fsdp splits no axis of, or None."""
+  return next(((path, x) for path, x in jax.tree_util.tree_leaves_with_path(tree)
+               if fsdp_spec(x.shape, fsdp) is None), None)
+
+
+def _dotted(path) -> str:
+  """`blocks.0.attn.q_proj.kernel` for a pytree key path (nnx's `.value` dropped)."""
+  names = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+  return ".".join(n for n in names if n != "value")
+
+
 def create_state(config, mesh, tx: optax.GradientTransformation | None = None,
                  ) -> tuple[nnx.GraphDef, State, Any]:
-  """Initialises the train state directly into its (replicated) shardings.
+  """Initialises the train state directly into its shardings (`state_shardings`).
 
   Shapes first (jax.eval_shape), then shardings, then a jitted init: no
   device ever holds an unsharded copy (big_vision/nanodo style).
@@ -123,19 +227,31 @@ def create_state(config, mesh, tx: optax.GradientTransformation | None = None,
 
   Returns:
     (graphdef, state, state_shardings).
+
+  Raises:
+    ValueError: mesh.fsdp splits no axis of a parameter matrix (before any
+      device work).
   """
-  tx = make_optimizer(config) if tx is None else tx
+  init = init_fn(config, make_optimizer(config) if tx is None else tx)
+  shardings = state_shardings(jax.eval_shape(init), mesh)
+  state = jax.jit(init, out_shardings=shardings)()
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: init_model(config)), nnx.Param)
+  return graphdef, state, shardings
+
+
+def state_shapes(config, tx: optax.GradientTransformation | None = None) -> State:
+  """The train state as jax.ShapeDtypeStructs (`jax.eval_shape`): nothing allocated."""
+  return jax.eval_shape(init_fn(config, make_optimizer(config) if tx is None else tx))
+
+
+def init_fn(config, tx: optax.GradientTransformation):
+  """The function of no arguments that returns the initial train state (to jit)."""
 
   def init():
     graphdef, params = nnx.split(init_model(config), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(params), "last_losses": init_last_losses()}
-
-  abstract = jax.eval_shape(init)
-  shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract)
-  state = jax.jit(init, out_shardings=shardings)()
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: init_model(config)), nnx.Param)
-  return graphdef, state, shardings
+  return init
 
 
 def abstract_state(state, shardings):

@@ -1,8 +1,16 @@
 """The fused path's XLA kernel: softmax(q k^T) v with causal blocks and matmul-friendly layouts.
 
-    z_i = sum_j p_ij v_j,   p_i = softmax_j(q_i . k_j)   over the keys j query i sees
+    z_i = sum_j p_ij v_j,   p_i = softmax_j(l_ij)   over the keys j query i sees,
+    l_ij = cap(q_i . k_j) + b_i
 
 The scale is already folded into q (`attention._fused`), so this is scaling-free.
+Options `attention` uses: `logit_softcap` c, cap(x) = c tanh(x / c) (Gemma 2),
+applied to the scaled logits before masking; a per-query logit bias b_i
+(`logit_bias_BTN`); normalizer="sigmoid", p_ij = sigmoid(l_ij) with no row
+normalisation (Ramapuram et al. 2024; `attention` passes b_i = -log n_i), where
+an invisible key's weight is exactly 0; and `return_lse`, which also returns
+lse_i = log sum_j exp(l_ij) over the visible keys, from which `attention`
+applies an attention sink (sum_j p_ij = sigmoid(lse_i - b) with a sink logit b).
 It is what `attention(..., implementation="xla")` runs, and what the default runs
 wherever cuDNN does not (CPU, TPU, and GPU shapes cuDNN refuses). It replaces
 `jax.nn.dot_product_attention(implementation="xla")` because that one is slow on
@@ -20,9 +28,13 @@ logits are still materialised, [B, N, t1 - t0, t1]).
 
 Numerics: logits and softmax in float32 (or wider) whatever the input dtype; the
 products take the input dtype with float32 accumulation, so bfloat16 runs as on
-a GPU's tensor cores. Invisible keys get the dtype's lowest finite value, not
--inf, so a query that sees no key gets a uniform average instead of NaN (the
-caller zeroes it: `attention` multiplies such rows by 0).
+a GPU's tensor cores. Under softmax, invisible keys get the dtype's lowest
+finite value, not -inf, so a query that sees no key gets a uniform average
+instead of NaN (the caller zeroes it: `attention` multiplies such rows by 0).
+Under sigmoid they get weight 0, selected after the sigmoid, so such a row is 0.
+Sigmoid has no row normalisation, so each causal block is complete on its own
+and its backward pass has no row reduction (FlashSigmoid's argument, Ramapuram
+et al. 2024).
 
 Dimension legend: B batch, T query length, S key/value length, N query heads,
 K key/value heads, G = N // K query heads per key/value head, H head dim.
@@ -60,12 +72,20 @@ def causal_blocks(T: int, S: int, block_q: int) -> list[tuple[int, int, int]]:
   return [(t0, t1, min(t1, S)) for t0, t1 in zip(edges[:-1], edges[1:]) if t1 > t0]
 
 
+NORMALIZERS = ("softmax", "sigmoid")
+
+
 def dot_product_attention(q_BTNH: Array,
                           k_BSKH: Array,
                           v_BSKH: Array,
                           mask_BNTS: Array | None = None,
                           is_causal: bool = False,
-                          block_q: int | None = None) -> Array:
+                          block_q: int | None = None,
+                          *,
+                          normalizer: str = "softmax",
+                          logit_softcap: float | None = None,
+                          logit_bias_BTN: Array | None = None,
+                          return_lse: bool = False) -> Array | tuple[Array, Array]:
   """softmax(q k^T) v over the visible keys, scale 1; [B, T, N, H] in q's dtype.
 
   Args:
@@ -75,7 +95,23 @@ def dot_product_attention(q_BTNH: Array,
     mask_BNTS: boolean, rank 4, broadcastable to [B, N, T, S]; True = visible.
     is_causal: query i sees keys j <= i only.
     block_q: query rows per causal block (None: `default_block_q(T)`).
+    normalizer: "softmax", or "sigmoid": p_ij = sigmoid(l_ij), each weight on
+      its own (no row sum), exactly 0 for an invisible key.
+    logit_softcap: c > 0: logits -> c * tanh(logits / c) before the bias and
+      the mask (Gemma 2); None = off.
+    logit_bias_BTN: float, [B|1, T, N]: b_i added to query i's logits (after
+      the soft-cap); a softmax cancels it except in lse. None = 0.
+    return_lse: softmax only: also return lse_i = log sum_j exp(l_ij) over the
+      visible keys, [B, T, N] in float32 (or wider). A query that sees no key
+      gets about the dtype's lowest value (its sink factor sigmoid(lse - b) is 0).
+
+  Returns:
+    z_BTNH, or (z_BTNH, lse_BTN) with `return_lse`.
   """
+  if normalizer not in NORMALIZERS:
+    raise ValueError(f"normalizer must be one of {NORMALIZERS}, got {normalizer!r}")
+  if return_lse and normalizer != "softmax":
+    raise ValueError(f"return_lse needs normalizer='softmax', got {normalizer!r}")
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   G = N // K
@@ -90,13 +126,22 @@ def dot_product_attention(q_BTNH: Array,
     mB, mN, mT, mS = mask_BNTS.shape
     mask_BKGTS = (mask_BNTS.reshape(mB, K, G, mT, mS) if mN == N
                   else mask_BNTS.reshape(mB, 1, 1, mT, mS))
+  bias_BKGT1 = None
+  if logit_bias_BTN is not None:
+    bB = logit_bias_BTN.shape[0]
+    bias_BKGT1 = (logit_bias_BTN.astype(acc).reshape(bB, T, K, G)
+                  .transpose(0, 2, 3, 1)[..., None])
 
   block_q = block_q or default_block_q(T)
   blocks = causal_blocks(T, S, block_q) if is_causal else [(0, T, S)]
-  z_blocks = []
+  z_blocks, lse_blocks = [], []
   for t0, t1, s1 in blocks:
     logits_BKGtS = jnp.einsum("bkgth,bksh->bkgts", q_BKGTH[:, :, :, t0:t1], k_BKSH[:, :, :s1],
                               preferred_element_type=acc)
+    if logit_softcap is not None:
+      logits_BKGtS = jnp.tanh(logits_BKGtS / logit_softcap) * logit_softcap
+    if bias_BKGT1 is not None:
+      logits_BKGtS = logits_BKGtS + bias_BKGT1[:, :, :, t0:t1]
     visible = None
     if is_causal:
       # Only the diagonal part of the block has invisible keys; iota, no T x S constant.
@@ -107,10 +152,46 @@ def dot_product_attention(q_BTNH: Array,
       m = mask_BKGTS[..., :s1]
       m = m if m.shape[3] == 1 else m[:, :, :, t0:t1]
       visible = m if visible is None else visible & m
-    if visible is not None:
-      logits_BKGtS = jnp.where(visible, logits_BKGtS, jnp.finfo(logits_BKGtS.dtype).min)
-    p_BKGtS = jax.nn.softmax(logits_BKGtS, axis=-1)
+    if normalizer == "sigmoid":
+      # No row sum: a block is complete on its own. Invisible keys weigh exactly
+      # 0 (selected after the sigmoid, so no "lowest value" can leak through).
+      p_BKGtS = jax.nn.sigmoid(logits_BKGtS)
+      if visible is not None:
+        p_BKGtS = jnp.where(visible, p_BKGtS, 0.0)
+    else:
+      if visible is not None:
+        logits_BKGtS = jnp.where(visible, logits_BKGtS, jnp.finfo(logits_BKGtS.dtype).min)
+      if return_lse:
+        p_BKGtS, lse_BKGt = _softmax_and_lse(logits_BKGtS)
+        lse_blocks.append(lse_BKGt)
+      else:
+        p_BKGtS = jax.nn.softmax(logits_BKGtS, axis=-1)
     z_blocks.append(jnp.einsum("bkgts,bksh->bkgth", p_BKGtS.astype(dtype), v_BKSH[:, :, :s1],
                                preferred_element_type=acc))
   z_BKGTH = z_blocks[0] if len(z_blocks) == 1 else jnp.concatenate(z_blocks, axis=3)
-  return z_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(dtype)
+  z_BTNH = z_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(dtype)
+  if not return_lse:
+    return z_BTNH
+  lse_BKGT = lse_blocks[0] if len(lse_blocks) == 1 else jnp.concatenate(lse_blocks, axis=3)
+  return z_BTNH, lse_BKGT.transpose(0, 3, 1, 2).reshape(B, T, N)
+
+
+@jax.custom_jvp
+def _softmax_and_lse(x_XS: Array) -> tuple[Array, Array]:
+  """(softmax(x), logsumexp(x)) over the last axis, sharing one exp and one sum.
+
+  The JVP is jax.nn.softmax's, p * (dx - <p, dx>), plus d lse = <p, dx>: the
+  same backward pass as the plain softmax, and one more [.., 1] term.
+  """
+  max_X1 = jnp.max(x_XS, axis=-1, keepdims=True)
+  e_XS = jnp.exp(x_XS - max_X1)
+  sum_X1 = jnp.sum(e_XS, axis=-1, keepdims=True)
+  return e_XS / sum_X1, (max_X1 + jnp.log(sum_X1))[..., 0]
+
+
+@_softmax_and_lse.defjvp
+def _softmax_and_lse_jvp(primals, tangents):
+  (x_XS,), (dx_XS,) = primals, tangents
+  p_XS, lse_X = _softmax_and_lse(x_XS)
+  dlse_X1 = jnp.sum(p_XS * dx_XS, axis=-1, keepdims=True)
+  return (p_XS, lse_X), (p_XS * (dx_XS - dlse_X1), dlse_X1[..., 0])

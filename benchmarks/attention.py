@@ -1,7 +1,8 @@
 """Forward+backward time and memory of every scaling on both attention paths.
 
-    python benchmarks/attention.py                      # the README's table
+    python benchmarks/attention.py                      # the README's tables
     python benchmarks/attention.py --seq 256,1024 --causal=false --dtype bfloat16
+    python benchmarks/attention.py --seq 1024,4096 --scalings= # the kernel options only
 
 For each sequence length (batch x heads fixed), each scaling and each
 implementation ("fused": folded into one kernel call, cuDNN on a GPU with bf16,
@@ -13,8 +14,15 @@ compiled program's temporary buffers from XLA's memory analysis (CPU). The
 ratio columns compare with `standard` on the same path; the target is every
 scaling on the fused path within 1.15x of standard. The "kernel" column says
 which kernel the fused path compiled to (cuDNN's custom call found in the
-compiled program, or XLA): checked, not assumed. A last table compares the fused
+compiled program, or XLA): checked, not assumed. A further table compares the fused
 standard attention with `jax.nn.dot_product_attention`'s default.
+
+The kernel-options table (--options; "" skips it) times the fused path, standard
+scaling, with each option against plain softmax, same shapes and method: the
+sigmoid normaliser (FlashSigmoid's claim: at least as fast as softmax), a logit
+soft-cap (c = 50, Gemma 2's) and a per-head attention sink (gpt-oss; its
+gradient taken too, as a model learns it). All run on attnscale's XLA kernel,
+where jax.nn's cuDNN call cannot take them (the "kernel" column says which).
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ import attnscale
 from attnscale import scalings
 
 PARAMS = {"cosine": {"temperature": 10.0}, "key_norm_power": {"p": 2.0}}
+# The kernel options' rows: `attention` keywords (the sink is made per head below).
+OPTIONS = {"softmax": {}, "sigmoid": {"normalizer": "sigmoid"},
+           "softcap": {"logit_softcap": 50.0}, "sink": {"sink": "per_head"}}
 
 
 def _fwd_bwd(name, implementation, is_causal):
@@ -45,6 +56,31 @@ def _fwd_bwd(name, implementation, is_causal):
     return jnp.sum(out.astype(jnp.float32) ** 2)
 
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+def _fwd_bwd_option(option, is_causal):
+  """Value and gradient w.r.t. q, k, v (and the sink logits [N], as a model learns them)."""
+  keywords = dict(OPTIONS[option])
+  learned_sink = keywords.pop("sink", None) == "per_head"
+
+  def loss(q, k, v, sink_N):
+    out = attnscale.attention(q, k, v, is_causal=is_causal,
+                              sink=sink_N if learned_sink else None, **keywords)
+    return jnp.sum(out.astype(jnp.float32) ** 2)
+
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3) if learned_sink else (0, 1, 2)))
+
+
+def compile_option(option, seq, args):
+  """Like `compile_case` for a kernel-options row: (compiled, its arguments)."""
+  dtype = jnp.dtype(args.dtype)
+  shape = (args.batch, seq, args.heads, args.head_dim)
+  qkv = tuple(jax.random.normal(key, shape, dtype)
+              for key in jax.random.split(jax.random.key(0), 3))
+  inputs = (*qkv, jnp.zeros((args.heads,), jnp.float32))
+  compiled = _fwd_bwd_option(option, args.causal).lower(*inputs).compile()
+  jax.block_until_ready(compiled(*inputs))  # warm-up
+  return compiled, inputs
 
 
 def compile_case(name, implementation, seq, args):
@@ -96,12 +132,42 @@ def main(argv=None):
   parser.add_argument("--iters", type=int, default=7)
   parser.add_argument("--scalings", default=",".join(scalings.names()))
   parser.add_argument("--implementations", default="fused,reference")
+  parser.add_argument("--options", default=",".join(OPTIONS),
+                      help="kernel-options rows (fused path, standard scaling); '' skips them")
   args = parser.parse_args(argv)
 
   device = jax.devices()[0]
   print(f"# {device.platform}: {getattr(device, 'device_kind', '?')} ({platform.processor() or platform.machine()}),"
         f" JAX {jax.__version__}, batch {args.batch} x heads {args.heads}, head_dim {args.head_dim},"
         f" {args.dtype}, causal={args.causal}, median of {args.iters} interleaved rounds")
+  if args.scalings:
+    scaling_tables(args)
+  options = [o for o in args.options.split(",") if o]
+  if options:
+    options_table(args, options)
+
+
+def options_table(args, options):
+  """Fused forward + backward of each kernel option against plain softmax."""
+  unknown = set(options) - set(OPTIONS)
+  if unknown:
+    raise ValueError(f"--options must be among {list(OPTIONS)}, got {sorted(unknown)}")
+  options = ["softmax"] + [o for o in options if o != "softmax"]
+  print("\n| seq | option | kernel | fused ms | / softmax | fused mem MiB |")
+  print("|---:|---|---|---:|---:|---:|")
+  for seq in map(int, args.seq.split(",")):
+    cases = {option: compile_option(option, seq, args) for option in options}
+    ms = time_round_robin(cases, args.iters)
+    for option in options:
+      compiled = cases[option][0]
+      print(f"| {seq} | {option} | {kernel_of(compiled)} | {ms[option]:.2f} | "
+            f"{ms[option] / ms['softmax']:.2f} | {_memory_bytes(compiled) / 2**20:.0f} |",
+            flush=True)
+    del cases
+
+
+def scaling_tables(args):
+  """The scalings on both paths, and the fused standard against jax.nn's default."""
   print("| seq | scaling | kernel | fused ms | fused / std | fused mem MiB | ref ms | ref / std "
         "| ref mem MiB |")
   print("|---:|---|---|---:|---:|---:|---:|---:|---:|")

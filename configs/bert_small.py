@@ -80,6 +80,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
+  # Devices: a data x fsdp mesh over every device of every process (README,
+  # "GPUs, TPU pods, several hosts"). The batch is sharded on both axes; params
+  # and optimizer state on fsdp (FSDP), replicated over data. -1 = all the rest.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # data-parallel replicas
+  c.mesh.fsdp = 1  # devices each parameter is split over (1 = replicated)
+
   # Model (fields of attnscale.model.ModelConfig).
   c.model = ml_collections.ConfigDict()
   m = c.model

@@ -9,7 +9,8 @@ Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
       --config.num_train_steps=2000
 
 Config argument keys: preset (nanogpt | graphcore | graphcore_cpu | cpu | test), scaling, p (the
-power for scaling=key_norm_power), seed. scaling=unit_scaled selects the
+power for scaling=key_norm_power), temperature (scaling=cosine with this fixed temperature
+instead of the learned one; 0 = learned), seed. scaling=unit_scaled selects the
 unit-scaled, residual-weighted transformer (model.variant=unit) with fully scaled
 attention and Graphcore's relative attention weight.
 
@@ -28,6 +29,8 @@ Presets and what to expect:
             useful model in about 10 minutes on 2 CPU cores (see README).
   test      seconds: for the test suite.
 """
+
+import os
 
 import ml_collections
 from ml_collections import config_dict
@@ -58,6 +61,39 @@ SWEEPS = {
     # Seconds: the test suite's length sweep.
     "length_test": ("test", ("rope",), "--lengths=32,64", (0,)),
 }
+# Today's practice against the seeds' scalings (README, "Today's practice"): every
+# registered scaling and attention option at the graphcore_cpu size. Label ->
+# (the config argument's scaling, field overrides). Stage 1: learning rate x
+# label, seed 0. Stage 2 (added once a label's stage 1 is done): seeds 1 and 2 at
+# its best learning rate, so the table gives mean ± standard error over 3 seeds.
+PRACTICE = {
+    "standard": ("standard", {}),
+    "none": ("none", {}),
+    "key_norm_sum": ("key_norm_sum", {}),
+    "key_norm_mean": ("key_norm_mean", {}),
+    "key_norm_power": ("key_norm_power", {}),  # p = 2
+    "cosine": ("cosine", {}),  # learned temperature from g0 = log2(L^2 - L) = 12
+    "cosine_fixed": ("cosine,temperature=12", {}),
+    "qk_layernorm": ("qk_layernorm", {}),
+    "qk_rmsnorm": ("qk_rmsnorm", {}),
+    "inverse_d": ("inverse_d", {}),
+    "log_n": ("log_n", {}),
+    "log_n_ratio": ("log_n_ratio", {}),
+    "fully_scaled": ("fully_scaled", {}),
+    "umup": ("umup", {}),
+    "unit_scaled": ("unit_scaled", {}),
+    "softcap": ("standard", {"model.logit_softcap": 50.0}),  # Gemma 2's attention cap
+    "sink_zero": ("standard", {"model.sink": "zero"}),
+    "sink_learned": ("standard", {"model.sink": "learned"}),
+    "gate_headwise": ("standard", {"model.attn_gate": "headwise"}),
+    "gate_elementwise": ("standard", {"model.attn_gate": "elementwise"}),
+    "sigmoid": ("standard", {"model.normalizer": "sigmoid"}),
+}
+PRACTICE_LRS = [2.0**-e for e in range(5, 11)]  # 2^-5 ... 2^-10
+SWEEPS["practice"] = ("graphcore_cpu", PRACTICE, PRACTICE_LRS, (1, 2))
+SWEEPS["practice_test"] = ("test", {k: PRACTICE[k] for k in ("standard", "sink_zero")},
+                           [2.0**-8, 2.0**-6], (1,))
+
 # The length study's learning rates: each scaling's best in the graphcore_cpu sweep
 # (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
 # take standard's (log_n and log_n_ratio equal standard at the training length,
@@ -67,10 +103,73 @@ LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
               "qk_layernorm": 2.0**-9, "unit_scaled": 2.0**-5}
 
 
-def get_sweep(name: str) -> list[dict]:
+# The precision study (README, "Low precision"; docs/science.md, "Low precision"):
+# each scaling at its graphcore_cpu learning rate (LENGTH_LRS), in every model.dtype
+# with no loss scaling, and fp8 also with per-tensor scaling (the conventional
+# baseline). 6 scalings x 5 formats = 30 runs, about an hour on 2 idle cores.
+PRECISION_SCALINGS = ("standard", "fully_scaled", "cosine", "qk_layernorm", "key_norm_sum",
+                      "unit_scaled")
+PRECISION_FORMATS = {  # label -> field overrides (float32: none)
+    "float32": {},
+    "bfloat16": {"model.dtype": "bfloat16"},
+    "float16": {"model.dtype": "float16"},
+    "fp8": {"model.dtype": "fp8"},
+    "fp8_per_tensor": {"model.dtype": "fp8", "model.fp8_scaling": "per_tensor"},
+}
+SWEEPS["precision"] = ("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS, (0,))
+# The same at the cpu preset (about 6 hours), each scaling at the preset's 2e-3.
+SWEEPS["precision_cpu"] = ("cpu", PRECISION_SCALINGS, PRECISION_FORMATS, (0,))
+# Seconds: the test suite's.
+SWEEPS["precision_test"] = ("test", ("standard", "unit_scaled"),
+                            {k: PRECISION_FORMATS[k] for k in ("float32", "float16", "fp8")},
+                            (0,))
+
+
+def _precision_points(name: str) -> list[dict]:
+  """scaling x format x seed; the graphcore_cpu sweep at each scaling's LENGTH_LRS rate."""
+  preset, scalings, formats, seeds = SWEEPS[name]
+  lr = lambda scaling: LENGTH_LRS[scaling] if name == "precision" else None
+  return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
+           "overrides": ({"learning_rate": lr(scaling)} if lr(scaling) else {}) | overrides}
+          for seed in seeds for scaling in scalings for overrides in formats.values()]
+
+
+def _practice_points(name: str, workdir: str | None) -> list[dict]:
+  """Stage 1 (learning rate x label, seed 0), then each finished label's seeds."""
+  from attnscale import sweeps  # only the staged sweep reads results
+
+  preset, labels, learning_rates, more_seeds = SWEEPS[name]
+
+  def point(label, lr, seed):
+    scaling, overrides = labels[label]
+    return {"arg": f"preset={preset},scaling={scaling},seed={seed}",
+            "overrides": {"learning_rate": lr, **overrides}}
+
+  points = [point(label, lr, 0) for label in labels for lr in learning_rates]
+  if workdir is None or not os.path.isdir(workdir):
+    return points
+  for label in labels:
+    names = [sweeps.Point(p["arg"], tuple(sorted(p["overrides"].items()))).name
+             for p in (point(label, lr, 0) for lr in learning_rates)]
+    rows = [sweeps.read_run(os.path.join(workdir, n)) for n in names]
+    if any(r is None or r["status"] not in ("done", "diverged") for r in rows):
+      continue  # stage 1 of this label not finished
+    best = sweeps.best_per_scaling(rows)
+    if best:
+      lr = next(iter(best.values()))["learning_rate"]
+      points += [point(label, lr, seed) for seed in more_seeds]
+  return points
+
+
+def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
   """The points of sweep `name`: scaling x learning rate x seed (the length
-  sweeps: scaling at its LENGTH_LRS rate x positions x seed, then eval.py --lengths)."""
+  sweeps: scaling at its LENGTH_LRS rate x positions x seed, then eval.py
+  --lengths; the practice sweeps: staged, see PRACTICE, reading `workdir`)."""
   configlib.check_choice("sweep", name, SWEEPS)
+  if name.startswith("practice"):
+    return _practice_points(name, workdir)
+  if name.startswith("precision"):
+    return _precision_points(name)
   if name.startswith("length"):
     preset, positions, lengths, seeds = SWEEPS[name]
     lrs = LENGTH_LRS if name == "length" else {"standard": 2.0**-8, "log_n": 2.0**-8}
@@ -86,7 +185,8 @@ def get_sweep(name: str) -> list[dict]:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, seed=0)
+  arg = configlib.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, temperature=0.0,
+                            seed=0)
   configlib.check_choice("preset", arg.preset, PRESETS)
 
   c = ml_collections.ConfigDict()
@@ -118,6 +218,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 500  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
+  # Devices: a data x fsdp mesh over every device of every process (README,
+  # "GPUs, TPU pods, several hosts"). The batch is sharded on both axes; params
+  # and optimizer state on fsdp (FSDP), replicated over data. -1 = all the rest.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # data-parallel replicas
+  c.mesh.fsdp = 1  # devices each parameter is split over (1 = replicated)
+
   # Model (fields of attnscale.model.ModelConfig).
   c.model = ml_collections.ConfigDict()
   m = c.model
@@ -129,7 +236,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.width = 384  # d_model
   m.mlp_ratio = 4  # MLP hidden = mlp_ratio * width
   m.dropout = 0.2  # embeddings and residual branches (the fused kernel has no attention dropout)
-  configlib.add_attention_fields(m, arg.scaling, p=arg.p)  # scaling, variant, ...
+  configlib.add_attention_fields(m, arg.scaling, p=arg.p, temperature=arg.temperature)  # scaling, variant, ...
 
   if arg.preset == "graphcore":
     c.batch_size, c.seq_len = 16, 256

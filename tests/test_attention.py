@@ -82,7 +82,8 @@ def test_cosine_temperature_gradient_agrees():
 @pytest.mark.parametrize("name,params", scaling_params())
 def test_check_grads(name, params, implementation):
   with jax.enable_x64(True):
-    q, k, v = random_qkv(B=1, T=5, S=5, N=2, K=1, H=4, dtype=jnp.float64)
+    # N = 4: log_n_per_head's s has one entry per head of random_qkv's default N.
+    q, k, v = random_qkv(B=1, T=5, S=5, N=4, K=2, H=4, dtype=jnp.float64)
     mask = padding_mask([4], 5)
     f = lambda q, k, v: attnscale.attention(
         q, k, v, scale_fn=scalings.get(name, **params), mask=mask, is_causal=True,
@@ -167,12 +168,18 @@ def test_cross_attention_lengths():
                                  ref, **TOL)
 
 
-def test_sigmoid_normalizer():
+@pytest.mark.parametrize("implementation", [None, "xla", "reference"])
+def test_sigmoid_normalizer(implementation):
   q, k, v = random_qkv(B=1, N=2, K=2)
-  out = attnscale.attention(q, k, v, normalizer="sigmoid", is_causal=True)
+  out = attnscale.attention(q, k, v, normalizer="sigmoid", is_causal=True,
+                            implementation=implementation)
   # Written out for query 4 of head 0: p_j = sigmoid(q.k_j / sqrt(d) - log 5), j <= 4.
   logits = (k[0, :5, 0] @ q[0, 4, 0]) / np.sqrt(8) - np.log(5)
   want = jax.nn.sigmoid(logits) @ v[0, :5, 0]
   np.testing.assert_allclose(out[0, 4, 0], want, **TOL)
-  with pytest.raises(ValueError, match="implementation"):
-    attnscale.attention(q, k, v, normalizer="sigmoid", implementation="xla")
+
+
+def test_sigmoid_has_no_cudnn_kernel():
+  q, k, v = random_qkv(B=1, N=2, K=2)
+  with pytest.raises(ValueError, match="normalizer='sigmoid' has no cuDNN kernel"):
+    attnscale.attention(q, k, v, normalizer="sigmoid", implementation="cudnn")

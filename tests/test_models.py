@@ -138,6 +138,11 @@ def test_one_label_per_run():
   config = shakespeare_char.get_config("preset=test,scaling=unit_scaled")
   config.model.scaling = "umup"
   assert configlib.run_label(config) == "unit/umup"
+  assert label("scaling=key_norm_power,p=3") == "key_norm_power(p=3)"
+  config = shakespeare_char.get_config("preset=test,scaling=cosine")
+  config.model.scaling_params = {"temperature": 10.0}
+  config.model.logit_softcap, config.model.sink, config.model.attn_gate = 50.0, "zero", "headwise"
+  assert configlib.run_label(config) == "cosine(temperature=10)+softcap50+sink_zero+gate_headwise"
 
 
 def test_a_new_variant_is_one_class_and_one_registry_line(monkeypatch):

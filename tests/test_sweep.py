@@ -74,7 +74,7 @@ def test_collect_reads_final_loss_wall_time_and_status(tmp_path):
   assert rows["b"]["status"] == "diverged" and math.isnan(rows["b"]["final_train_loss"])
   assert rows["c"]["status"] == "partial"
   assert sweeps.best_per_scaling(rows.values()) == {
-      "standard": {"learning_rate": 0.01, "final_train_loss": 2.0, "seeds": 1}}
+      "standard": {"learning_rate": 0.01, "final_train_loss": 2.0, "seeds": 1, "se": math.nan}}
 
 
 @pytest.mark.slow
@@ -97,3 +97,39 @@ def test_sweep_runs_points_skips_finished_and_writes_results(tmp_path):
   assert second.stdout.count("done, skipped") == 4
   with open(os.path.join(tmp_path, "results.csv")) as f:
     assert list(csv.DictReader(f)) == rows
+
+
+def _seed_rows(scaling, lr, losses):
+  return [{"scaling": scaling, "learning_rate": lr, "seed": i, "status": "done",
+           "final_train_loss": x} for i, x in enumerate(losses)]
+
+
+def test_best_table_reports_seed_spread_and_what_is_within_noise():
+  rows = (_seed_rows("a", 2.0**-7, [2.00, 2.02, 1.98]) + _seed_rows("a", 2.0**-4, [2.5])
+          + _seed_rows("b", 2.0**-7, [2.01, 2.03, 1.99])  # 0.01 above a: noise
+          + _seed_rows("c", 2.0**-7, [2.30, 2.31, 2.29])  # far above: worse
+          + _seed_rows("d", 2.0**-7, [2.4]))  # one seed: cannot say
+  best = sweeps.best_per_scaling(rows)
+  assert best["a"]["final_train_loss"] == pytest.approx(2.0)
+  assert best["a"]["se"] == pytest.approx(0.02 / math.sqrt(3))
+  assert sweeps.within_noise(best["b"], best["a"]) is True
+  assert sweeps.within_noise(best["c"], best["a"]) is False
+  assert sweeps.within_noise(best["d"], best["a"]) is None
+  table = sweeps.best_table(rows)
+  assert "| a | 2^-7 | 3 | 2.0000 ± 0.0115 | best |" in table
+  assert "| b | 2^-7 | 3 | 2.0100 ± 0.0115 | within noise |" in table
+  assert "| c | 2^-7 | 3 | 2.3000 ± 0.0058 | worse |" in table
+  assert "| d | 2^-7 | 1 | 2.4000 | - |" in table
+
+
+def test_practice_sweep_adds_seeds_once_a_label_has_finished(tmp_path):
+  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "practice_test", str(tmp_path))
+  assert len(points) == 2 * 2  # labels x learning rates, seed 0
+  # standard's stage 1 done, best at 2^-6 (the last 20 losses' mean): its seed 1 appears.
+  for p, loss in zip(points[:2], (2.5, 2.1)):
+    _fake_run(tmp_path / p.name, lr=dict(p.overrides)["learning_rate"],
+              losses=[(20, loss)], num_steps=20, elapsed=[1], checkpoint=20)
+  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "practice_test", str(tmp_path))
+  assert len(points) == 5
+  assert points[-1].arg == "preset=test,scaling=standard,seed=1"
+  assert dict(points[-1].overrides)["learning_rate"] == 2.0**-6

@@ -356,7 +356,7 @@ BAD_VALUES = {  # id: (config argument, overrides, the field the message must na
     "unknown_optimizer": ("preset=test", {"optimizer": "sgd"}, "config.optimizer"),
     "heads_not_dividing_width": ("preset=test", {"model.num_heads": 3}, "model.num_heads"),
     "unknown_normalizer": ("preset=test", {"model.normalizer": "relu"}, "model.normalizer"),
-    "unknown_dtype": ("preset=test", {"model.dtype": "float16"}, "model.dtype"),
+    "unknown_dtype": ("preset=test", {"model.dtype": "float64"}, "model.dtype"),
 }
 LATE_BAD_VALUES = {  # need the data (vocab) or the scaling's factory: still before the workdir
     "vocab_size_mismatch": ("preset=test", {"model.vocab_size": 64}, "model.vocab_size"),

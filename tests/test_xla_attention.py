@@ -1,5 +1,8 @@
 """The XLA kernel of the fused path (`attnscale.xla_attention`) against a naive softmax
-attention: causal blocks of every size, T != S, grouped heads, masks, gradients, bf16."""
+attention: causal blocks of every size, T != S, grouped heads, masks, gradients, bf16,
+and its options (soft-cap, per-query bias, sigmoid, log-sum-exp)."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -117,3 +120,80 @@ def test_no_future_leak_across_causal_blocks(name):
     assert not np.allclose(out[:, i + 1:], base[:, i + 1:])
   gk, gv = jax.grad(lambda k, v: attend(q, k, v)[:, 20].sum(), argnums=(0, 1))(k, v)
   assert np.all(np.asarray(gk[:, 21:]) == 0) and np.all(np.asarray(gv[:, 21:]) == 0)
+
+
+def naive_options(q, k, v, mask, is_causal, normalizer, softcap, bias_BTN):
+  """The kernel's options written out: (z, lse) over the visible keys, float32."""
+  G = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+  logits = jnp.einsum("btnh,bsnh->bnts", q, k)
+  if softcap is not None:
+    logits = softcap * jnp.tanh(logits / softcap)
+  if bias_BTN is not None:
+    logits = logits + bias_BTN.transpose(0, 2, 1)[..., None]
+  T, S = q.shape[1], k.shape[1]
+  visible = jnp.broadcast_to(mask, logits.shape)
+  if is_causal:
+    visible &= (jnp.arange(S)[None, :] <= jnp.arange(T)[:, None])[None, None]
+  if normalizer == "sigmoid":
+    p = jnp.where(visible, jax.nn.sigmoid(logits), 0.0)
+  else:
+    p = jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+  lse = jax.nn.logsumexp(jnp.where(visible, logits, -jnp.inf), axis=-1).transpose(0, 2, 1)
+  return jnp.einsum("bnts,bsnh->btnh", p, v), lse
+
+
+@pytest.mark.parametrize("is_causal,block_q", [(False, None), (True, 3), (True, 64)])
+@pytest.mark.parametrize("options", ["softcap", "bias", "lse", "sigmoid", "sigmoid_softcap_bias"])
+def test_options_agree_with_naive(options, is_causal, block_q):
+  B, T, N, K = 2, 11, 4, 2
+  q, k, v = random_qkv(B=B, T=T, S=T, N=N, K=K)
+  mask = (jnp.arange(T)[None, :] < jnp.array([11, 7])[:, None])[:, None, None, :]
+  bias_BTN = jax.random.normal(jax.random.key(4), (1, T, N))
+  kw = dict(normalizer="sigmoid" if "sigmoid" in options else "softmax",
+            softcap=1.5 if "softcap" in options else None,
+            bias_BTN=bias_BTN if "bias" in options else None)
+  lse = options == "lse"
+  w = jax.random.normal(jax.random.key(3), q.shape)
+  w_lse = jax.random.normal(jax.random.key(6), (B, T, N))
+
+  def kernel(q, k, v):
+    out = xla_attention.dot_product_attention(
+        q, k, v, mask, is_causal, block_q, normalizer=kw["normalizer"],
+        logit_softcap=kw["softcap"], logit_bias_BTN=kw["bias_BTN"], return_lse=lse)
+    return out if lse else (out, None)
+
+  def loss(f, q, k, v):
+    z, lse_BTN = f(q, k, v)
+    return jnp.sum(z * w) + (jnp.sum(lse_BTN * w_lse) if lse else 0.0), (z, lse_BTN)
+
+  naive_fn = lambda q, k, v: naive_options(q, k, v, mask, is_causal, **kw)
+  (_, (z, lse_got)), g = jax.value_and_grad(lambda *a: loss(kernel, *a), argnums=(0, 1, 2),
+                                            has_aux=True)(q, k, v)
+  (_, (z_want, lse_want)), g_want = jax.value_and_grad(
+      lambda *a: loss(naive_fn, *a), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  for got, want in zip((z, *g), (z_want, *g_want)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  if lse:
+    np.testing.assert_allclose(lse_got, lse_want, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_without_options_is_unchanged():
+  # The plain path keeps jax.nn.softmax, not the (p, lse) helper: same ops, same bits.
+  q, k, v = random_qkv(T=40, S=40, N=4, K=2)
+  text = jax.jit(lambda q, k, v: xla_attention.dot_product_attention(
+      q, k, v, is_causal=True, block_q=8)).lower(q, k, v).as_text()
+  assert not re.search(r"stablehlo\.(tanh|logistic|log)\b", text)
+  assert "stablehlo.exponential" in text  # the check looks at the right program
+  z, _ = xla_attention.dot_product_attention(q, k, v, is_causal=True, block_q=8,
+                                             return_lse=True)
+  np.testing.assert_allclose(z, xla_attention.dot_product_attention(
+      q, k, v, is_causal=True, block_q=8), rtol=1e-6, atol=1e-6)
+
+
+def test_bad_kernel_options():
+  q, k, v = random_qkv()
+  with pytest.raises(ValueError, match="normalizer must be one of"):
+    xla_attention.dot_product_attention(q, k, v, normalizer="relu")
+  with pytest.raises(ValueError, match="return_lse needs normalizer='softmax'"):
+    xla_attention.dot_product_attention(q, k, v, normalizer="sigmoid", return_lse=True)

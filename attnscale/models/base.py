@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnscale import positions as positions_lib
+from attnscale import precision
 from attnscale import scalings
 # The module's name is shadowed by the function in attnscale/__init__.py.
 from attnscale.attention import attention
@@ -39,6 +40,19 @@ class AttentionCall(NamedTuple):
   scale_fn: scalings.ScaleFn
   is_causal: bool
   normalizer: str
+  logit_softcap: float | None = None  # c: logits -> c tanh(logits / c)
+  sink: Array | float | None = None  # the sink logit b (per head [N], or 0.0 = off-by-one)
+
+  def options(self) -> dict[str, Any]:
+    """The keyword arguments of `attention` besides q, k, v and the mask (the
+    soft-cap and the sink only when on)."""
+    options = {"scale_fn": self.scale_fn, "is_causal": self.is_causal,
+               "normalizer": self.normalizer}
+    if self.logit_softcap is not None:
+      options["logit_softcap"] = self.logit_softcap
+    if self.sink is not None:
+      options["sink"] = self.sink
+    return options
 
 
 def dropout(x: Array, rate: float, key: Array | None) -> Array:
@@ -95,11 +109,31 @@ class ScalingParams(nnx.Module):
 
 
 class AttentionLayer(nnx.Module):
-  """Self-attention: a variant's projections around the configured scaling."""
+  """Self-attention: a variant's projections around the configured scaling.
+
+  The options every variant shares live here: the scaling's parameters, rotary
+  positions, the logit soft-cap and the attention sink (`model.sink`: "zero" is
+  the off-by-one softmax, "learned" one sink logit per head, initialised to 0,
+  gpt-oss). An output gate (`model.attn_gate`) needs a projection, so a variant
+  that offers one implements `gate_logits`.
+  """
 
   def __init__(self, cfg: ModelConfig):
     self.cfg = cfg
     self.scaling = ScalingParams(cfg.scaling, cfg.scaling_params, cfg.scaling_dims)
+    self.sink_logit = (nnx.Param(jnp.zeros((cfg.num_heads,), jnp.float32))
+                       if cfg.sink == "learned" else None)
+
+  def sink(self) -> Array | float | None:
+    """The sink logit passed to `attention`: None (no sink), 0.0, or [N] learned."""
+    if self.cfg.sink == "zero":
+      return 0.0
+    return None if self.sink_logit is None else self.sink_logit[...]
+
+  def gate_logits(self, x_BTD: Array) -> Array:
+    """Output gate logits [B, T, N, 1] (headwise) or [B, T, N, H] (elementwise):
+    z * sigmoid(x W_g) (Qiu et al. 2025). Variants with a gate override this."""
+    raise NotImplementedError(f"{type(self).__name__} has no output gate")
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
     """q [B, T, N, H], k and v [B, T, K, H]: what the scaling sees."""
@@ -121,14 +155,21 @@ class AttentionLayer(nnx.Module):
       q_BTNH = positions_lib.rope(q_BTNH, positions_T, self.cfg.rope_base)
       k_BTKH = positions_lib.rope(k_BTKH, positions_T, self.cfg.rope_base)
     return AttentionCall(q_BTNH, k_BTKH, v_BTKH, self.scale_fn(), self.cfg.causal,
-                         self.cfg.normalizer)
+                         self.cfg.normalizer, self.cfg.logit_softcap or None, self.sink())
 
   def __call__(self, x_BTD: Array, mask: Array | None = None) -> Array:
     B, T, D = x_BTD.shape
-    q_BTNH, k_BTKH, v_BTKH, scale_fn, is_causal, normalizer = self.call_inputs(x_BTD)
-    z_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, scale_fn=scale_fn, mask=mask,
-                       is_causal=is_causal, implementation=self.cfg.attention_impl,
-                       normalizer=normalizer)
+    call = self.call_inputs(x_BTD)
+    q_BTNH, k_BTKH, v_BTKH = precision.attention_inputs(self.cfg, call.q_BTNH, call.k_BSKH,
+                                                        call.v_BSKH)
+    z_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask=mask,
+                       implementation=self.cfg.attention_impl, **call.options())
+    if self.cfg.attn_gate != "none":
+      # Gated attention (Qiu et al. 2025, the SDPA-output gate G1): each head's
+      # output (or each element of it) times sigmoid of a projection of the
+      # layer's input, so a head can output nothing without a sink.
+      gate = jax.nn.sigmoid(self.gate_logits(x_BTD).astype(jnp.float32))
+      z_BTNH = (z_BTNH * gate).astype(z_BTNH.dtype)
     return self.project_out(z_BTNH.reshape(B, T, D))
 
 

@@ -13,12 +13,17 @@ from typing import Any
 
 from attnscale import scalings
 from attnscale.attention import IMPLEMENTATIONS, NORMALIZERS
+from attnscale.precision import FP8_SCALINGS
 from attnscale.positions import POSITIONS
 
-# bfloat16: products and activations in bf16; params, residual stream, LayerNorm
-# statistics, softmax, logits and loss in float32. (float16 would need loss scaling.)
-DTYPES = ("float32", "bfloat16")
+# bfloat16 / float16: products and activations in bf16 / fp16; params, residual
+# stream, LayerNorm statistics, softmax, logits and loss in float32 (float16 with no
+# loss scaling). fp8: simulated, float32 arithmetic with every matrix product's
+# inputs rounded to e4m3 and its incoming gradient to e5m2 (attnscale/precision.py).
+DTYPES = ("float32", "bfloat16", "float16", "fp8")
 LN_POSITIONS = ("pre", "post")
+SINKS = ("none", "zero", "learned")
+GATES = ("none", "headwise", "elementwise")
 HEADS = ("lm", "mlm")
 # Values that were renamed: (field, old value) -> new value.
 RENAMED_VALUES = {("model.variant", "unit_scaled"): "unit"}
@@ -56,7 +61,11 @@ class ModelConfig:
   ln_position: str = "pre"  # pre: x + f(LN(x)) (GPT-2) | post: LN(x + f(x)) (BERT)
   head: str = "lm"  # lm: tied embedding | mlm: BERT's dense+GELU+LN, tied embedding, bias
   dtype: str = "float32"  # compute dtype ("bfloat16": mixed precision); params stay float32
+  fp8_scaling: str = "none"  # dtype="fp8": none | per_tensor (power-of-2 scale from current amax)
   init_std: float = 0.02
+  logit_softcap: float = 0.0  # c > 0: logits -> c tanh(logits / c) (Gemma 2: 50); 0 = off
+  sink: str = "none"  # none | zero (off-by-one softmax) | learned (a sink logit per head)
+  attn_gate: str = "none"  # none | headwise | elementwise: z * sigmoid(x W_g) (gated attention)
   positions: str = "learned"  # learned (absolute table) | rope (rotary on q, k) | none (NoPE)
   rope_base: float = 10000.0  # rotary frequency base (positions="rope")
   variant: str = "standard"  # a name from attnscale.models.VARIANTS
@@ -97,6 +106,18 @@ class ModelConfig:
       raise ValueError(f"model.head must be one of {list(HEADS)}, got {self.head!r}")
     if self.dtype not in DTYPES:
       raise ValueError(f"model.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+    if self.fp8_scaling not in FP8_SCALINGS:
+      raise ValueError(f"model.fp8_scaling must be one of {list(FP8_SCALINGS)}, "
+                       f"got {self.fp8_scaling!r}")
+    if not self.logit_softcap >= 0:
+      raise ValueError(f"model.logit_softcap must be >= 0 (0 = off), got {self.logit_softcap}")
+    if self.sink not in SINKS:
+      raise ValueError(f"model.sink must be one of {list(SINKS)}, got {self.sink!r}")
+    if self.sink != "none" and self.normalizer != "softmax":
+      raise ValueError(f"model.sink={self.sink!r} needs model.normalizer='softmax' (a sink "
+                       f"adds to the softmax's denominator), got {self.normalizer!r}")
+    if self.attn_gate not in GATES:
+      raise ValueError(f"model.attn_gate must be one of {list(GATES)}, got {self.attn_gate!r}")
     if self.positions not in POSITIONS:
       raise ValueError(f"model.positions must be one of {list(POSITIONS)}, "
                        f"got {self.positions!r}")

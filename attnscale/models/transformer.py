@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import layers
+from attnscale import layers, precision
 from attnscale.models import base
 from attnscale.models.base import ScalingParams
 from attnscale.models.config import ModelConfig
@@ -49,12 +49,15 @@ class Attention(base.AttentionLayer):
     super().__init__(cfg)
     D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
     dense = lambda out, std: layers.Dense(D, out, use_bias=False, kernel_init=_normal(std),
-                                          dtype=cfg.dtype, rngs=rngs)
+                                          dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
     self.q_proj = dense(N * H, cfg.init_std)
     self.k_proj = dense(K * H, cfg.init_std)
     self.v_proj = None if cfg.shared_kv else dense(K * H, cfg.init_std)
     self.out_proj = dense(D, cfg.init_std / math.sqrt(2 * cfg.num_layers))
     self.qk_norm = ScalingParams(QK_NORM, None, cfg.scaling_dims) if cfg.qk_layernorm else None
+    # The output gate's projection: one logit per head or per output element.
+    gate_out = {"none": 0, "headwise": N, "elementwise": N * H}[cfg.attn_gate]
+    self.gate_proj = dense(gate_out, cfg.init_std) if gate_out else None
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
     """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm)."""
@@ -71,16 +74,20 @@ class Attention(base.AttentionLayer):
   def project_out(self, z_BTD: Array) -> Array:
     return self.out_proj(z_BTD)
 
+  def gate_logits(self, x_BTD: Array) -> Array:
+    B, T, _ = x_BTD.shape
+    return self.gate_proj(x_BTD).reshape(B, T, self.cfg.num_heads, -1)
+
 
 class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, F = cfg.width, cfg.mlp_ratio * cfg.width
     self.up = layers.Dense(D, F, use_bias=False, kernel_init=_normal(cfg.init_std),
-                           dtype=cfg.dtype, rngs=rngs)
+                           dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
     self.down = layers.Dense(F, D, use_bias=False,
                              kernel_init=_normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)),
-                             dtype=cfg.dtype, rngs=rngs)
+                             dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
 
   def __call__(self, x_BTD):
     return self.down(jax.nn.gelu(self.up(x_BTD)))
@@ -91,7 +98,8 @@ class Block(base.Block):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+    ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False,
+                               dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
     self.ln1, self.attn, self.ln2, self.mlp = ln(), Attention(cfg, rngs=rngs), ln(), MLP(cfg, rngs=rngs)
 
   def attn_input(self, x_BTD):
@@ -108,10 +116,10 @@ class Block(base.Block):
     return x_BTD + base.dropout(self.mlp(self.ln2(x_BTD)), rate, k2)
 
 
-def readout(x_BPD: Array, embed: nnx.Embed) -> Array:
+def readout(x_BPD: Array, embed: nnx.Embed, fp8: precision.Fp8 | None = None) -> Array:
   """Tied output layer x @ E^T: in the compute dtype, accumulated and returned in
-  float32 (logits for a stable softmax cross-entropy)."""
-  return layers.matmul(x_BPD, embed.embedding[...].T.astype(x_BPD.dtype),
+  float32 (logits for a stable softmax cross-entropy); fp8 as `layers.matmul`."""
+  return layers.matmul(x_BPD, embed.embedding[...].T.astype(x_BPD.dtype), fp8=fp8,
                        preferred_element_type=jnp.promote_types(x_BPD.dtype, jnp.float32))
 
 
@@ -119,14 +127,15 @@ class MLMHead(nnx.Module):
   """BERT's masked-LM head: LN(GELU(dense(x))) @ E^T + b, E the tied token embedding."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.fp8 = precision.fp8_of(cfg)
     self.dense = layers.Dense(cfg.width, cfg.width, kernel_init=_normal(cfg.init_std),
-                              dtype=cfg.dtype, rngs=rngs)
-    self.ln = nnx.LayerNorm(cfg.width, dtype=cfg.dtype, rngs=rngs)
+                              dtype=cfg.dtype, fp8=self.fp8, rngs=rngs)
+    self.ln = nnx.LayerNorm(cfg.width, dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 
   def __call__(self, x_BPD, embed: nnx.Embed):
     h_BPD = self.ln(jax.nn.gelu(self.dense(x_BPD)))
-    return readout(h_BPD, embed) + self.bias[None, None, :]
+    return readout(h_BPD, embed, self.fp8) + self.bias[None, None, :]
 
 
 class Transformer(base.Model):
@@ -145,9 +154,11 @@ class Transformer(base.Model):
     # every block's output being normalised already. The GPT's parameters (and
     # their random init) stay exactly as they were.
     if cfg.ln_position == "pre":
-      self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+      self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False,
+                                dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
     else:
-      self.ln_embed = nnx.LayerNorm(cfg.width, use_bias=False, dtype=cfg.dtype, rngs=rngs)
+      self.ln_embed = nnx.LayerNorm(cfg.width, use_bias=False,
+                                    dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
     if cfg.head == "mlm":
       self.mlm_head = MLMHead(cfg, rngs=rngs)
 
@@ -167,4 +178,4 @@ class Transformer(base.Model):
       x_BPD = self.ln_f(x_BPD)  # per position: the same before or after the gather
     if self.cfg.head == "mlm":
       return self.mlm_head(x_BPD, self.embed)
-    return readout(x_BPD, self.embed)
+    return readout(x_BPD, self.embed, precision.fp8_of(self.cfg))

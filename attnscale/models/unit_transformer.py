@@ -44,13 +44,14 @@ F MLP hidden, V vocabulary, L layers.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import scalings
+from attnscale import precision, scalings
 from attnscale import unit_scaling as us
 from attnscale.models import base
 from attnscale.models.config import ModelConfig
@@ -121,26 +122,28 @@ class UnitAttention(base.AttentionLayer):
   def qkv(self, x_BTD):
     cfg = self.cfg
     B, T, _ = x_BTD.shape
-    x_BTD = us.scale_bwd(x_BTD.astype(cfg.dtype), 1.0 / self.entry_grad_scale)
-    w = lambda p: p[...].astype(cfg.dtype)  # compute dtype; params stay float32
+    dtype = precision.compute_dtype(cfg.dtype)
+    linear = functools.partial(us.linear, fp8=precision.fp8_of(cfg))  # None unless fp8
+    x_BTD = us.scale_bwd(x_BTD.astype(dtype), 1.0 / self.entry_grad_scale)
+    w = lambda p: p[...].astype(dtype)  # compute dtype; params stay float32
     # q and k: gradients scaled to unit after the projection and back before
     # it, so w_q, w_k get unit gradients and the input's gradient is exact.
     x_qk_BTD = us.scale_bwd(x_BTD, self.qk_grad)
     to_qk = lambda y: us.scale_bwd(y, 1.0 / self.qk_grad)
-    q_BTNH = to_qk(us.linear(x_qk_BTD, w(self.w_q))).reshape(B, T, cfg.num_heads,
-                                                              cfg.head_dim)
+    q_BTNH = to_qk(linear(x_qk_BTD, w(self.w_q))).reshape(B, T, cfg.num_heads,
+                                                           cfg.head_dim)
     if cfg.shared_kv:
       # k and v share a projection: rescaling only k's gradient would change
       # the gradient's direction, so w_k keeps plain scaling (dv dominates it).
-      kv_BTKH = us.linear(x_BTD, w(self.w_k)).reshape(B, T, cfg.kv_heads, cfg.head_dim)
+      kv_BTKH = linear(x_BTD, w(self.w_k)).reshape(B, T, cfg.kv_heads, cfg.head_dim)
       return q_BTNH, kv_BTKH, kv_BTKH
-    k_BTKH = to_qk(us.linear(x_qk_BTD, w(self.w_k))).reshape(B, T, cfg.kv_heads,
-                                                              cfg.head_dim)
-    v_BTKH = us.linear(x_BTD, w(self.w_v)).reshape(k_BTKH.shape)
+    k_BTKH = to_qk(linear(x_qk_BTD, w(self.w_k))).reshape(B, T, cfg.kv_heads,
+                                                           cfg.head_dim)
+    v_BTKH = linear(x_BTD, w(self.w_v)).reshape(k_BTKH.shape)
     return q_BTNH, k_BTKH, v_BTKH
 
   def project_out(self, z_BTD):
-    return us.linear(z_BTD, self.w_o[...].astype(z_BTD.dtype))
+    return us.linear(z_BTD, self.w_o[...].astype(z_BTD.dtype), fp8=precision.fp8_of(self.cfg))
 
 
 # us.gelu has unit *std*, but its output has mean 1/(2 sqrt(pi)) (at N(0, 1)
@@ -159,7 +162,7 @@ class UnitMLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     D, F = cfg.width, cfg.mlp_ratio * cfg.width
-    self.dtype = cfg.dtype
+    self.dtype, self.fp8 = precision.compute_dtype(cfg.dtype), precision.fp8_of(cfg)
     self.w_up = _unit_normal(rngs, (D, F))
     self.w_down = _unit_normal(rngs, (F, D))
     out_std, grad_rms = us.gelu_scales()
@@ -167,9 +170,9 @@ class UnitMLP(nnx.Module):
 
   def __call__(self, x_BTD):
     w = lambda p: p[...].astype(self.dtype)  # compute dtype; params stay float32
-    u_BTF = us.linear(x_BTD.astype(self.dtype), w(self.w_up), constraint=None)
+    u_BTF = us.linear(x_BTD.astype(self.dtype), w(self.w_up), constraint=None, fp8=self.fp8)
     h_BTF = us.scale_fwd(us.gelu(u_BTF, constraint=None), _GELU_STD_OVER_RMS)
-    return us.linear(h_BTF, w(self.w_down), constraint=None)
+    return us.linear(h_BTF, w(self.w_down), constraint=None, fp8=self.fp8)
 
 
 class UnitBlock(base.Block):
@@ -223,11 +226,16 @@ class UnitScaledTransformer(base.Model):
   def logits(self, x_BPD):
     """Tied readout, unit-scaled: logits = LN(x) @ E^T / sqrt(D), unit-scale at init.
 
-    In the compute dtype, accumulated in float32 (at least) as the standard model's.
+    `us.linear` (1/sqrt(fan_in)), not u-muP's `us.linear_readout` (1/fan_in):
+    this model's criterion is unit scale at init, and u-muP's readout would
+    start the logits at std 1/sqrt(D) (it is muP's rule for transferring
+    learning rates across widths, which this model does not claim). In the
+    compute dtype, accumulated in float32 (at least) as the standard model's.
     """
-    h_BPD = self.ln_f(x_BPD).astype(self.cfg.dtype)
+    h_BPD = self.ln_f(x_BPD).astype(precision.compute_dtype(self.cfg.dtype))
     return us.linear(h_BPD, self.embed[...].T.astype(h_BPD.dtype),
-                     preferred_element_type=jnp.promote_types(h_BPD.dtype, jnp.float32))
+                     preferred_element_type=jnp.promote_types(h_BPD.dtype, jnp.float32),
+                     fp8=precision.fp8_of(self.cfg))
 
   @classmethod
   def validate_config(cls, cfg: ModelConfig) -> None:
@@ -235,6 +243,10 @@ class UnitScaledTransformer(base.Model):
       raise ValueError(f"model.variant='unit' takes a scaling that leaves q and k as they "
                        f"are (e.g. fully_scaled, umup), got scaling={cfg.scaling!r}, "
                        f"qk_layernorm={cfg.qk_layernorm}")
+    if cfg.attn_gate != "none":
+      raise ValueError(f"model.attn_gate={cfg.attn_gate!r} is not available in "
+                       "model.variant='unit' (a sigmoid gate halves the unit-scale output "
+                       "and has no unit-scaling rule here yet): use model.attn_gate='none'")
     if cfg.unit.residual_rule not in RESIDUAL_RULES:
       raise ValueError(f"model.unit.residual_rule must be one of {list(RESIDUAL_RULES)}, "
                        f"got {cfg.unit.residual_rule!r}")

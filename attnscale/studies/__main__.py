@@ -18,9 +18,10 @@ import sys
 from attnscale import reporting, scalings, studies
 from attnscale.studies import key_norm_kde
 from attnscale.studies import length as length_study
+from attnscale.studies import precision as precision_study
 
-STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length")
-RUN_STUDIES = ("trained", "length")  # need --workdirs
+STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision")
+RUN_STUDIES = ("trained", "length", "precision")  # need --workdirs
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -115,7 +116,8 @@ def run_length(a):
 
 
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
-           "key_norms": run_key_norms, "trained": run_trained, "length": run_length}
+           "key_norms": run_key_norms, "trained": run_trained, "length": run_length,
+           "precision": precision_study.run_cli}
 
 
 def parse_args(argv):
@@ -171,6 +173,8 @@ def main(argv=None):
   if "length" in names and args.study == "all" and not all(
       map(length_study.has_lengths, args.workdirs)):
     names.remove("length")  # the runs were evaluated without --lengths
+  if args.study == "all" and "precision" in names:
+    names.remove("precision")  # tracks every checkpoint: only when asked for
   for name in names:
     paths, notes = RUNNERS[name](args)
     print("\n  ".join([f"{name}:"] + notes + paths))

@@ -1,0 +1,280 @@
+"""Low precision: which scalings train in fp16 and simulated fp8 without loss scaling, and why.
+
+The runs are ordinary train.py runs that differ in `model.dtype` (float32,
+bfloat16, float16, fp8; attnscale/precision.py) and the scaling; the sweep
+that makes them is data (configs/shakespeare_char.py, "precision"). This
+module reads them and explains them:
+
+  scale_report(config, model=None)  one step's scales (`attnscale.scale_tracking`)
+                                    on the run's first training batch: at init, or
+                                    of a given (trained) model.
+  run_report(workdir)               the same for a run's latest checkpoint.
+  precision_table(workdirs)         one row per run: final loss, its difference to
+                                    the float32 run of the same scaling, divergence,
+                                    and the fraction of gradient / forward elements
+                                    its own format flushed at the end of training.
+  plot_scales(reports)              unit-scaling's scale analysis: one row per tensor,
+                                    log2 std (marker) up to log2 absmax (line), forward
+                                    and backward, against fp16's, e4m3's and e5m2's
+                                    normal and subnormal ranges; one panel per report.
+  plot_precision(rows)              final loss per scaling and dtype.
+
+`python -m attnscale.studies precision --out DIR --workdirs runs/precision/*`
+writes precision.csv/.md, precision.png (losses) and one
+precision_scales_<scaling>.png per float32 run (at init and trained).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from attnscale import precision, reporting, scale_tracking
+
+PLOT_FORMATS = ("float16", "e4m3", "e5m2")
+DTYPE_ORDER = ("float32", "bfloat16", "float16", "fp8", "fp8/per_tensor")
+_FORMAT_COLORS = {"float16": "tab:green", "e4m3": "tab:purple", "e5m2": "tab:red",
+                  "bfloat16": "tab:gray"}
+
+
+# ---------------------------------------------------------------------------
+# Computing.
+
+
+def scale_report(config, model=None, *, batch_step: int = 0) -> scale_tracking.ScaleReport:
+  """Tracks one training step of `config`'s task (its batch `batch_step`).
+
+  Args:
+    config: a train.py config (ConfigDict).
+    model: the model to track; None = a fresh one initialised from config.seed
+      (what train.py starts from).
+    batch_step: which training batch (`task.train_batch`).
+  """
+  # Imported here: the synthetic studies need neither the data sets nor orbax.
+  import jax
+
+  from attnscale import tasks
+  from attnscale import train_state as ts
+  task = tasks.get_task(config)
+  model = ts.init_model(config) if model is None else model
+  batch = jax.tree.map(jax.numpy.asarray, task.train_batch(batch_step))
+  return scale_tracking.track(model, lambda m: task.loss(m, batch)[0])
+
+
+def run_report(workdir: str) -> tuple[scale_tracking.ScaleReport, int]:
+  """(`scale_report` of the run's latest checkpoint, its step)."""
+  from attnscale import eval_lib
+  config = eval_lib.load_config(workdir)
+  model, step, _ = eval_lib.restore(config, workdir)
+  return scale_report(config, model), int(step)
+
+
+def dtype_label(config) -> str:
+  """"float32", "bfloat16", "float16", "fp8" or "fp8/per_tensor"."""
+  m = config["model"]
+  dtype = m.get("dtype", "float32")
+  scaling = m.get("fp8_scaling", "none")
+  return f"{dtype}/{scaling}" if dtype == "fp8" and scaling != "none" else dtype
+
+
+def lost_fractions(report: scale_tracking.ScaleReport) -> dict[str, float]:
+  """Size-weighted fractions of activation-gradient and forward-activation
+  elements that the run's own format lost (`ScaleReport.lost`: flushed or
+  overflowed): "grad_lost" and "fwd_lost" (0 for float32)."""
+  out = {}
+  for key, direction in (("grad_lost", "backward"), ("fwd_lost", "forward")):
+    ts = [t for t in report.tensors if t.role == "activation" and t.direction == direction]
+    size = sum(t.size for t in ts)
+    lost = sum(sum(frac for _, frac in report.lost(t)) * t.size for t in ts)
+    out[key] = lost / size if size else math.nan
+  return out
+
+
+def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict]:
+  """One row per run (train.py run directories of the precision sweep).
+
+  Columns: scaling, dtype, status ("done", "diverged", ...), steps,
+  final_train_loss (the mean of the last 20 steps), best_val_loss,
+  delta_vs_float32 (final_train_loss minus the float32 run's of the same
+  scaling and seed), and with `track` the checkpoint's grad_lost / fwd_lost
+  (`lost_fractions`) and, from the same step's float32-computed tensors, the
+  fraction of gradient elements that fp16 and e5m2 would flush
+  (grad_underflow_float16 / grad_underflow_e5m2; for float16 runs these count
+  what is left after fp16 flushed).
+  """
+  import json
+
+  from attnscale import sweeps
+  rows = []
+  for workdir in workdirs:
+    run = sweeps.read_run(workdir)
+    if run is None:
+      continue
+    with open(os.path.join(workdir, "config.json")) as f:
+      config = json.load(f)
+    row = {"scaling": run["scaling"], "dtype": dtype_label(config), "seed": run["seed"],
+           "status": run["status"], "steps": run["steps"],
+           "final_train_loss": run["final_train_loss"], "best_val_loss": run["best_val_loss"],
+           "run": run["run"]}
+    if track and run["status"] in ("done", "partial"):
+      report, _ = run_report(workdir)
+      row.update(lost_fractions(report))
+      for fmt in ("float16", "e5m2"):
+        grads = [t for t in report.tensors if t.role == "activation"
+                 and t.direction == "backward"]
+        size = sum(t.size for t in grads)
+        row[f"grad_underflow_{fmt}"] = sum(t.underflow[fmt] * t.size for t in grads) / size
+    rows.append(row)
+  base = {(r["scaling"], r["seed"]): r["final_train_loss"] for r in rows
+          if r["dtype"] == "float32"}
+  for r in rows:
+    r["delta_vs_float32"] = r["final_train_loss"] - base.get((r["scaling"], r["seed"]), math.nan)
+  order = {d: i for i, d in enumerate(DTYPE_ORDER)}
+  return sorted(rows, key=lambda r: (str(r["scaling"]), order.get(r["dtype"], 99), r["seed"]))
+
+
+# ---------------------------------------------------------------------------
+# Figures.
+
+
+def plot_scales(reports: Mapping[str, scale_tracking.ScaleReport], *,
+                formats: Sequence[str] = PLOT_FORMATS, title: str = ""):
+  """Scale analysis: one row per tensor, log2 std against the formats' ranges.
+
+  Each panel is one report (e.g. "at init", "step 1000" of one model: panels
+  share rows by tensor name). A row is a tensor (activations in order of use,
+  then weights); a filled circle is its forward std, a triangle its
+  gradient's, hollow markers are weights; the thin line runs on to its absmax
+  (where overflow starts); an x at the left edge marks a tensor that is all
+  zero (a gradient its format flushed entirely). Vertical lines per format: dotted at the smallest
+  subnormal (half of it and below flushes to zero), dashed at the smallest
+  normal (below: fewer significant bits), solid at the largest value.
+  """
+  names = []
+  for report in reports.values():
+    for t in report.tensors:
+      if t.name not in names:
+        names.append(t.name)
+  row = {name: i for i, name in enumerate(names)}
+  # All-zero tensors (a gradient the format flushed entirely) sit at the left edge.
+  finite = [math.log2(t.std) for r in reports.values() for t in r.tensors if t.std > 0]
+  zero_x = math.floor(min(finite, default=0.0)) - 1
+  height = 1.5 + 0.16 * len(names)
+  fig = reporting.new_figure(5.0 * len(reports) + 2.5, height)
+  axes = fig.subplots(1, len(reports), sharey=True, squeeze=False)[0]
+  for ax, (panel, report) in zip(axes, reports.items()):
+    for name in formats:
+      fmt = precision.FORMATS[name]
+      color = _FORMAT_COLORS.get(name, "tab:gray")
+      for value, ls, what in ((fmt.min_subnormal, ":", "min subnormal"),
+                              (fmt.min_normal, "--", "min normal"), (fmt.max, "-", "max")):
+        x = math.log2(value)
+        ax.axvline(x, color=color, ls=ls, lw=0.9, label=f"{name} {what}")
+    for direction, marker, color in (("forward", "o", "tab:blue"),
+                                     ("backward", "v", "tab:orange")):
+      for role, face in (("activation", color), ("weight", "none")):
+        sel = [t for t in report.tensors if t.direction == direction and t.role == role]
+        if not sel:
+          continue
+        y = np.array([row[t.name] for t in sel], float)
+        y += 0.15 if direction == "backward" else -0.15
+        std = np.array([math.log2(t.std) if t.std > 0 else np.nan for t in sel])
+        amax = np.array([math.log2(t.absmax) if t.absmax > 0 else np.nan for t in sel])
+        ax.hlines(y, std, amax, color=color, lw=0.6, alpha=0.6)
+        ax.scatter(std, y, marker=marker, s=18, edgecolors=color, facecolors=face,
+                   label=f"{direction} {role}" + (" (std)" if role == "activation" else ""))
+        zero = np.isnan(std)
+        if zero.any():
+          ax.scatter(np.full(zero.sum(), zero_x), y[zero], marker="x", s=18, color=color,
+                     label=f"{direction} {role}: all zero")
+    ax.set_title(f"{panel} (model.dtype={report.dtype}, loss {report.loss:.3f})", fontsize=9)
+    ax.set_xlabel("log2 std (marker) .. log2 absmax (line)")
+    ax.grid(True, axis="x", alpha=0.3)
+  axes[0].set_yticks(range(len(names)))
+  axes[0].set_yticklabels(names, fontsize=6)
+  axes[0].set_ylim(len(names) - 0.5, -0.5)
+  handles, labels = axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="outside lower center", ncol=5, fontsize=7)
+  if title:
+    fig.suptitle(title)
+  return fig
+
+
+def plot_precision(rows: Sequence[dict], *, title: str = ""):
+  """Final training loss per scaling (x) and dtype (bars); diverged runs marked x."""
+  scalings = sorted({str(r["scaling"]) for r in rows})
+  dtypes = [d for d in DTYPE_ORDER if any(r["dtype"] == d for r in rows)]
+  fig = reporting.new_figure(max(6.0, 1.4 * len(scalings) + 2), 4.2)
+  ax = fig.subplots()
+  width = 0.8 / max(len(dtypes), 1)
+  finite = [r["final_train_loss"] for r in rows if math.isfinite(r["final_train_loss"])]
+  top = max(finite) if finite else 1.0
+  for j, dtype in enumerate(dtypes):
+    xs, ys, bad = [], [], []
+    for i, scaling in enumerate(scalings):
+      found = [r for r in rows if r["scaling"] == scaling and r["dtype"] == dtype]
+      if not found:
+        continue
+      x = i + (j - (len(dtypes) - 1) / 2) * width
+      loss = found[0]["final_train_loss"]
+      (xs if math.isfinite(loss) else bad).append(x)
+      if math.isfinite(loss):
+        ys.append(loss)
+    ax.bar(xs, ys, width=width, label=dtype, color=reporting.style(j)["color"])
+    ax.scatter(bad, [top] * len(bad), marker="x", color=reporting.style(j)["color"], s=40)
+  ax.set_xticks(range(len(scalings)))
+  ax.set_xticklabels(scalings, rotation=20, fontsize=8)
+  if finite:
+    ax.set_ylim(0.9 * min(finite), 1.05 * top)
+  reporting.label_axes(ax, xlabel="scaling", ylabel="final training loss (last 20 steps)",
+                       title=title or "Final loss by format (x: diverged)")
+  return fig
+
+
+# ---------------------------------------------------------------------------
+# Command line (`python -m attnscale.studies precision`).
+
+
+def run_cli(args) -> tuple[list[str], list[str]]:
+  """Writes the table, the loss figure and the scale figures; returns (paths, notes)."""
+  if not args.workdirs:
+    raise SystemExit("precision: give the sweep's run directories with --workdirs")
+  import json
+
+  from attnscale import eval_lib
+  rows = precision_table(args.workdirs)
+  failed = [r for r in rows if r["status"] == "diverged"]
+  notes = [f"{len(rows)} runs; diverged: "
+           + (", ".join(f"{r['scaling']} {r['dtype']}" for r in failed) or "none") + ".",
+           "delta_vs_float32: final_train_loss minus the float32 run's (same scaling, seed). "
+           "grad_lost / fwd_lost: fraction of gradient / forward activation elements the "
+           "run's own format flushed or overflowed at the last checkpoint; "
+           "grad_underflow_<fmt>: what that format would flush of its float32-computed "
+           "gradients."]
+  columns = ["scaling", "dtype", "status", "steps", "final_train_loss", "delta_vs_float32",
+             "best_val_loss", "grad_lost", "fwd_lost", "grad_underflow_float16",
+             "grad_underflow_e5m2", "run"]
+  table = [{c: r.get(c, math.nan) for c in columns} for r in rows]
+  paths = reporting.write_tables(table, args.out, "precision",
+                                 title="Training in low precision without loss scaling",
+                                 notes=notes)
+  paths.append(reporting.save_figure(plot_precision(rows), args.out, "precision"))
+  for workdir in args.workdirs:
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:
+      if dtype_label(json.load(f)) != "float32":
+        continue
+    config = eval_lib.load_config(workdir)
+    trained, step = run_report(workdir)
+    reports = {"at init": scale_report(config), f"step {step}": trained}
+    label = next((r["scaling"] for r in rows if r["run"] == os.path.basename(
+        os.path.normpath(workdir))), os.path.basename(workdir))
+    fig = plot_scales(reports, title=f"Tensor scales: {label}")
+    name = "precision_scales_" + str(label).replace("/", "_").replace("+", "_")
+    paths.append(reporting.save_figure(fig, args.out, name))
+  return paths, notes

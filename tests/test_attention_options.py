@@ -1,0 +1,125 @@
+"""The model options of today's practice: logit soft-cap, sinks, output gates and
+sigmoid attention, in whole models: no future leak, no padding leak, reference ==
+fused (values and gradients), learned parameters that learn, one-line errors.
+(The kernel-level tests of the same options: tests/test_kernel_options.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from attnscale import models
+from attnscale.models import ModelConfig
+
+V = 13
+OPTIONS = {
+    "softcap": dict(logit_softcap=2.0),  # tight enough to bind at init scales
+    "sink_zero": dict(sink="zero"),
+    "sink_learned": dict(sink="learned"),
+    "gate_headwise": dict(attn_gate="headwise"),
+    "gate_elementwise": dict(attn_gate="elementwise"),
+    "sigmoid": dict(normalizer="sigmoid"),
+    "all": dict(logit_softcap=2.0, sink="learned", attn_gate="headwise", positions="rope"),
+}
+SCALINGS = ("standard", "key_norm_sum", "cosine")  # a plain, a summing, a normalising scaling
+
+
+def model(option, scaling="standard", **kw):
+  cfg = ModelConfig(vocab_size=V, block_size=16, num_layers=2, num_heads=2, width=16,
+                    scaling=scaling, **{**OPTIONS[option], **kw})
+  m = models.build(cfg, rngs=nnx.Rngs(params=0))
+  if cfg.sink == "learned":  # away from 0, so per-head values matter
+    for block in m.blocks:
+      block.attn.sink_logit[...] = jnp.array([0.7, -1.3])
+  return m
+
+
+CASES = [pytest.param(o, s, id=f"{o}-{s}") for o in OPTIONS for s in SCALINGS
+         if not (o == "sigmoid" and s == "cosine")] + [
+             pytest.param("sink_learned", "umup", id="sink_learned-unit", marks=()),
+         ]
+
+
+@pytest.mark.parametrize("option, scaling", CASES)
+def test_no_future_leak(option, scaling):
+  variant = "unit" if scaling == "umup" else "standard"
+  m = model(option, scaling, variant=variant)
+  tokens = np.random.default_rng(0).integers(0, V, (2, 16)).astype(np.int32)
+  t = 6
+  full = m(tokens)
+  np.testing.assert_allclose(m(tokens[:, :t]), full[:, :t], rtol=1e-5, atol=1e-5)
+  other = tokens.copy()
+  other[:, t:] = (other[:, t:] + 1) % V
+  np.testing.assert_array_equal(m(other)[:, :t], full[:, :t])
+
+  def early(x_BTD):
+    for block in m.blocks:
+      x_BTD = block(x_BTD)
+    return m.logits(x_BTD)[:, t - 1].sum()
+
+  g_BTD = jax.grad(early)(m.embed_tokens(tokens))
+  assert np.all(np.asarray(g_BTD[:, t:]) == 0)
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o != "all"])
+def test_encoder_sees_no_padding(option):
+  m = model(option, causal=False)
+  tokens = np.random.default_rng(1).integers(0, V, (2, 16)).astype(np.int32)
+  mask = (np.arange(16) < 10)[None, None, None, :]
+  other = tokens.copy()
+  other[:, 10:] = (other[:, 10:] + 5) % V
+  np.testing.assert_array_equal(m(tokens, mask=mask)[:, :10], m(other, mask=mask)[:, :10])
+
+
+@pytest.mark.parametrize("option, scaling", CASES[:len(CASES) - 1])
+def test_reference_equals_fused(option, scaling):
+  fused, reference = model(option, scaling), model(option, scaling, attention_impl="reference")
+  tokens = np.random.default_rng(2).integers(0, V, (2, 16)).astype(np.int32)
+  np.testing.assert_allclose(fused(tokens), reference(tokens), rtol=1e-4, atol=1e-5)
+  loss = lambda m: jnp.mean(m(tokens) ** 2)
+  for a, b in zip(jax.tree.leaves(nnx.grad(loss)(fused)),
+                  jax.tree.leaves(nnx.grad(loss)(reference))):
+    np.testing.assert_allclose(a, b, rtol=2e-3, atol=1e-6)
+
+
+def test_options_change_the_model_and_learned_parameters_get_gradients():
+  tokens = np.random.default_rng(3).integers(0, V, (2, 16)).astype(np.int32)
+  # Large weights, so that the cap binds (init logits are far below 2 otherwise).
+  base = model("softcap", logit_softcap=0.0, init_std=0.5)(tokens)
+  for option in OPTIONS:
+    assert not np.allclose(model(option, init_std=0.5)(tokens), base), option
+  m = model("all")
+  grads = nnx.grad(lambda m: jnp.mean(m(tokens) ** 2))(m)
+  for i in range(2):
+    attn = grads["blocks"][i]["attn"]
+    assert np.all(np.asarray(jax.tree.leaves(attn["sink_logit"])[0]) != 0)
+    assert np.any(np.asarray(jax.tree.leaves(attn["gate_proj"])[0]) != 0)
+
+
+def test_softcap_bounds_the_logits_the_diagnostics_see():
+  from attnscale import diagnostics
+  m = model("softcap", scaling="none")  # unscaled logits: large enough to be capped
+  tokens = np.random.default_rng(4).integers(0, V, (2, 16)).astype(np.int32)
+  for layer in diagnostics.model_attention_stats(m, jnp.asarray(tokens)):
+    assert layer["max_logit"] <= 2.0
+  sink = diagnostics.model_attention_stats(model("sink_zero"), jnp.asarray(tokens))
+  plain = diagnostics.model_attention_stats(model("softcap", logit_softcap=0.0),
+                                            jnp.asarray(tokens))
+  # The off-by-one softmax gives the sink some weight: less on the first key.
+  assert sink[0]["sink_rate"] < plain[0]["sink_rate"]
+
+
+def test_one_line_errors():
+  bad = {"logit_softcap": (-1.0, r"model.logit_softcap must be >= 0"),
+         "sink": ("first", r"model.sink must be one of \['none', 'zero', 'learned'\]"),
+         "attn_gate": ("tanh", r"model.attn_gate must be one of \['none', 'headwise', "
+                               r"'elementwise'\]")}
+  for field, (value, message) in bad.items():
+    with pytest.raises(ValueError, match=message):
+      ModelConfig(**{field: value})
+  with pytest.raises(ValueError, match="model.sink='zero' needs model.normalizer='softmax'"):
+    ModelConfig(sink="zero", normalizer="sigmoid")
+  with pytest.raises(ValueError, match="model.attn_gate='headwise' is not available in "
+                                       "model.variant='unit'"):
+    ModelConfig(variant="unit", scaling="fully_scaled", attn_gate="headwise")
