@@ -14,6 +14,7 @@ first option (standard). The target for every addition is 1.15x or less.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import platform
 import statistics
@@ -52,6 +53,14 @@ def parse_option(text: str) -> tuple[str, dict]:
   return label, overrides
 
 
+def _parse(text: str, old):
+  """The override's value, typed like the field's current one ("False" is False)."""
+  if old is None or isinstance(old, str):
+    return text
+  value = ast.literal_eval(text)
+  return float(value) if isinstance(old, float) else value
+
+
 def config_for(overrides: dict, args):
   config = train_throughput.get_config("cpu", args)
   with config.unlocked():
@@ -64,7 +73,7 @@ def config_for(overrides: dict, args):
       if field not in parent:
         raise SystemExit(f"error: --options: unknown field {key!r}")
       old = parent[field]
-      parent[field] = type(old)(text) if old is not None and not isinstance(old, str) else text
+      parent[field] = _parse(text, old)
   configlib.validate(config)
   return config
 

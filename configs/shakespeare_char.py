@@ -54,12 +54,6 @@ SWEEPS = {
     "graphcore_cpu": ("graphcore_cpu", SWEEP_SCALINGS, [2.0**-e for e in range(3, 13)], (0,)),
     # Seconds: the test suite's.
     "test": ("test", ("standard", "fully_scaled"), [2.0**-8, 2.0**-6], (0,)),
-    # The length study (README, "Length generalisation"): trained at 64 (preset
-    # graphcore_cpu), evaluated at 1x ... 16x; rotary and no positions, two seeds,
-    # each scaling at its learning rate in LENGTH_LRS. 32 runs, about an hour.
-    "length": ("graphcore_cpu", ("rope", "none"), "--lengths=64,128,256,512,1024", (0, 1)),
-    # Seconds: the test suite's length sweep.
-    "length_test": ("test", ("rope",), "--lengths=32,64", (0,)),
 }
 # Today's practice against the seeds' scalings (README, "Today's practice"): every
 # registered scaling and attention option at the graphcore_cpu size. Label ->
@@ -101,6 +95,15 @@ SWEEPS["practice_test"] = ("test", {k: PRACTICE[k] for k in ("standard", "sink_z
 LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
               "key_norm_sum": 2.0**-5, "fully_scaled": 2.0**-10, "cosine": 2.0**-9,
               "qk_layernorm": 2.0**-9, "unit_scaled": 2.0**-5}
+# The length study (README, "Length generalisation"): trained at 64 (preset
+# graphcore_cpu), evaluated at 1x ... 16x; rotary and no positions, two seeds,
+# each scaling at its LENGTH_LRS rate. 32 runs, about an hour.
+# (preset, {scaling: learning rate}, positions, eval.py --lengths flag, seeds)
+SWEEPS["length"] = ("graphcore_cpu", LENGTH_LRS, ("rope", "none"),
+                    "--lengths=64,128,256,512,1024", (0, 1))
+# Seconds: the test suite's length sweep.
+SWEEPS["length_test"] = ("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),
+                         "--lengths=32,64", (0,))
 
 
 # The precision study (README, "Low precision"; docs/science.md, "Low precision"):
@@ -171,8 +174,7 @@ def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
   if name.startswith("precision"):
     return _precision_points(name)
   if name.startswith("length"):
-    preset, positions, lengths, seeds = SWEEPS[name]
-    lrs = LENGTH_LRS if name == "length" else {"standard": 2.0**-8, "log_n": 2.0**-8}
+    preset, lrs, positions, lengths, seeds = SWEEPS[name]
     # Seed-major: after the first half, every (scaling, positions) has one run.
     return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
              "overrides": {"learning_rate": lr, "model.positions": pos},
