@@ -81,6 +81,9 @@ def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float
   m.unit.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
   m.unit.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
   m.unit.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
+  # The gradient reaching the logits scaled to unit std, as unit_scaling's
+  # cross_entropy does (False: the plain mean's ~1/(B T sqrt(V)), which low precision flushes).
+  m.unit.scaled_loss = True
   if scaling == "unit_scaled":
     m.variant, m.scaling, m.unit.attn_residual = "unit", "fully_scaled", "relative"
 

@@ -34,7 +34,9 @@ for tensors stored in a low-precision dtype and `underflow[format]` for the
 others. Under fp8 (simulated in float32) each gradient "y" is recorded before
 its e5m2 rounding and each "x", "q", "k", "v" before its e4m3 rounding, so
 `underflow["e5m2"]` of a "y" gradient is exactly the fraction the simulation
-flushes (with model.fp8_scaling="none").
+flushes (with model.fp8_scaling="none"). The unit model's gradients are at its
+backward's scale (`Model.loss_grad_scale`: the loss's gradient made unit at the
+logits), before the train step divides the parameters' gradients back.
 
 Dimension legend: none (tensors of any shape, flattened for statistics).
 """

@@ -60,6 +60,11 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
       return task.loss(nnx.merge(graphdef, params), batch, dropout_key(config.seed, step))
 
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    # A model whose backward runs at a fixed scale (the unit variant's unit-scaled
+    # loss) hands the optimizer the true gradient: divided back here, in float32.
+    grad_scale = nnx.merge(graphdef, state["params"]).loss_grad_scale(batch["targets"].size)
+    if grad_scale != 1.0:
+      grads = jax.tree.map(lambda g: g / grad_scale, grads)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     last_losses = ts.push_loss(state["last_losses"], loss)
     new_state = {"step": step + 1, "params": optax.apply_updates(state["params"], updates),

@@ -6,6 +6,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -129,6 +130,52 @@ def test_embedding_and_logits_unit_at_init():
   assert abs(float(jnp.std(model.embed_tokens(tokens))) - 1) < 0.1
   # Not 0.1: real token streams are correlated across positions after attention.
   assert abs(float(jnp.std(model(tokens))) - 1) < 0.2
+
+
+def test_scaled_loss_is_a_constant_factor_on_every_gradient():
+  """model.unit.scaled_loss multiplies every parameter gradient by exactly
+  `loss_grad_scale` = N V / sqrt(V - 1), which brings the loss's gradient at
+  the logits to unit RMS at init (it is about 2^-13 without)."""
+  tokens = jax.random.randint(jax.random.key(1), (16, 64), 0, 65)
+  targets = jnp.roll(tokens, -1, axis=1)
+
+  def param_grads(model):
+    graphdef, params = nnx.split(model, nnx.Param)
+    loss = lambda p: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+        nnx.merge(graphdef, p)(tokens), targets))
+    return jax.grad(loss)(params), model.loss_grad_scale(tokens.size)
+
+  scaled, s = param_grads(make_model())
+  plain, one = param_grads(make_model(scaled_loss=False))
+  assert one == 1.0 and s == pytest.approx(tokens.size * 65 / 8)
+  for a, b in zip(jax.tree.leaves(scaled), jax.tree.leaves(plain)):
+    np.testing.assert_allclose(np.asarray(a) / s, b, rtol=2e-4, atol=1e-6 * np.abs(b).max())
+  # The cotangent the readout receives: (p - onehot(y)) / N, times s.
+  g = (jax.nn.softmax(make_model()(tokens)) - jax.nn.one_hot(targets, 65)) * s / tokens.size
+  assert abs(float(jnp.sqrt(jnp.mean(g**2))) - 1) < 0.2
+
+
+def test_train_step_hands_the_optimizer_the_true_gradient():
+  """One float32 train step gives the same update with model.unit.scaled_loss on
+  or off: the step divides the scale back (with clipping on, which would show it)."""
+  from attnscale import steps, tasks
+  from attnscale import train_state as ts
+
+  results = []
+  for scaled in (True, False):
+    config = shakespeare_char.get_config("preset=test,scaling=unit_scaled")
+    config.model.unit.scaled_loss = scaled
+    config.grad_clip = 1e-3
+    task, mesh = tasks.get_task(config), ts.make_mesh(config)
+    graphdef, state, shardings = ts.create_state(config, mesh)
+    step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh))
+    batch = steps.global_batch(task.train_batch(0), ts.batch_sharding(mesh))
+    state, metrics = step(state, batch)
+    results.append((jax.tree.leaves(state["params"]), float(metrics["grad_norm"])))
+  (a, norm_a), (b, norm_b) = results
+  assert norm_a == pytest.approx(norm_b, rel=1e-4)
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
 
 
 def test_branch_taus_follow_the_rules():

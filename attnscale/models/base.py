@@ -213,6 +213,13 @@ class Model(nnx.Module):
     """Logits [B, P, V] in float32 from the final residual stream at P positions."""
     raise NotImplementedError
 
+  def loss_grad_scale(self, num_targets: int) -> float:
+    """The constant by which this model's backward pass scales every gradient
+    for a loss over `num_targets` logit rows (1: none). The train step divides the
+    parameters' gradients by it, in float32, before the optimizer."""
+    del num_targets
+    return 1.0
+
   def residual_stream(self, tokens_BT: Array, mask: Array | None = None,
                       dropout_key: Array | None = None) -> Array:
     """Embeddings then every block: the final residual stream [B, T, D].

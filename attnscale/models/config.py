@@ -37,6 +37,7 @@ class UnitConfig:
   residual_attn_ratio: float = 1.0  # u-muP: attention / MLP branch weight ratio
   residual_rule: str = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
   attn_residual: str = "rule"  # rule (depth rule only) | relative (x sqrt(e/n): Graphcore's fix)
+  scaled_loss: bool = True  # logits' gradient to unit scale (unit_scaling's cross_entropy)
 
 
 @dataclasses.dataclass(frozen=True)

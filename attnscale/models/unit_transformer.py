@@ -233,9 +233,32 @@ class UnitScaledTransformer(base.Model):
     compute dtype, accumulated in float32 (at least) as the standard model's.
     """
     h_BPD = self.ln_f(x_BPD).astype(precision.compute_dtype(self.cfg.dtype))
-    return us.linear(h_BPD, self.embed[...].T.astype(h_BPD.dtype),
-                     preferred_element_type=jnp.promote_types(h_BPD.dtype, jnp.float32),
-                     fp8=precision.fp8_of(self.cfg))
+    logits_BPV = us.linear(h_BPD, self.embed[...].T.astype(h_BPD.dtype),
+                           preferred_element_type=jnp.promote_types(h_BPD.dtype, jnp.float32),
+                           fp8=precision.fp8_of(self.cfg))
+    # The backward starts at unit scale (see `loss_grad_scale`).
+    return us.scale_bwd(logits_BPV, self.loss_grad_scale(math.prod(logits_BPV.shape[:-1])))
+
+  def loss_grad_scale(self, num_targets: int) -> float:
+    """N V / sqrt(V - 1) for N = `num_targets` (1 with model.unit.scaled_loss=False).
+
+    The tasks' loss is the mean over N logit rows of -log softmax(logits)[y],
+    whose gradient at the logits is (p - onehot(y)) / N: for a near-uniform p,
+    RMS sqrt(V - 1) / (V N) (`us.softmax_cross_entropy`'s derivation), 2^-13 at
+    N = 1024, V = 65 (graphcore_cpu): at the bottom of float16's normal range
+    (2^-14) and e5m2's (2^-14), and the gradients behind it fall further. unit_scaling's `cross_entropy` takes the mean in the
+    forward pass only and scales the logits' gradient by V / sqrt(V - 1); scaling
+    the gradient entering the logits by this factor does the same, so every
+    gradient behind it starts at unit scale while the loss's value stays the
+    tasks' plain mean. The train step divides the parameters' gradients by it
+    (float32), so the optimizer, clipping and the float32 run are unchanged. Where
+    the loss averages over fewer than N rows (weights, padding) the gradient sits
+    N / count times above unit.
+    """
+    if not self.cfg.unit.scaled_loss:
+      return 1.0
+    vocab_size = self.cfg.vocab_size
+    return num_targets * vocab_size / math.sqrt(vocab_size - 1)
 
   @classmethod
   def validate_config(cls, cfg: ModelConfig) -> None:
