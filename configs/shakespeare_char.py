@@ -30,6 +30,7 @@ Presets and what to expect:
   test      seconds: for the test suite.
 """
 
+import math
 import os
 
 import ml_collections
@@ -57,9 +58,7 @@ SWEEPS = {
 }
 # Today's practice against the seeds' scalings (README, "Today's practice"): every
 # registered scaling and attention option at the graphcore_cpu size. Label ->
-# (the config argument's scaling, field overrides). Stage 1: learning rate x
-# label, seed 0. Stage 2 (added once a label's stage 1 is done): seeds 1 and 2 at
-# its best learning rate, so the table gives mean ± standard error over 3 seeds.
+# (the config argument's scaling, field overrides).
 PRACTICE = {
     "standard": ("standard", {}),
     "none": ("none", {}),
@@ -83,10 +82,19 @@ PRACTICE = {
     "gate_elementwise": ("standard", {"model.attn_gate": "elementwise"}),
     "sigmoid": ("standard", {"model.normalizer": "sigmoid"}),
 }
-PRACTICE_LRS = [2.0**-e for e in range(5, 11)]  # 2^-5 ... 2^-10
-SWEEPS["practice"] = ("graphcore_cpu", PRACTICE, PRACTICE_LRS, (1, 2))
+# Where each label's learning-rate search starts: e for 2^-e, the best of the
+# graphcore_cpu sweep (docs/results/graphcore_cpu) where it ran, else a guess from
+# the logits' scale at init (smaller logits, larger rate). The search brackets it.
+PRACTICE_LR_START = dict.fromkeys(PRACTICE, 9) | {
+    "key_norm_sum": 5, "key_norm_power": 5, "unit_scaled": 5, "umup": 5,
+    "fully_scaled": 10, "none": 10, "inverse_d": 8}
+PRACTICE_LR_RANGE = (3, 12)  # the search never leaves 2^-3 ... 2^-12
+# Stage 1 (seed 0): each label at 2^-(e-1), 2^-e, 2^-(e+1), then one rate
+# further while the best is at an edge of those tried ("bracketed"). Stage 2:
+# seeds 1 and 2 at the bracketed best, so the table gives mean ± s.e. over 3 seeds.
+SWEEPS["practice"] = ("graphcore_cpu", PRACTICE, PRACTICE_LR_START, (1, 2))
 SWEEPS["practice_test"] = ("test", {k: PRACTICE[k] for k in ("standard", "sink_zero")},
-                           [2.0**-8, 2.0**-6], (1,))
+                           {"standard": 7, "sink_zero": 7}, (1,))
 
 # The length study's learning rates: each scaling's best in the graphcore_cpu sweep
 # (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
@@ -138,30 +146,46 @@ def _precision_points(name: str) -> list[dict]:
 
 
 def _practice_points(name: str, workdir: str | None) -> list[dict]:
-  """Stage 1 (learning rate x label, seed 0), then each finished label's seeds."""
+  """Stage 1 (a bracketing learning-rate search per label, seed 0), then each
+  bracketed label's seeds. Reads the finished runs in `workdir`."""
   from attnscale import sweeps  # only the staged sweep reads results
 
-  preset, labels, learning_rates, more_seeds = SWEEPS[name]
+  preset, labels, starts, more_seeds = SWEEPS[name]
+  lo, hi = PRACTICE_LR_RANGE
 
-  def point(label, lr, seed):
+  def point(label, e, seed):
     scaling, overrides = labels[label]
     return {"arg": f"preset={preset},scaling={scaling},seed={seed}",
-            "overrides": {"learning_rate": lr, **overrides}}
+            "overrides": {"learning_rate": 2.0**-e, **overrides}}
 
-  points = [point(label, lr, 0) for label in labels for lr in learning_rates]
-  if workdir is None or not os.path.isdir(workdir):
-    return points
+  def result(p):
+    if workdir is None:
+      return None
+    row = sweeps.read_run(os.path.join(workdir, sweeps.Point(
+        p["arg"], tuple(sorted(p["overrides"].items()))).name))
+    return row if row is not None and row["status"] in ("done", "diverged") else None
+
+  points, seeds = [], []
   for label in labels:
-    names = [sweeps.Point(p["arg"], tuple(sorted(p["overrides"].items()))).name
-             for p in (point(label, lr, 0) for lr in learning_rates)]
-    rows = [sweeps.read_run(os.path.join(workdir, n)) for n in names]
-    if any(r is None or r["status"] not in ("done", "diverged") for r in rows):
-      continue  # stage 1 of this label not finished
-    best = sweeps.best_per_scaling(rows)
-    if best:
-      lr = next(iter(best.values()))["learning_rate"]
-      points += [point(label, lr, seed) for seed in more_seeds]
-  return points
+    tried = [starts[label] + d for d in (-1, 0, 1)]
+    while True:
+      stage = [point(label, e, 0) for e in tried]
+      points += [p for p in stage if p not in points]
+      rows = [result(p) for p in stage]
+      if any(r is None for r in rows):
+        break  # this label's search is still running
+      best = sweeps.best_per_scaling(rows)
+      # All diverged: a smaller rate; best at an edge: one step beyond it.
+      e = (max(tried) if not best else
+           round(-math.log2(next(iter(best.values()))["learning_rate"])))
+      beyond = e + 1 if (not best or e == max(tried)) else e - 1 if e == min(tried) else None
+      if beyond is not None and lo <= beyond <= hi and beyond not in tried:
+        tried = sorted(tried + [beyond])
+        continue
+      if best:
+        seeds += [point(label, e, seed) for seed in more_seeds]
+      break
+  return points + seeds
 
 
 def get_sweep(name: str, workdir: str | None = None) -> list[dict]:

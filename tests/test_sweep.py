@@ -122,14 +122,23 @@ def test_best_table_reports_seed_spread_and_what_is_within_noise():
   assert "| d | 2^-7 | 1 | 2.4000 | - |" in table
 
 
-def test_practice_sweep_adds_seeds_once_a_label_has_finished(tmp_path):
-  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "practice_test", str(tmp_path))
-  assert len(points) == 2 * 2  # labels x learning rates, seed 0
-  # standard's stage 1 done, best at 2^-6 (the last 20 losses' mean): its seed 1 appears.
-  for p, loss in zip(points[:2], (2.5, 2.1)):
-    _fake_run(tmp_path / p.name, lr=dict(p.overrides)["learning_rate"],
-              losses=[(20, loss)], num_steps=20, elapsed=[1], checkpoint=20)
-  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "practice_test", str(tmp_path))
-  assert len(points) == 5
+def test_practice_sweep_brackets_the_best_rate_then_adds_seeds(tmp_path):
+  load = lambda: sweeps.load_sweep(os.path.join(ROOT, CONFIG), "practice_test", str(tmp_path))
+  lr = lambda p: dict(p.overrides)["learning_rate"]
+  points = load()
+  assert len(points) == 2 * 3  # labels x 2^-6, 2^-7, 2^-8, seed 0
+  standard = points[:3]
+  assert [lr(p) for p in standard] == [2.0**-6, 2.0**-7, 2.0**-8]
+  # Best at the edge 2^-6: one step beyond it, 2^-5, and no seeds yet.
+  for p, loss in zip(standard, (2.0, 2.1, 2.2)):
+    _fake_run(tmp_path / p.name, lr=lr(p), losses=[(20, loss)], num_steps=20, elapsed=[1],
+              checkpoint=20)
+  points = load()
+  assert len(points) == 7 and lr(points[3]) == 2.0**-5 and points[3].arg.endswith("seed=0")
+  # 2^-5 worse: bracketed at 2^-6, so its seed 1 runs at 2^-6.
+  _fake_run(tmp_path / points[3].name, lr=2.0**-5, losses=[(20, 2.3)], num_steps=20,
+            elapsed=[1], checkpoint=20)
+  points = load()
+  assert len(points) == 8
   assert points[-1].arg == "preset=test,scaling=standard,seed=1"
-  assert dict(points[-1].overrides)["learning_rate"] == 2.0**-6
+  assert lr(points[-1]) == 2.0**-6
