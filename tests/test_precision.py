@@ -2,6 +2,7 @@
 documented, float32 untouched, and underflow that scale tracking reports."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -315,3 +316,8 @@ def test_scale_figure_and_precision_plot():
   assert study.plot_precision(rows).axes
   lost = study.lost_fractions(reports["fp8"])
   assert 0 <= lost["grad_lost"] <= 1 and study.lost_fractions(reports["float32"])["grad_lost"] == 0
+  # The unit model with its unit-scaled loss: forward and gradients near std 1
+  # (gradients within 2^+-3; the plain mean loss would put them near 2^-12 here).
+  summary = study.scale_summary(reports["float32"])
+  assert abs(summary["fwd_median_log2_std"]) < 1 and abs(summary["grad_median_log2_std"]) < 3
+  assert summary["grad_underflow_e5m2"] < 0.05 and math.isfinite(summary["dq_log2_std"])

@@ -20,8 +20,9 @@ module reads them and explains them:
   plot_precision(rows)              final loss per scaling and dtype.
 
 `python -m attnscale.studies precision --out DIR --workdirs runs/precision/*`
-writes precision.csv/.md, precision.png (losses) and one
-precision_scales_<scaling>.png per float32 run (at init and trained).
+writes precision.csv/.md, precision.png (losses), one
+precision_scales_<scaling>.png per float32 run (at init and trained) and
+precision_scales.csv/.md (`scale_summary` of each: medians, underflow fractions).
 """
 
 from __future__ import annotations
@@ -134,6 +135,43 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
     r["delta_vs_float32"] = r["final_train_loss"] - base.get((r["scaling"], r["seed"]), math.nan)
   order = {d: i for i, d in enumerate(DTYPE_ORDER)}
   return sorted(rows, key=lambda r: (str(r["scaling"]), order.get(r["dtype"], 99), r["seed"]))
+
+
+def scale_summary(report: scale_tracking.ScaleReport) -> dict[str, float]:
+  """One line of a report, as docs/science.md's table at initialisation.
+
+  fwd/grad_median_log2_std: the size-weighted median of log2 std over activations
+  / activation gradients; min_grad_log2_std: the smallest gradient's;
+  fwd_underflow_e4m3, grad_underflow_e5m2, grad_underflow_float16: size-weighted
+  fractions those formats would flush; dq_log2_std: log2 of the RMS over layers
+  of the std of the gradient arriving at q.
+  """
+  def median(ts):
+    ts = sorted(ts, key=lambda t: t.std)
+    half, seen = sum(t.size for t in ts) / 2, 0
+    for t in ts:
+      seen += t.size
+      if seen >= half:
+        return _log2(t.std)
+    return math.nan
+
+  def weighted(ts, field, fmt):
+    return sum(getattr(t, field)[fmt] * t.size for t in ts) / max(sum(t.size for t in ts), 1)
+
+  acts = [t for t in report.tensors if t.role == "activation"]
+  fwd = [t for t in acts if t.direction == "forward"]
+  grad = [t for t in acts if t.direction == "backward"]
+  dq = [t.std for t in grad if t.name.endswith("attn.q")]
+  return {"fwd_median_log2_std": median(fwd), "grad_median_log2_std": median(grad),
+          "min_grad_log2_std": min((_log2(t.std) for t in grad), default=math.nan),
+          "fwd_underflow_e4m3": weighted(fwd, "underflow", "e4m3"),
+          "grad_underflow_e5m2": weighted(grad, "underflow", "e5m2"),
+          "grad_underflow_float16": weighted(grad, "underflow", "float16"),
+          "dq_log2_std": _log2(math.sqrt(sum(x * x for x in dq) / len(dq))) if dq else math.nan}
+
+
+def _log2(x: float) -> float:
+  return math.log2(x) if x > 0 else -math.inf
 
 
 # ---------------------------------------------------------------------------
@@ -262,6 +300,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
                                  title="Training in low precision without loss scaling",
                                  notes=notes)
   paths.append(reporting.save_figure(plot_precision(rows), args.out, "precision"))
+  summaries = []  # each float32 run's scales at init and trained (`scale_summary`)
   for workdir in args.workdirs:
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
@@ -274,7 +313,16 @@ def run_cli(args) -> tuple[list[str], list[str]]:
     reports = {"at init": scale_report(config), f"step {step}": trained}
     label = next((r["scaling"] for r in rows if r["run"] == os.path.basename(
         os.path.normpath(workdir))), os.path.basename(workdir))
+    summaries += [{"scaling": label, "when": when} | scale_summary(report)
+                  for when, report in reports.items()]
     fig = plot_scales(reports, title=f"Tensor scales: {label}")
     name = "precision_scales_" + str(label).replace("/", "_").replace("+", "_")
     paths.append(reporting.save_figure(fig, args.out, name))
+  if summaries:
+    paths += reporting.write_tables(
+        summaries, args.out, "precision_scales",
+        title="float32 runs' tensor scales, at initialisation and trained (first batch)",
+        notes=["Size-weighted median log2 std of the activations (fwd) and their gradients "
+               "(grad); the smallest gradient's log2 std; fractions e4m3 / e5m2 / fp16 would "
+               "flush; log2 RMS std of the gradient at q (`scale_summary`)."])
   return paths, notes
