@@ -47,13 +47,23 @@ def source_file():
 
 @pytest.fixture(scope="module")
 def prepared(source_file, tmp_path_factory):
-  """(data_dir, report) after preparing tiny_shakespeare_char in a subprocess."""
+  """(data_dir, report) after preparing tiny_shakespeare_char in subprocesses.
+
+  Two at once into one data dir, as two pytest-xdist workers or training
+  processes on one host would (`paths.prepare` serialises them): both succeed.
+  """
   data_dir = tmp_path_factory.mktemp("tfds")
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  proc = subprocess.run([sys.executable, "-c", _PREPARE, str(data_dir)], env=env,
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return data_dir, json.loads(proc.stdout.strip().splitlines()[-1])
+  procs = [subprocess.Popen([sys.executable, "-c", _PREPARE, str(data_dir)], env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for _ in range(2)]
+  reports = []
+  for proc in procs:
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    reports.append(json.loads(out.strip().splitlines()[-1]))
+  assert reports[0] == reports[1]
+  return data_dir, reports[0]
 
 
 @pytest.fixture(scope="module")

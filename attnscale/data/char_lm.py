@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from attnscale.data import tiny_shakespeare, wikitext_char
+from attnscale.data import paths, tiny_shakespeare, wikitext_char
 
 
 def _codepoints(text: str) -> np.ndarray:
@@ -95,7 +95,7 @@ def _read_splits(builder: tfds.core.DatasetBuilder) -> CharDataset:
   Every character builder stores one record per split holding the split's whole
   text, read back through a TFDS data source: no TensorFlow involved.
   """
-  builder.download_and_prepare()
+  paths.prepare(builder)
   source = builder.as_data_source()
   train, validation = (source[s][0]["text"].decode("utf-8")
                        for s in ("train", "validation"))

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from attnscale.data import paths
 from attnscale.data import tokenizer as tokenizer_lib
 from attnscale.data import wikitext
 from attnscale.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
@@ -72,7 +73,7 @@ def load_wikitext(data_dir: str | None = None, name: str = "wikitext2",
                      f"{list(wikitext.WikitextParagraphs.builder_configs)}, got {name!r}")
   builder = wikitext.WikitextParagraphs(config=name, data_dir=data_dir,
                                        file_format="array_record")
-  builder.download_and_prepare()
+  paths.prepare(builder)
   tokenizer = tokenizer_lib.Tokenizer.load(builder.data_path / wikitext.TOKENIZER_FILE)
   source = builder.as_data_source()
   ids, offsets = {}, {}

@@ -69,3 +69,27 @@ def local_file(relpath: str, url: str, sha256: str | None) -> pathlib.Path | Non
           f"sha256 mismatch for {path}: expected {sha256}, got {actual}. "
           f"Replace it with a fresh copy of {url}.")
   return path
+
+
+def prepare(builder) -> None:
+  """`builder.download_and_prepare()`, one process at a time per dataset.
+
+  Two processes that find the same dataset unprepared (a test suite run with
+  pytest-xdist, several training processes on one host) would both write it and
+  race on TFDS's final rename. An exclusive `fcntl.flock` on a file beside the
+  dataset's version folder serialises them: the second finds it prepared and
+  only reads. Local file systems only (flock on NFS is not reliable).
+  """
+  import fcntl
+
+  parent = os.path.dirname(os.fspath(builder.data_dir))
+  if "://" in parent:  # a bucket (gs://...): no local lock to take
+    builder.download_and_prepare()
+    return
+  os.makedirs(parent, exist_ok=True)
+  with open(os.path.join(parent, ".prepare.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      builder.download_and_prepare()
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
