@@ -178,7 +178,7 @@ def read_run(run_dir: str) -> dict | None:
   final_train_loss is the last logged `train/loss_last20` (Graphcore's metric:
   the mean training loss over the last 20 steps); wall_s sums every process's
   `elapsed_s` (a resumed run adds its segments). A run that stopped on a NaN
-  has status 'diverged' and final_train_loss NaN.
+  (loss or gradient norm) has status 'diverged' and final_train_loss NaN.
   """
   config_path = os.path.join(run_dir, "config.json")
   if not os.path.exists(config_path):
@@ -200,7 +200,8 @@ def read_run(run_dir: str) -> dict | None:
     previous = elapsed
   state = status(run_dir)
   last_step = train[-1]["step"] if train else 0
-  if state != "done" and train and not all(math.isfinite(r["train/loss"]) for r in train):
+  if state != "done" and not all(math.isfinite(r["train/loss"])
+                                  and math.isfinite(r.get("train/grad_norm", 0.0)) for r in train):
     state = "diverged"
   model = config["model"]
   return {

@@ -57,7 +57,15 @@ LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the
 
 
 class NonFiniteLossError(RuntimeError):
-  """The loss or gradient became NaN/inf; nothing after the last good step was saved."""
+  """The loss or gradient became NaN/inf; nothing after the last good step was saved.
+
+  `record`: the bad step's {"step", "loss", "grad_norm"}, which the loop writes
+  to the metrics before stopping, so the run reads as diverged afterwards.
+  """
+
+  def __init__(self, message: str, record: dict | None = None):
+    super().__init__(message)
+    self.record = record or {}
 
 
 def log(msg: str) -> None:
@@ -200,7 +208,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           # Reading the metrics waits for the device; do it only here, and
           # always before a save so that nothing non-finite is ever saved.
           pending = jax.device_get(pending)
-          summary = _summarise(pending, step, last_good, workdir)
+          try:
+            summary = _summarise(pending, step, last_good, workdir)
+          except NonFiniteLossError as e:  # on record: sweeps read the run as diverged
+            writer.write(e.record["step"], {f"train/{k}": e.record[k]
+                                            for k in ("loss", "grad_norm")})
+            raise
           summary.update({"loss_last20": ts.mean_last_losses(pending[-1]["last_losses"]),
                           "elapsed_s": time.perf_counter() - start_time})
           speed = ""
@@ -246,6 +259,7 @@ def _summarise(metrics: list[dict], step: int, last_good: int | None, workdir: s
               if last_good is not None else "no checkpoint had been saved yet")
       raise NonFiniteLossError(
           f"loss {m['loss']} / grad norm {m['grad_norm']} at step {bad_step}: stopping; "
-          f"{kept}. Try a lower config.learning_rate.")
+          f"{kept}. Try a lower config.learning_rate.",
+          {"step": bad_step, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"])})
   return {k: float(np.mean([m[k] for m in metrics])) for k in ("loss", "grad_norm")} | {
       "lr": float(metrics[-1]["lr"])}

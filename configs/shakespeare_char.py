@@ -117,7 +117,7 @@ SWEEPS["length_test"] = ("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope
 # The precision study (README, "Low precision"; docs/science.md, "Low precision"):
 # each scaling at its graphcore_cpu learning rate (LENGTH_LRS), in every model.dtype
 # with no loss scaling, and fp8 also with per-tensor scaling (the conventional
-# baseline). 6 scalings x 5 formats = 30 runs, about an hour on 2 idle cores.
+# baseline). About an hour and a half on 2 idle cores.
 PRECISION_SCALINGS = ("standard", "fully_scaled", "cosine", "qk_layernorm", "key_norm_sum",
                       "unit_scaled")
 PRECISION_FORMATS = {  # label -> field overrides (float32: none)
@@ -127,22 +127,28 @@ PRECISION_FORMATS = {  # label -> field overrides (float32: none)
     "fp8": {"model.dtype": "fp8"},
     "fp8_per_tensor": {"model.dtype": "fp8", "model.fp8_scaling": "per_tensor"},
 }
-SWEEPS["precision"] = ("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS, (0,))
+# Seed 0 in every format; seed 1 in float32 and unscaled fp8 (the two ends), for
+# the seed spread: 6 x (5 + 2) = 42 runs.
+SWEEPS["precision"] = ("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
+                       {0: tuple(PRECISION_FORMATS), 1: ("float32", "fp8")})
 # The same at the cpu preset (about 6 hours), each scaling at the preset's 2e-3.
-SWEEPS["precision_cpu"] = ("cpu", PRECISION_SCALINGS, PRECISION_FORMATS, (0,))
+SWEEPS["precision_cpu"] = ("cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
+                           {0: tuple(PRECISION_FORMATS)})
 # Seconds: the test suite's.
 SWEEPS["precision_test"] = ("test", ("standard", "unit_scaled"),
                             {k: PRECISION_FORMATS[k] for k in ("float32", "float16", "fp8")},
-                            (0,))
+                            {0: ("float32", "float16", "fp8")})
 
 
 def _precision_points(name: str) -> list[dict]:
-  """scaling x format x seed; the graphcore_cpu sweep at each scaling's LENGTH_LRS rate."""
+  """scaling x format x seed ({seed: its formats}); the graphcore_cpu sweep at each
+  scaling's LENGTH_LRS rate."""
   preset, scalings, formats, seeds = SWEEPS[name]
   lr = lambda scaling: LENGTH_LRS[scaling] if name == "precision" else None
   return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
-           "overrides": ({"learning_rate": lr(scaling)} if lr(scaling) else {}) | overrides}
-          for seed in seeds for scaling in scalings for overrides in formats.values()]
+           "overrides": ({"learning_rate": lr(scaling)} if lr(scaling) else {}) | formats[f]}
+          for seed, seed_formats in seeds.items() for scaling in scalings
+          for f in seed_formats]
 
 
 def _practice_points(name: str, workdir: str | None) -> list[dict]:

@@ -314,6 +314,11 @@ def test_scale_figure_and_precision_plot():
   rows = [{"scaling": "standard", "dtype": d, "final_train_loss": v}
           for d, v in (("float32", 1.5), ("fp8", float("nan")))]
   assert study.plot_precision(rows).axes
+  rows += [{"scaling": "standard", "dtype": "float32", "final_train_loss": 1.7}]
+  summary = {r["dtype"]: r for r in study.summary_table(rows)}
+  assert summary["float32"]["final_train_loss"] == pytest.approx(1.6)
+  assert summary["float32"]["half_range"] == pytest.approx(0.1)
+  assert summary["fp8"]["diverged"] == 1 and math.isnan(summary["fp8"]["delta_vs_float32"])
   lost = study.lost_fractions(reports["fp8"])
   assert 0 <= lost["grad_lost"] <= 1 and study.lost_fractions(reports["float32"])["grad_lost"] == 0
   # The unit model with its unit-scaled loss: forward and gradients near std 1

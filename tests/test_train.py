@@ -455,8 +455,13 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
   state = restore(config, workdir)
   assert int(state["step"]) == 2
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state))
-  assert sorted(train_losses(workdir)) == [2]  # the save at step 2 logged steps 1-2
-  assert all(m["step"] <= 2 for m in read_metrics(workdir))
+  # The save at step 2 logged steps 1-2; then only the bad step, on record, so
+  # that a sweep reads the run as diverged (a rerun resumes at 2 and drops it).
+  losses = train_losses(workdir)
+  assert sorted(losses) == [2, 3] and not np.isfinite(losses[3])
+  assert all(m["step"] <= 3 for m in read_metrics(workdir))
+  from attnscale import sweeps
+  assert sweeps.read_run(workdir)["status"] == "diverged"
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ module reads them and explains them:
   plot_precision(rows)              final loss per scaling and dtype.
 
 `python -m attnscale.studies precision --out DIR --workdirs runs/precision/*`
-writes precision.csv/.md, precision.png (losses), one
+writes precision.csv/.md (one row per run), precision_summary.csv/.md (over
+seeds: `summary_table`), precision.png (losses), one
 precision_scales_<scaling>.png per float32 run (at init and trained) and
 precision_scales.csv/.md (`scale_summary` of each: medians, underflow fractions).
 """
@@ -100,7 +101,7 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
   Columns: scaling, dtype, status ("done", "diverged", ...), steps,
   final_train_loss (the mean of the last 20 steps), best_val_loss,
   delta_vs_float32 (final_train_loss minus the float32 run's of the same
-  scaling and seed), and with `track` the checkpoint's grad_lost / fwd_lost
+  scaling and seed), and with `track` the latest checkpoint's grad_lost / fwd_lost
   (`lost_fractions`) and, from the same step's float32-computed tensors, the
   fraction of gradient elements that fp16 and e5m2 would flush
   (grad_underflow_float16 / grad_underflow_e5m2; for float16 runs these count
@@ -120,7 +121,8 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
            "status": run["status"], "steps": run["steps"],
            "final_train_loss": run["final_train_loss"], "best_val_loss": run["best_val_loss"],
            "run": run["run"]}
-    if track and run["status"] in ("done", "partial"):
+    # A diverged run is tracked at its last good checkpoint, if it saved one.
+    if track and _checkpoint_steps(workdir):
       report, _ = run_report(workdir)
       row.update(lost_fractions(report))
       for fmt in ("float16", "e5m2"):
@@ -135,6 +137,34 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
     r["delta_vs_float32"] = r["final_train_loss"] - base.get((r["scaling"], r["seed"]), math.nan)
   order = {d: i for i, d in enumerate(DTYPE_ORDER)}
   return sorted(rows, key=lambda r: (str(r["scaling"]), order.get(r["dtype"], 99), r["seed"]))
+
+
+def summary_table(rows: Sequence[dict]) -> list[dict]:
+  """Per scaling and dtype: the final loss over seeds (mean, and the half range
+  max - min over 2 when there are two or more), its difference to float32's mean,
+  the runs that diverged, and the mean grad_lost / fwd_lost."""
+  out = []
+  for scaling in sorted({str(r["scaling"]) for r in rows}):
+    mine = [r for r in rows if str(r["scaling"]) == scaling]
+    base = [r["final_train_loss"] for r in mine
+            if r["dtype"] == "float32" and math.isfinite(r["final_train_loss"])]
+    for dtype in [d for d in DTYPE_ORDER if any(r["dtype"] == d for r in mine)]:
+      runs = [r for r in mine if r["dtype"] == dtype]
+      losses = [r["final_train_loss"] for r in runs if math.isfinite(r["final_train_loss"])]
+      mean = float(np.mean(losses)) if losses else math.nan
+      lost = lambda k: float(np.nanmean([r.get(k, math.nan) for r in runs])) if any(
+          math.isfinite(r.get(k, math.nan)) for r in runs) else math.nan
+      out.append({"scaling": scaling, "dtype": dtype, "seeds": len(runs),
+                  "diverged": len(runs) - len(losses), "final_train_loss": mean,
+                  "half_range": (max(losses) - min(losses)) / 2 if len(losses) > 1 else math.nan,
+                  "delta_vs_float32": mean - float(np.mean(base)) if base else math.nan,
+                  "grad_lost": lost("grad_lost"), "fwd_lost": lost("fwd_lost")})
+  return out
+
+
+def _checkpoint_steps(workdir: str) -> list[int]:
+  path = os.path.join(workdir, "checkpoints")
+  return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
 
 
 def scale_summary(report: scale_tracking.ScaleReport) -> dict[str, float]:
@@ -242,7 +272,8 @@ def plot_scales(reports: Mapping[str, scale_tracking.ScaleReport], *,
 
 
 def plot_precision(rows: Sequence[dict], *, title: str = ""):
-  """Final training loss per scaling (x) and dtype (bars); diverged runs marked x."""
+  """Final training loss per scaling (x) and dtype (bars: mean over seeds, dots:
+  each seed); a run that diverged is marked x at the top."""
   scalings = sorted({str(r["scaling"]) for r in rows})
   dtypes = [d for d in DTYPE_ORDER if any(r["dtype"] == d for r in rows)]
   fig = reporting.new_figure(max(6.0, 1.4 * len(scalings) + 2), 4.2)
@@ -257,10 +288,13 @@ def plot_precision(rows: Sequence[dict], *, title: str = ""):
       if not found:
         continue
       x = i + (j - (len(dtypes) - 1) / 2) * width
-      loss = found[0]["final_train_loss"]
-      (xs if math.isfinite(loss) else bad).append(x)
-      if math.isfinite(loss):
-        ys.append(loss)
+      losses = [r["final_train_loss"] for r in found if math.isfinite(r["final_train_loss"])]
+      if losses:  # the bar: the mean over seeds; a dot per seed
+        xs.append(x)
+        ys.append(float(np.mean(losses)))
+        ax.scatter([x] * len(losses), losses, color="black", s=6, zorder=3)
+      if len(losses) < len(found):
+        bad.append(x)
     ax.bar(xs, ys, width=width, label=dtype, color=reporting.style(j)["color"])
     ax.scatter(bad, [top] * len(bad), marker="x", color=reporting.style(j)["color"], s=40)
   ax.set_xticks(range(len(scalings)))
@@ -268,7 +302,7 @@ def plot_precision(rows: Sequence[dict], *, title: str = ""):
   if finite:
     ax.set_ylim(0.9 * min(finite), 1.05 * top)
   reporting.label_axes(ax, xlabel="scaling", ylabel="final training loss (last 20 steps)",
-                       title=title or "Final loss by format (x: diverged)")
+                       title=title or "Final loss by format (bars: mean over seeds, dots: seeds; x: diverged)")
   return fig
 
 
@@ -299,6 +333,12 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   paths = reporting.write_tables(table, args.out, "precision",
                                  title="Training in low precision without loss scaling",
                                  notes=notes)
+  paths += reporting.write_tables(
+      summary_table(rows), args.out, "precision_summary",
+      title="Low precision without loss scaling: per scaling and format, over seeds",
+      notes=["final_train_loss: mean over the seeds that did not diverge; half_range: "
+             "(max - min)/2 over them; delta_vs_float32: against float32's mean; "
+             "grad_lost / fwd_lost: means over the runs (see precision.md)."])
   paths.append(reporting.save_figure(plot_precision(rows), args.out, "precision"))
   summaries = []  # each float32 run's scales at init and trained (`scale_summary`)
   for workdir in args.workdirs:
