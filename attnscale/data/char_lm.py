@@ -89,14 +89,14 @@ def char_dataset(train_text: str, validation_text: str) -> CharDataset:
                      validation=_encode(vocab, validation_text), vocab=vocab)
 
 
-def _read_splits(builder: tfds.core.DatasetBuilder) -> CharDataset:
-  """Prepares `builder` (array_record, once) and tokenizes its two text splits.
+def _read_splits(make_builder: Callable[[], tfds.core.DatasetBuilder]) -> CharDataset:
+  """Prepares the builder (array_record, once: `paths.prepare`) and tokenizes its
+  two text splits.
 
   Every character builder stores one record per split holding the split's whole
   text, read back through a TFDS data source: no TensorFlow involved.
   """
-  paths.prepare(builder)
-  source = builder.as_data_source()
+  source = paths.prepare(make_builder).as_data_source()
   train, validation = (source[s][0]["text"].decode("utf-8")
                        for s in ("train", "validation"))
   return char_dataset(train, validation)
@@ -116,7 +116,7 @@ def load_tiny_shakespeare(data_dir: str | None = None) -> CharDataset:
   Returns:
     The train (1,003,854 tokens) and validation (111,540 tokens) streams.
   """
-  return _read_splits(tiny_shakespeare.TinyShakespeareChar(
+  return _read_splits(lambda: tiny_shakespeare.TinyShakespeareChar(
       data_dir=data_dir, file_format="array_record"))
 
 
@@ -130,7 +130,7 @@ def load_wikitext2_char(data_dir: str | None = None) -> CharDataset:
     The train (10,780,437 tokens) and validation (1,120,192 tokens) streams,
     283 characters.
   """
-  return _read_splits(wikitext_char.Wikitext2Char(
+  return _read_splits(lambda: wikitext_char.Wikitext2Char(
       data_dir=data_dir, file_format="array_record"))
 
 

@@ -71,9 +71,8 @@ def load_wikitext(data_dir: str | None = None, name: str = "wikitext2",
   if name not in wikitext.WikitextParagraphs.builder_configs:
     raise ValueError(f"config.dataset must be one of "
                      f"{list(wikitext.WikitextParagraphs.builder_configs)}, got {name!r}")
-  builder = wikitext.WikitextParagraphs(config=name, data_dir=data_dir,
-                                       file_format="array_record")
-  paths.prepare(builder)
+  builder = paths.prepare(lambda: wikitext.WikitextParagraphs(
+      config=name, data_dir=data_dir, file_format="array_record"))
   tokenizer = tokenizer_lib.Tokenizer.load(builder.data_path / wikitext.TOKENIZER_FILE)
   source = builder.as_data_source()
   ids, offsets = {}, {}

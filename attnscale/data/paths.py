@@ -71,25 +71,31 @@ def local_file(relpath: str, url: str, sha256: str | None) -> pathlib.Path | Non
   return path
 
 
-def prepare(builder) -> None:
-  """`builder.download_and_prepare()`, one process at a time per dataset.
+def prepare(make_builder):
+  """A prepared TFDS builder from `make_builder()`, one process at a time per dataset.
 
-  Two processes that find the same dataset unprepared (a test suite run with
-  pytest-xdist, several training processes on one host) would both write it and
-  race on TFDS's final rename. An exclusive `fcntl.flock` on a file beside the
-  dataset's version folder serialises them: the second finds it prepared and
-  only reads. Local file systems only (flock on NFS is not reliable).
+  Two processes that find the same dataset unprepared (pytest-xdist workers,
+  several training processes on one host) would both write it and race on
+  TFDS's final rename. An exclusive `fcntl.flock` on a file beside the dataset's
+  version folder serialises them, and the builder is made again inside the lock:
+  one made before another process finished has read no dataset info, and would
+  find no splits even after `download_and_prepare` skipped the finished work.
+  Local file systems only (flock on NFS is not reliable; a gs:// data dir takes
+  no lock).
   """
   import fcntl
 
-  parent = os.path.dirname(os.fspath(builder.data_dir))
-  if "://" in parent:  # a bucket (gs://...): no local lock to take
+  parent = os.path.dirname(os.fspath(make_builder().data_dir))
+  if "://" in parent:
+    builder = make_builder()
     builder.download_and_prepare()
-    return
+    return builder
   os.makedirs(parent, exist_ok=True)
   with open(os.path.join(parent, ".prepare.lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
+      builder = make_builder()
       builder.download_and_prepare()
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
+  return builder
