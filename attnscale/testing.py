@@ -75,3 +75,16 @@ def serve_directory(directory):
   finally:
     server.shutdown()
     server.server_close()
+
+
+def restore_checkpoint(config, workdir: str, step: int | None = None):
+  """The train state `config`'s run saved in `workdir` at `step` (default: the
+  latest), restored in this process onto its default mesh, as numpy arrays."""
+  from attnscale import train_state as ts  # orbax: only the end-to-end tests need it
+
+  _, state, shardings = ts.create_state(config, ts.make_mesh(config))
+  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
+  try:
+    return jax.device_get(checkpoints.restore(state, shardings, step=step))
+  finally:
+    checkpoints.close()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnscale import configlib, eval_lib, tasks, train_lib
+from attnscale import configlib, eval_lib, tasks, testing, train_lib
 from attnscale import train_state as ts
 from attnscale.data import mlm, tokenizer
 from attnscale import models
@@ -279,13 +279,7 @@ def make_config(data_dir, **overrides):
   return config
 
 
-def restore(config, workdir):
-  _, state, shardings = ts.create_state(config, ts.make_mesh())
-  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
-  try:
-    return jax.device_get(checkpoints.restore(state, shardings))
-  finally:
-    checkpoints.close()
+restore = testing.restore_checkpoint
 
 
 def train_losses(workdir):

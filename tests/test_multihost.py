@@ -32,7 +32,7 @@ import jax
 import numpy as np
 import pytest
 
-from attnscale import eval_lib, metrics_writer, train_lib
+from attnscale import eval_lib, metrics_writer, testing, train_lib
 from attnscale import train_state as ts
 from configs import shakespeare_char
 
@@ -184,13 +184,7 @@ def checkpoint_bytes(workdir, step):
 
 def restore_state(workdir):
   """The latest checkpoint of `workdir`, restored here (1 process, 1 device)."""
-  config = eval_lib.load_config(workdir)
-  _, state, shardings = ts.create_state(config, ts.make_mesh(config))
-  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
-  try:
-    return jax.device_get(checkpoints.restore(state, shardings))
-  finally:
-    checkpoints.close()
+  return testing.restore_checkpoint(eval_lib.load_config(workdir), workdir)
 
 
 def progress_steps(stdout):

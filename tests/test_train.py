@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from attnscale import scalings, tasks, train_lib
+from attnscale import scalings, tasks, testing, train_lib
 from attnscale import train_state as ts
 from configs import shakespeare_char
 
@@ -66,14 +66,7 @@ def checkpoint_steps(workdir):
   return sorted(int(n) for n in names if n.isdigit())
 
 
-def restore(config, workdir, step=None):
-  """The train state saved at `step` (default: latest), as numpy arrays."""
-  _, state, shardings = ts.create_state(config, ts.make_mesh())
-  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
-  try:
-    return jax.device_get(checkpoints.restore(state, shardings, step=step))
-  finally:
-    checkpoints.close()
+restore = testing.restore_checkpoint
 
 
 def assert_states_equal(a, b):
