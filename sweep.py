@@ -5,6 +5,7 @@ r"""Runs a learning-rate x scaling sweep and writes its results table and figure
       --print_commands          # one train.py line per point, for a cluster
   python sweep.py --config=configs/shakespeare_char.py --sweep=graphcore --workdir=runs/gc \
       --collect_only            # tables and figures from whatever has finished
+  python sweep.py ... --jobs=2  # two points at once, each on half the CPUs
 
 Each point is an ordinary train.py run in WORKDIR/<point>; finished points are
 skipped and interrupted ones resume. Results: WORKDIR/results.{csv,md},
@@ -24,6 +25,8 @@ _CONFIG = flags.DEFINE_string("config", None, "A config file that defines get_sw
 _SWEEP = flags.DEFINE_string("sweep", None, "The sweep's name (the config's SWEEPS).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's directory: one sub-directory a point.")
 _PRINT = flags.DEFINE_bool("print_commands", False, "Print each point's train.py command and exit.")
+_JOBS = flags.DEFINE_integer("jobs", 1, "Points to run at once, each pinned to its share of the "
+                             "CPUs (small CPU models: 2 on 2 cores is about 1.6x faster).")
 _COLLECT = flags.DEFINE_bool("collect_only", False, "Only write the results of finished points.")
 flags.mark_flags_as_required(["config", "sweep", "workdir"])
 
@@ -31,6 +34,8 @@ flags.mark_flags_as_required(["config", "sweep", "workdir"])
 def main(argv):
   del argv
   cli.check_workdir(_WORKDIR.value)
+  if _JOBS.value < 1:
+    cli.fail(f"--jobs must be a positive integer, got {_JOBS.value}")
   from attnscale import sweeps
   try:
     points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
@@ -41,7 +46,7 @@ def main(argv):
     return
   failures = []
   if not _COLLECT.value:
-    failures = sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value)
+    failures = sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value)
     # A staged sweep adds points from its results (seeds at the best learning
     # rates): run until a reload adds nothing.
     while True:
@@ -49,7 +54,7 @@ def main(argv):
       if {p.name for p in more} <= {p.name for p in points}:
         break
       points = more
-      failures += sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value)
+      failures += sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value)
   rows = sweeps.collect(_WORKDIR.value, points)
   paths = sweeps.write_results(rows, _WORKDIR.value, title=f"{_SWEEP.value} sweep")
   print(sweeps.markdown_table(rows))

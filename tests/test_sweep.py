@@ -82,7 +82,8 @@ def test_sweep_runs_points_skips_finished_and_writes_results(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=test",
          f"--workdir={tmp_path}"]
-  first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+  # Two points at a time, each pinned to its share of the CPUs.
+  first = subprocess.run(cmd + ["--jobs=2"], cwd=ROOT, env=env, capture_output=True, text=True)
   assert first.returncode == 0, first.stderr[-2000:]
   names = [p.name for p in sweeps.load_sweep(os.path.join(ROOT, CONFIG), "test")]
   assert all(sweeps.status(os.path.join(tmp_path, n)) == "done" for n in names)
@@ -97,6 +98,21 @@ def test_sweep_runs_points_skips_finished_and_writes_results(tmp_path):
   assert second.stdout.count("done, skipped") == 4
   with open(os.path.join(tmp_path, "results.csv")) as f:
     assert list(csv.DictReader(f)) == rows
+
+
+def test_jobs_split_the_cpus_and_must_be_positive(tmp_path):
+  shares = sweeps._cpu_shares(2)
+  if None not in shares:  # Linux with 2 or more CPUs
+    assert shares[0].isdisjoint(shares[1])
+    assert shares[0] | shares[1] == os.sched_getaffinity(0)
+  assert sweeps._cpu_shares(1) == [None]
+  with pytest.raises(ValueError, match="jobs must be a positive integer, got 0"):
+    sweeps.run_sweep(CONFIG, [], str(tmp_path), jobs=0)
+  out = subprocess.run([sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=test",
+                        f"--workdir={tmp_path}", "--jobs=0"],
+                       cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+      "error: --jobs must be a positive integer, got 0"]
 
 
 def _seed_rows(scaling, lr, losses):
