@@ -373,7 +373,8 @@ def best_table(rows: Sequence[dict]) -> str:
 
 
 def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dict[str, str]:
-  """Writes results.csv, results.md, loss_vs_lr.png and loss_curves.png; returns the paths.
+  """Writes results.csv, results.md, loss_vs_lr.png and loss_curves.png (and
+  best.png where a best learning rate has several seeds); returns the paths.
 
   results.csv has every column of COLUMNS with floats written exactly (they
   read back equal); results.md has the title, `best_table` and `markdown_table`.
@@ -390,6 +391,8 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
             + "\nAll points:\n\n" + markdown_table(rows))
   reporting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
   reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
+  if any(b["seeds"] > 1 for b in best_per_scaling(rows).values()):
+    paths["best.png"] = reporting.save_figure(plot_best(rows, title=title), out_dir, "best")
   return paths
 
 
@@ -401,7 +404,7 @@ def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
   done = [r for r in rows if r["status"] in ("done", "diverged")]
   finite = [r["final_train_loss"] for r in done if math.isfinite(r["final_train_loss"])]
   ceiling = max(finite) + 0.05 if finite else 1.0
-  for scaling in sorted({r["scaling"] for r in done}):
+  for i, scaling in enumerate(sorted({r["scaling"] for r in done})):
     points: dict[float, list[float]] = {}
     for r in done:
       if r["scaling"] == scaling:
@@ -409,7 +412,8 @@ def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
     lrs = sorted(points)
     means = [sum(v) / len(v) for v in (points[lr] for lr in lrs)]
     line, = ax.plot([lr for lr, m in zip(lrs, means) if math.isfinite(m)],
-                    [m for m in means if math.isfinite(m)], marker="o", label=scaling)
+                    [m for m in means if math.isfinite(m)], label=scaling,
+                    **reporting.style(i))
     bad = [lr for lr, m in zip(lrs, means) if not math.isfinite(m)]
     if bad:
       ax.plot(bad, [ceiling] * len(bad), "x", color=line.get_color())
@@ -417,6 +421,37 @@ def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
   reporting.label_axes(ax, xlabel="learning rate",
                        ylabel="final training loss (mean of last 20 steps)",
                        title=title or "final training loss vs learning rate")
+  _compact_legend(ax)
+  return fig
+
+
+def _compact_legend(ax, many: int = 8) -> None:
+  """More than `many` lines: a small two-column legend (else it covers the plot)."""
+  if len(ax.get_legend_handles_labels()[0]) > many:
+    ax.legend(fontsize="x-small", ncol=2)
+
+
+def plot_best(rows: Sequence[dict], *, title: str = ""):
+  """Each scaling's final training loss at its best learning rate, best at the
+  top: one dot per seed, the mean with its 95% interval (1.96 standard errors),
+  and a dotted line at the best scaling's mean."""
+  best = sorted(best_per_scaling(rows).items(), key=lambda kv: -kv[1]["final_train_loss"])
+  fig = reporting.new_figure(6.4, 1.2 + 0.28 * len(best))
+  ax = fig.subplots()
+  for y, (scaling, b) in enumerate(best):
+    seeds = [r["final_train_loss"] for r in rows
+             if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
+             and r["status"] == "done" and math.isfinite(r["final_train_loss"])]
+    ax.plot(seeds, [y] * len(seeds), "o", color="tab:blue", alpha=0.5, markersize=4)
+    half = 1.96 * b["se"] if math.isfinite(b["se"]) else 0.0
+    ax.errorbar([b["final_train_loss"]], [y], xerr=[half], fmt="|", color="black",
+                markersize=10, capsize=3)
+  if best:
+    ax.axvline(best[-1][1]["final_train_loss"], color="gray", linestyle=":", linewidth=1)
+  ax.set_yticks(range(len(best)),
+                [f"{s} (lr {reporting.power_of_two(b['learning_rate'])})" for s, b in best])
+  reporting.label_axes(ax, xlabel="final training loss (mean of last 20 steps)", ylabel="",
+                       title=title or "each scaling at its best learning rate")
   return fig
 
 
@@ -424,14 +459,17 @@ def plot_loss_curves(rows: Sequence[dict], *, title: str = ""):
   """Training loss against step at each scaling's best learning rate."""
   fig = reporting.new_figure(6.4, 4.2)
   ax = fig.subplots()
-  for scaling, b in sorted(best_per_scaling(rows).items()):
+  for i, (scaling, b) in enumerate(sorted(best_per_scaling(rows).items())):
     runs = [r for r in rows if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
             and r["curve"]]
     if runs:
       steps, losses = zip(*runs[0]["curve"])
-      ax.plot(steps, losses, label=f"{scaling} (lr {reporting.power_of_two(b['learning_rate'])})")
+      ax.plot(steps, losses, color=reporting.style(i)["color"],
+              linestyle=("-", "--", ":")[i // 10 % 3],
+              label=f"{scaling} (lr {reporting.power_of_two(b['learning_rate'])})")
   reporting.label_axes(ax, xlabel="step", ylabel="training loss",
                        title=title or "training loss at each scaling's best learning rate")
+  _compact_legend(ax)
   return fig
 
 

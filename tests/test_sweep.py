@@ -138,6 +138,19 @@ def test_best_table_reports_seed_spread_and_what_is_within_noise():
   assert "| d | 2^-7 | 1 | 2.4000 | - |" in table
 
 
+def test_best_figure_has_a_row_and_a_dot_per_seed(tmp_path):
+  rows = [dict(r, curve=[(1, 3.0), (2, r["final_train_loss"])]) for r in
+          _seed_rows("a", 2.0**-7, [2.00, 2.02, 1.98]) + _seed_rows("b", 2.0**-6, [2.1, 2.2])]
+  fig = sweeps.plot_best(rows)
+  ax = fig.axes[0]
+  assert [t.get_text() for t in ax.get_yticklabels()] == ["b (lr 2^-6)", "a (lr 2^-7)"]
+  dots = [line for line in ax.lines if line.get_marker() == "o"]
+  assert [len(line.get_xdata()) for line in dots] == [2, 3]
+  paths = sweeps.write_results([dict(r, **{c: r.get(c, 0) for c in sweeps.COLUMNS})
+                                for r in rows], str(tmp_path))
+  assert os.path.getsize(paths["best.png"]) > 0
+
+
 def test_practice_sweep_brackets_the_best_rate_then_adds_seeds(tmp_path):
   load = lambda: sweeps.load_sweep(os.path.join(ROOT, CONFIG), "practice_test", str(tmp_path))
   lr = lambda p: dict(p.overrides)["learning_rate"]

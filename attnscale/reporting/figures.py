@@ -32,8 +32,10 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def style(i: int) -> dict:
-  """Line style for the i-th series: colour and marker."""
-  return {"color": _COLORS[i % len(_COLORS)], "marker": _MARKERS[i % len(_MARKERS)]}
+  """Line style for the i-th series: colour and marker (distinct for i < 100: the
+  marker shifts by one each time the colours come round)."""
+  return {"color": _COLORS[i % len(_COLORS)],
+          "marker": _MARKERS[(i + i // len(_COLORS)) % len(_MARKERS)]}
 
 
 def label_axes(ax: Axes, *, xlabel: str, ylabel: str, title: str) -> None:
