@@ -288,19 +288,33 @@ def _num(x) -> float:
 
 
 def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
-  """Per scaling, the learning rate with the lowest final training loss (mean
-  over seeds), as {scaling: {"learning_rate", "final_train_loss", "seeds", "se"}},
-  "se" the standard error of that mean over seeds (NaN with one seed)."""
-  by_key: dict[tuple[str, float], list[float]] = {}
+  """Per scaling, the best learning rate and its final training loss, as
+  {scaling: {"learning_rate", "final_train_loss", "seeds", "se"}}.
+
+  The rate is chosen on the seeds that every finished rate of the scaling has
+  (a staged sweep's search seed): comparing a three-seed mean at one rate with a
+  single seed at another would pick whichever got the lucky draw. The loss is the
+  mean over all seeds at the chosen rate and "se" its standard error (NaN with
+  one seed).
+  """
+  by_key: dict[tuple[str, float], dict] = {}
   for r in rows:
     if r["status"] == "done" and math.isfinite(r["final_train_loss"]):
-      by_key.setdefault((r["scaling"], r["learning_rate"]), []).append(r["final_train_loss"])
+      by_key.setdefault((r["scaling"], r["learning_rate"]), {})[r.get("seed")] = (
+          r["final_train_loss"])
+  shared: dict[str, set] = {}
+  for (scaling, _), losses in by_key.items():
+    shared[scaling] = shared.get(scaling, set(losses)) & set(losses)
   best: dict[str, dict] = {}
-  for (scaling, lr), losses in sorted(by_key.items()):
-    mean = sum(losses) / len(losses)
-    if scaling not in best or mean < best[scaling]["final_train_loss"]:
-      best[scaling] = {"learning_rate": lr, "final_train_loss": mean, "seeds": len(losses),
-                       "se": standard_error(losses)}
+  chosen: dict[str, float] = {}
+  for (scaling, lr), losses in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    pick = [losses[s] for s in shared[scaling]] or list(losses.values())
+    score = sum(pick) / len(pick)
+    if scaling not in best or score < chosen[scaling]:
+      values = list(losses.values())
+      chosen[scaling] = score
+      best[scaling] = {"learning_rate": lr, "final_train_loss": sum(values) / len(values),
+                       "seeds": len(values), "se": standard_error(values)}
   return best
 
 
@@ -341,25 +355,36 @@ def markdown_table(rows: Sequence[dict]) -> str:
       numeric=[c for c in columns if c not in TEXT_COLUMNS])
 
 
-def best_table(rows: Sequence[dict]) -> str:
+def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
   """Markdown: the best learning rate per scaling and its loss, lowest loss first.
 
   With several seeds at a scaling's best learning rate the loss is mean ± standard
-  error, and the last column says whether it is within noise of the best scaling
-  (the difference under 1.96 standard errors of the difference, a 95% interval).
+  error, and the "vs best" column says whether it is within noise of the best
+  scaling (the difference under 1.96 standard errors of the difference, a 95%
+  interval); when `baseline` is one of the scalings, "vs <baseline>" says the
+  same against it ("better", "within noise" or "worse").
   """
   best = sorted(best_per_scaling(rows).items(), key=lambda kv: kv[1]["final_train_loss"])
   if any(b["seeds"] > 1 for _, b in best):
     top = best[0][1]
+    base = dict(best).get(baseline)
     columns = ("scaling", "best lr", "seeds", "final train loss", "vs best")
+    if base is not None:
+      columns += (f"vs {baseline}",)
+
+    def verdict(b, ref):
+      same = within_noise(b, ref)
+      return ("-" if same is None else "within noise" if same
+              else "better" if b["final_train_loss"] < ref["final_train_loss"] else "worse")
 
     def cells(scaling, b):
       loss = (f"{b['final_train_loss']:.4f} ± {b['se']:.4f}" if b["seeds"] > 1
               else f"{b['final_train_loss']:.4f}")
-      same = within_noise(b, top)
-      verdict = ("best" if b is top else "-" if same is None
-                 else "within noise" if same else "worse")
-      return dict(zip(columns, (scaling, b["learning_rate"], b["seeds"], loss, verdict)))
+      values = [scaling, b["learning_rate"], b["seeds"], loss,
+                "best" if b is top else verdict(b, top)]
+      if base is not None:
+        values.append("baseline" if b is base else verdict(b, base))
+      return dict(zip(columns, values))
 
     return reporting.to_markdown([cells(*kv) for kv in best], columns,
                                  formats={"best lr": reporting.power_of_two},

@@ -136,6 +136,21 @@ def test_best_table_reports_seed_spread_and_what_is_within_noise():
   assert "| b | 2^-7 | 3 | 2.0100 ± 0.0115 | within noise |" in table
   assert "| c | 2^-7 | 3 | 2.3000 ± 0.0058 | worse |" in table
   assert "| d | 2^-7 | 1 | 2.4000 | - |" in table
+  # Against a baseline scaling as well, when there is one.
+  table = sweeps.best_table(rows, baseline="b")
+  assert "| a | 2^-7 | 3 | 2.0000 ± 0.0115 | best | within noise |" in table
+  assert "| b | 2^-7 | 3 | 2.0100 ± 0.0115 | within noise | baseline |" in table
+  assert "| c | 2^-7 | 3 | 2.3000 ± 0.0058 | worse | worse |" in table
+
+
+
+def test_best_rate_is_chosen_on_the_shared_seed_not_a_lucky_single_run():
+  # Seeds 1 and 2 at the searched best (2^-7) come out worse than seed 0; the
+  # single seed-0 run at 2^-6 must not win by comparing 2.1 with their mean.
+  rows = _seed_rows("a", 2.0**-7, [2.0, 2.3, 2.3]) + _seed_rows("a", 2.0**-6, [2.1])
+  best = sweeps.best_per_scaling(rows)["a"]
+  assert best["learning_rate"] == 2.0**-7 and best["seeds"] == 3
+  assert best["final_train_loss"] == pytest.approx(2.2)
 
 
 def test_best_figure_has_a_row_and_a_dot_per_seed(tmp_path):
