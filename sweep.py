@@ -6,6 +6,7 @@ r"""Runs a learning-rate x scaling sweep and writes its results table and figure
   python sweep.py --config=configs/shakespeare_char.py --sweep=graphcore --workdir=runs/gc \
       --collect_only            # tables and figures from whatever has finished
   python sweep.py ... --jobs=2  # two points at once, each on half the CPUs
+  python sweep.py ... --print_best_runs   # seed 0 at each scaling's best rate
 
 Each point is an ordinary train.py run in WORKDIR/<point>; finished points are
 skipped and interrupted ones resume. Results: WORKDIR/results.{csv,md},
@@ -15,6 +16,7 @@ A bad flag (a missing config file or sweep, a --workdir that is a file) exits
 with one `error: ...` line naming it (attnscale/cli.py).
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -27,6 +29,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's directory: one sub-
 _PRINT = flags.DEFINE_bool("print_commands", False, "Print each point's train.py command and exit.")
 _JOBS = flags.DEFINE_integer("jobs", 1, "Points to run at once, each pinned to its share of the "
                              "CPUs (small CPU models: 2 on 2 cores is about 1.6x faster).")
+_BEST = flags.DEFINE_bool("print_best_runs", False, "Print the run directory of seed 0 at each "
+                          "scaling's best learning rate (for the trained study) and exit.")
 _COLLECT = flags.DEFINE_bool("collect_only", False, "Only write the results of finished points.")
 flags.mark_flags_as_required(["config", "sweep", "workdir"])
 
@@ -41,6 +45,10 @@ def main(argv):
     points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
   except ValueError as e:
     cli.fail(str(e))
+  if _BEST.value:
+    rows = sweeps.collect(_WORKDIR.value, points)
+    print(" ".join(os.path.join(_WORKDIR.value, run) for run in sweeps.best_runs(rows)))
+    return
   if _PRINT.value:
     print("\n".join(sweeps.shell_commands(_CONFIG.value, points, _WORKDIR.value)))
     return

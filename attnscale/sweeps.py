@@ -318,6 +318,14 @@ def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
   return best
 
 
+def best_runs(rows: Sequence[dict], seed=0) -> list[str]:
+  """The `run` directory names of seed `seed` at each scaling's best learning
+  rate (`best_per_scaling`), in row order: what the `trained` study reads."""
+  best = best_per_scaling(rows)
+  return [r["run"] for r in rows if r["seed"] == seed and r["status"] == "done"
+          and r["learning_rate"] == best.get(r["scaling"], {}).get("learning_rate")]
+
+
 def standard_error(values: Sequence[float]) -> float:
   """Sample std / sqrt(n) (NaN for fewer than two values)."""
   n = len(values)

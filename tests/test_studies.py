@@ -178,6 +178,12 @@ def test_trained_diagnostics_from_eval_json_and_checkpoint(trained_run):
   heads = r.head_rows()
   assert len(heads) == 2 * 2 * 2 and {h["head"] for h in heads} == {0, 1}
   assert all(0 < h["sink_rate"] < 0.5 for h in heads)
+  # Per run, over its layers and heads.
+  summary = r.summary_rows()
+  assert [row["run"] for row in summary] == [rows[0]["run"]] * 2
+  assert summary[0]["max_logit"] == max(h["max_logit"] for h in heads[:4])
+  assert summary[0]["sink_rate_mean"] == pytest.approx(np.mean([h["sink_rate"] for h in heads[:4]]))
+  assert summary[0]["entropy_min"] == min(h["entropy"] for h in heads[:4])
   fig = studies.plot_trained(r)
   assert len(fig.axes) == 4
   with pytest.raises(ValueError, match="at least one workdir"):

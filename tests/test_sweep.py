@@ -151,6 +151,8 @@ def test_best_rate_is_chosen_on_the_shared_seed_not_a_lucky_single_run():
   best = sweeps.best_per_scaling(rows)["a"]
   assert best["learning_rate"] == 2.0**-7 and best["seeds"] == 3
   assert best["final_train_loss"] == pytest.approx(2.2)
+  named = [dict(r, run=f"a-{r['seed']}-{r['learning_rate']}") for r in rows]
+  assert sweeps.best_runs(named) == [f"a-0-{2.0**-7}"]
 
 
 def test_best_figure_has_a_row_and_a_dot_per_seed(tmp_path):

@@ -90,9 +90,12 @@ def run_trained(a):
     raise SystemExit("trained: give one or more --workdirs (train.py run directories)")
   r = studies.trained_diagnostics(a.workdirs, recompute=a.recompute)
   notes = ["Per-layer attention statistics on the first validation batch "
-           "(eval.py's diagnostics); per head in trained_heads.csv / .md."]
+           "(eval.py's diagnostics); per head in trained_heads.csv / .md, per run "
+           "over layers and heads in trained_summary.csv / .md."]
   heads = reporting.write_tables(r.head_rows(), a.out, "trained_heads",
                                  title="Attention diagnostics per head")
+  heads += reporting.write_tables(r.summary_rows(), a.out, "trained_summary",
+                                  title="Attention diagnostics per run, over layers and heads")
   paths, notes = _write(studies.plot_trained(r), r.rows(), a.out, "trained",
                         "Attention diagnostics of trained runs", notes)
   return paths + heads, notes

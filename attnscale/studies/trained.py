@@ -95,6 +95,26 @@ class TrainedResult:
             for h in range(len(layer["heads"]["entropy"]))]
 
 
+  def summary_rows(self) -> list[dict]:
+    """One row per run over all its layers and heads: mean and lowest head
+    entropy, the largest logit, and the mean and largest head sink rate (the
+    weight on the first key; causal attention with uniform weights over 64
+    positions gives H_64 / 64 = 0.074)."""
+    rows = []
+    for run in self.runs:
+      heads = [layer["heads"] for layer in run.layers if "heads" in layer]
+      if not heads:
+        continue
+      per = {name: np.concatenate([np.asarray(h[name], float) for h in heads])
+             for name in HEAD_STATS}
+      rows.append({"run": run.label, "entropy_mean": float(per["entropy"].mean()),
+                   "entropy_min": float(per["entropy"].min()),
+                   "max_logit": float(per["max_logit"].max()),
+                   "sink_rate_mean": float(per["sink_rate"].mean()),
+                   "sink_rate_max": float(per["sink_rate"].max())})
+    return rows
+
+
 def trained_diagnostics(workdirs: Sequence[str], *, recompute: bool = False) -> TrainedResult:
   """`run_diagnostics` for each workdir, in order."""
   if not workdirs:
