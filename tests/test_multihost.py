@@ -182,6 +182,13 @@ def checkpoint_bytes(workdir, step):
   return total
 
 
+def data_files(workdir, step):
+  """{path under the checkpoint: bytes} of every file in a `d/` directory."""
+  top = os.path.join(workdir, "checkpoints", str(step))
+  return {os.path.relpath(os.path.join(root, f), top): os.path.getsize(os.path.join(root, f))
+          for root, _, files in os.walk(top) if os.path.basename(root) == "d" for f in files}
+
+
 def restore_state(workdir):
   """The latest checkpoint of `workdir`, restored here (1 process, 1 device)."""
   return testing.restore_checkpoint(eval_lib.load_config(workdir), workdir)
@@ -284,7 +291,10 @@ def test_two_processes_train_like_one(one_process, two_processes):
   ratio = checkpoint_bytes(workdir, NUM_STEPS) / checkpoint_bytes(one_process, NUM_STEPS)
   # Per-process metadata makes it larger (1.35 measured at this tiny size); two
   # full copies would be 2.
-  assert 0.8 < ratio < 1.6, ratio
+  # Seen once at 2.25 on a loaded machine (passes alone, at 1.2-1.35): the message
+  # lists every data file so the next failure says what was written twice.
+  assert 0.8 < ratio < 1.6, (ratio, data_files(workdir, NUM_STEPS),
+                             data_files(one_process, NUM_STEPS))
   assert_trees_close(restore_state(workdir), restore_state(one_process), atol=1e-5)
 
   assert progress_steps(run.stdout(0)) == list(range(1, NUM_STEPS + 1))
