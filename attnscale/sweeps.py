@@ -147,20 +147,18 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
     run_dir = os.path.join(workdir, point.name)
     state = status(run_dir)
     tag = f"[{i + 1}/{len(points)}] {point.name}"
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     if state == "done":
       log(f"{tag}: done, skipped")
     else:
       log(f"{tag}: {'resuming' if state == 'partial' else 'starting'}")
       start = time.perf_counter()
-      returncode = subprocess.call(point.command(config_file, workdir), cwd=ROOT,
-                                   preexec_fn=pin)
+      returncode = _call(point.command(config_file, workdir), cpus)
       log(f"{tag}: exit {returncode} after {time.perf_counter() - start:.0f}s")
       if returncode:
         return [(point, returncode)]
     if point.eval_flags and not _evaluated(run_dir):
       start = time.perf_counter()
-      returncode = subprocess.call(point.eval_command(workdir), cwd=ROOT, preexec_fn=pin)
+      returncode = _call(point.eval_command(workdir), cpus)
       log(f"{tag}: eval exit {returncode} after {time.perf_counter() - start:.0f}s")
       if returncode:
         return [(point, returncode)]
@@ -183,6 +181,26 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
     results = list(pool.map(job, range(len(points)), points))
   return [f for r in results for f in r]
+
+
+def _call(command: list[str], cpus) -> int:
+  """Runs `command` in ROOT and returns its exit code; pinned to `cpus` if given.
+
+  Pinned from here right after the start (not with preexec_fn, which is unsafe
+  in a threaded parent): the child has not imported JAX yet, so every thread it
+  makes inherits the affinity.
+  """
+  with subprocess.Popen(command, cwd=ROOT) as proc:
+    try:
+      if cpus:
+        try:
+          os.sched_setaffinity(proc.pid, cpus)
+        except ProcessLookupError:  # already gone: its exit code says why
+          pass
+      return proc.wait()
+    except BaseException:  # as subprocess.call: no orphan on Ctrl-C
+      proc.kill()
+      raise
 
 
 def _cpu_shares(jobs: int) -> list:

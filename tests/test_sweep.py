@@ -105,6 +105,10 @@ def test_jobs_split_the_cpus_and_must_be_positive(tmp_path):
   if None not in shares:  # Linux with 2 or more CPUs
     assert shares[0].isdisjoint(shares[1])
     assert shares[0] | shares[1] == os.sched_getaffinity(0)
+    out = tmp_path / "affinity"
+    code = f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+    assert sweeps._call([sys.executable, "-c", code], shares[1]) == 0
+    assert out.read_text() == repr(sorted(shares[1]))  # the child runs pinned
   assert sweeps._cpu_shares(1) == [None]
   with pytest.raises(ValueError, match="jobs must be a positive integer, got 0"):
     sweeps.run_sweep(CONFIG, [], str(tmp_path), jobs=0)
