@@ -100,7 +100,8 @@ def test_length_sweep_and_study(tmp_path):
   points = sweeps.load_sweep(config_file, "length_test")
   assert [p.eval_flags for p in points] == [("--lengths=32,64", "--length=100")] * 2
   assert " && python eval.py " in sweeps.shell_commands(config_file, points, "w")[0]
-  assert sweeps.run_sweep(config_file, points, str(tmp_path), log=lambda _: None) == []
+  # Both points at once, each pinned to its share of the CPUs (as --jobs=2).
+  assert sweeps.run_sweep(config_file, points, str(tmp_path), log=lambda _: None, jobs=2) == []
   workdirs = [str(tmp_path / p.name) for p in points]
   out = tmp_path / "out"
   studies_main.main(["length", "--out", str(out), "--workdirs", *workdirs])
