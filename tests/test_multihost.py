@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from attnscale import eval_lib, metrics_writer, testing, train_lib
+from attnscale.sweeps import checkpoint_steps
 from attnscale import train_state as ts
 from configs import shakespeare_char
 
@@ -166,11 +167,6 @@ class Processes:
 
 def train_rows(workdir):
   return [r for r in metrics_writer.read_rows(workdir) if "train/loss" in r]
-
-
-def checkpoint_steps(workdir):
-  names = os.listdir(os.path.join(workdir, "checkpoints"))
-  return sorted(int(n) for n in names if n.isdigit())
 
 
 def checkpoint_bytes(workdir, step):

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tensorboardX.proto import event_pb2
 
 from attnscale import metrics_writer
+from attnscale.sweeps import checkpoint_steps
 from attnscale import train_state as ts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,11 +32,6 @@ NUM_STEPS, CHECKPOINT_EVERY = 600, 100  # ~100 steps/s on 2 CPU cores: seconds t
 def read_rows(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
-
-
-def checkpoint_steps(workdir):
-  path = os.path.join(workdir, "checkpoints")
-  return sorted(int(n) for n in os.listdir(path) if n.isdigit()) if os.path.isdir(path) else []
 
 
 def tb_events(logdir):

@@ -27,6 +27,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 from attnscale import scalings, tasks, testing, train_lib
+from attnscale.sweeps import checkpoint_steps
 from attnscale import train_state as ts
 from configs import shakespeare_char
 
@@ -59,11 +60,6 @@ def read_metrics(workdir):
 def train_losses(workdir):
   """{step: train/loss} from metrics.jsonl."""
   return {m["step"]: m["train/loss"] for m in read_metrics(workdir) if "train/loss" in m}
-
-
-def checkpoint_steps(workdir):
-  names = os.listdir(os.path.join(workdir, "checkpoints"))
-  return sorted(int(n) for n in names if n.isdigit())
 
 
 restore = testing.restore_checkpoint

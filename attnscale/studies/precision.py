@@ -122,7 +122,7 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
            "final_train_loss": run["final_train_loss"], "best_val_loss": run["best_val_loss"],
            "run": run["run"]}
     # A diverged run is tracked at its last good checkpoint, if it saved one.
-    if track and _checkpoint_steps(workdir):
+    if track and sweeps.checkpoint_steps(workdir):
       report, _ = run_report(workdir)
       row.update(lost_fractions(report))
       for fmt in ("float16", "e5m2"):
@@ -160,11 +160,6 @@ def summary_table(rows: Sequence[dict]) -> list[dict]:
                   "delta_vs_float32": mean - float(np.mean(base)) if base else math.nan,
                   "grad_lost": lost("grad_lost"), "fwd_lost": lost("fwd_lost")})
   return out
-
-
-def _checkpoint_steps(workdir: str) -> list[int]:
-  path = os.path.join(workdir, "checkpoints")
-  return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
 
 
 def scale_summary(report: scale_tracking.ScaleReport) -> dict[str, float]:
