@@ -40,14 +40,14 @@ def main(argv):
   cli.check_workdir(_WORKDIR.value)
   if _JOBS.value < 1:
     cli.fail(f"--jobs must be a positive integer, got {_JOBS.value}")
-  from attnscale import sweeps
+  from attnscale import sweep_results, sweeps
   try:
     points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
   except ValueError as e:
     cli.fail(str(e))
   if _BEST.value:
     rows = sweeps.collect(_WORKDIR.value, points)
-    print(" ".join(os.path.join(_WORKDIR.value, run) for run in sweeps.best_runs(rows)))
+    print(" ".join(os.path.join(_WORKDIR.value, run) for run in sweep_results.best_runs(rows)))
     return
   if _PRINT.value:
     print("\n".join(sweeps.shell_commands(_CONFIG.value, points, _WORKDIR.value)))
@@ -64,8 +64,8 @@ def main(argv):
       points = more
       failures += sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value)
   rows = sweeps.collect(_WORKDIR.value, points)
-  paths = sweeps.write_results(rows, _WORKDIR.value, title=f"{_SWEEP.value} sweep")
-  print(sweeps.markdown_table(rows))
+  paths = sweep_results.write_results(rows, _WORKDIR.value, title=f"{_SWEEP.value} sweep")
+  print(sweep_results.markdown_table(rows))
   print("wrote " + ", ".join(paths.values()))
   for point, code in failures:
     print(f"failed (exit {code}): {point.name}", file=sys.stderr)

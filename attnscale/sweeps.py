@@ -10,10 +10,8 @@ Each point is one `train.py` command in its own sub-directory of the sweep's
 workdir, so a point can run anywhere (a cluster array job, a second machine)
 and `train.py` resumes it where it stopped. `run_sweep` runs the points (one
 after another, or `jobs` at a time), skipping finished ones; `collect` reads
-every point's `config.json` and `metrics.jsonl` into rows; `write_results` writes the table
-(CSV and Markdown) and Graphcore-style figures: final training loss (mean of the
-last 20 steps) against the learning rate per scaling, and the loss curves at
-each scaling's best learning rate.
+every point's `config.json` and `metrics.jsonl` into rows, which
+`attnscale/sweep_results.py` turns into tables and figures (`write_results`).
 """
 
 from __future__ import annotations
@@ -35,7 +33,11 @@ from collections.abc import Sequence
 import ml_collections
 
 from attnscale import configlib
-from attnscale import reporting  # tables and figures, written as the studies write theirs
+from attnscale.sweep_results import COLUMNS
+# The results' tables and figures, also reachable as sweeps.<name> (notebooks).
+from attnscale.sweep_results import (  # noqa: F401
+    TEXT_COLUMNS, best_per_scaling, best_runs, best_table, markdown_table, plot_best,
+    plot_loss_curves, plot_loss_vs_lr, standard_error, within_noise, write_results)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py is
 
@@ -230,11 +232,6 @@ def _evaluated(run_dir: str) -> bool:
 # ---------------------------------------------------------------------------
 # Collecting results.
 
-COLUMNS = ("scaling", "variant", "learning_rate", "seed", "steps", "final_train_loss",
-           "best_val_loss", "wall_s", "status", "run")
-TEXT_COLUMNS = ("scaling", "variant", "status")  # left-aligned in Markdown
-
-
 def read_run(run_dir: str) -> dict | None:
   """One row of the results table from a run directory (None if never started).
 
@@ -307,225 +304,6 @@ def collect(workdir: str, points: Sequence[Point] | None = None) -> list[dict]:
 
 def _num(x) -> float:
   return x if isinstance(x, (int, float)) else math.inf
-
-
-def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
-  """Per scaling, the best learning rate and its final training loss, as
-  {scaling: {"learning_rate", "final_train_loss", "seeds", "se"}}.
-
-  The rate is chosen on the seeds that every finished rate of the scaling has
-  (a staged sweep's search seed): comparing a three-seed mean at one rate with a
-  single seed at another would pick whichever got the lucky draw. The loss is the
-  mean over all seeds at the chosen rate and "se" its standard error (NaN with
-  one seed).
-  """
-  by_key: dict[tuple[str, float], dict] = {}
-  for r in rows:
-    if r["status"] == "done" and math.isfinite(r["final_train_loss"]):
-      by_key.setdefault((r["scaling"], r["learning_rate"]), {})[r.get("seed")] = (
-          r["final_train_loss"])
-  shared: dict[str, set] = {}
-  for (scaling, _), losses in by_key.items():
-    shared[scaling] = shared.get(scaling, set(losses)) & set(losses)
-  best: dict[str, dict] = {}
-  chosen: dict[str, float] = {}
-  for (scaling, lr), losses in sorted(by_key.items()):
-    pick = [losses[s] for s in shared[scaling]] or list(losses.values())
-    score = sum(pick) / len(pick)
-    if scaling not in best or score < chosen[scaling]:
-      values = list(losses.values())
-      chosen[scaling] = score
-      best[scaling] = {"learning_rate": lr, "final_train_loss": sum(values) / len(values),
-                       "seeds": len(values), "se": standard_error(values)}
-  return best
-
-
-def best_runs(rows: Sequence[dict], seed=0) -> list[str]:
-  """The `run` directory names of seed `seed` at each scaling's best learning
-  rate (`best_per_scaling`), in row order: what the `trained` study reads."""
-  best = best_per_scaling(rows)
-  return [r["run"] for r in rows if r["seed"] == seed and r["status"] == "done"
-          and r["learning_rate"] == best.get(r["scaling"], {}).get("learning_rate")]
-
-
-def standard_error(values: Sequence[float]) -> float:
-  """Sample std / sqrt(n) (NaN for fewer than two values)."""
-  n = len(values)
-  if n < 2:
-    return math.nan
-  mean = sum(values) / n
-  return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
-def within_noise(a: dict, b: dict, z: float = 1.96) -> bool | None:
-  """Whether two `best_per_scaling` entries' means differ by less than z standard
-  errors of their difference (a 95% interval at z = 1.96); None when either has
-  a single seed (no spread to judge by)."""
-  if not (math.isfinite(a["se"]) and math.isfinite(b["se"])):
-    return None
-  return abs(a["final_train_loss"] - b["final_train_loss"]) < z * math.hypot(a["se"], b["se"])
-
-
-def markdown_table(rows: Sequence[dict]) -> str:
-  """The results as a Markdown table, the best learning rate per scaling in bold.
-
-  Every column but `run`; losses to 4 decimals, learning rates as powers of two,
-  wall time in whole seconds, NaN (not run, diverged) as "-".
-  """
-  best = best_per_scaling(rows)
-  columns = COLUMNS[:-1]
-
-  def bold(row):
-    is_best = best.get(row["scaling"], {}).get("learning_rate") == row["learning_rate"]
-    return ("final_train_loss",) if is_best else ()
-
-  return reporting.to_markdown(
-      rows, columns, floats=".4f", nan="-", bold=bold,
-      formats={"learning_rate": reporting.power_of_two, "wall_s": ".0f"},
-      numeric=[c for c in columns if c not in TEXT_COLUMNS])
-
-
-def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
-  """Markdown: the best learning rate per scaling and its loss, lowest loss first.
-
-  With several seeds at a scaling's best learning rate the loss is mean ± standard
-  error, and the "vs best" column says whether it is within noise of the best
-  scaling (the difference under 1.96 standard errors of the difference, a 95%
-  interval); when `baseline` is one of the scalings, "vs <baseline>" says the
-  same against it ("better", "within noise" or "worse").
-  """
-  best = sorted(best_per_scaling(rows).items(), key=lambda kv: kv[1]["final_train_loss"])
-  if any(b["seeds"] > 1 for _, b in best):
-    top = best[0][1]
-    base = dict(best).get(baseline)
-    columns = ("scaling", "best lr", "seeds", "final train loss", "vs best")
-    if base is not None:
-      columns += (f"vs {baseline}",)
-
-    def verdict(b, ref):
-      same = within_noise(b, ref)
-      return ("-" if same is None else "within noise" if same
-              else "better" if b["final_train_loss"] < ref["final_train_loss"] else "worse")
-
-    def cells(scaling, b):
-      loss = (f"{b['final_train_loss']:.4f} ± {b['se']:.4f}" if b["seeds"] > 1
-              else f"{b['final_train_loss']:.4f}")
-      values = [scaling, b["learning_rate"], b["seeds"], loss,
-                "best" if b is top else verdict(b, top)]
-      if base is not None:
-        values.append("baseline" if b is base else verdict(b, base))
-      return dict(zip(columns, values))
-
-    return reporting.to_markdown([cells(*kv) for kv in best], columns,
-                                 formats={"best lr": reporting.power_of_two},
-                                 numeric=("best lr", "seeds", "final train loss"))
-  columns = ("scaling", "best lr", "final train loss")
-  return reporting.to_markdown(
-      [dict(zip(columns, (scaling, b["learning_rate"], b["final_train_loss"])))
-       for scaling, b in best],
-      columns, floats=".4f", formats={"best lr": reporting.power_of_two},
-      numeric=columns[1:])
-
-
-def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dict[str, str]:
-  """Writes results.csv, results.md, loss_vs_lr.png and loss_curves.png (and
-  best.png where a best learning rate has several seeds); returns the paths.
-
-  results.csv has every column of COLUMNS with floats written exactly (they
-  read back equal); results.md has the title, `best_table` and `markdown_table`.
-  """
-  os.makedirs(out_dir, exist_ok=True)
-  paths = {name: os.path.join(out_dir, name) for name in
-           ("results.csv", "results.md", "loss_vs_lr.png", "loss_curves.png")}
-  with open(paths["results.csv"], "w") as f:
-    f.write(reporting.to_csv(rows, COLUMNS, floats=str))
-  with open(paths["results.md"], "w") as f:
-    f.write((f"# {title}\n\n" if title else "")
-            + "Best learning rate per scaling (final training loss = mean of the last 20 "
-            "steps, mean over seeds):\n\n" + best_table(rows)
-            + "\nAll points:\n\n" + markdown_table(rows))
-  reporting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
-  reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
-  if any(b["seeds"] > 1 for b in best_per_scaling(rows).values()):
-    paths["best.png"] = reporting.save_figure(plot_best(rows, title=title), out_dir, "best")
-  return paths
-
-
-def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
-  """Final training loss against learning rate (log2), one line per scaling
-  (Graphcore's almost-scaled attention figure); diverged points marked x at the top."""
-  fig = reporting.new_figure(6.4, 4.2)
-  ax = fig.subplots()
-  done = [r for r in rows if r["status"] in ("done", "diverged")]
-  finite = [r["final_train_loss"] for r in done if math.isfinite(r["final_train_loss"])]
-  ceiling = max(finite) + 0.05 if finite else 1.0
-  for i, scaling in enumerate(sorted({r["scaling"] for r in done})):
-    points: dict[float, list[float]] = {}
-    for r in done:
-      if r["scaling"] == scaling:
-        points.setdefault(r["learning_rate"], []).append(r["final_train_loss"])
-    lrs = sorted(points)
-    means = [sum(v) / len(v) for v in (points[lr] for lr in lrs)]
-    line, = ax.plot([lr for lr, m in zip(lrs, means) if math.isfinite(m)],
-                    [m for m in means if math.isfinite(m)], label=scaling,
-                    **reporting.style(i))
-    bad = [lr for lr, m in zip(lrs, means) if not math.isfinite(m)]
-    if bad:
-      ax.plot(bad, [ceiling] * len(bad), "x", color=line.get_color())
-  ax.set_xscale("log", base=2)
-  reporting.label_axes(ax, xlabel="learning rate",
-                       ylabel="final training loss (mean of last 20 steps)",
-                       title=title or "final training loss vs learning rate")
-  _compact_legend(ax)
-  return fig
-
-
-def _compact_legend(ax, many: int = 8) -> None:
-  """More than `many` lines: a small two-column legend (else it covers the plot)."""
-  if len(ax.get_legend_handles_labels()[0]) > many:
-    ax.legend(fontsize="x-small", ncol=2)
-
-
-def plot_best(rows: Sequence[dict], *, title: str = ""):
-  """Each scaling's final training loss at its best learning rate, best at the
-  top: one dot per seed, the mean with its 95% interval (1.96 standard errors),
-  and a dotted line at the best scaling's mean."""
-  best = sorted(best_per_scaling(rows).items(), key=lambda kv: -kv[1]["final_train_loss"])
-  fig = reporting.new_figure(6.4, 1.2 + 0.28 * len(best))
-  ax = fig.subplots()
-  for y, (scaling, b) in enumerate(best):
-    seeds = [r["final_train_loss"] for r in rows
-             if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
-             and r["status"] == "done" and math.isfinite(r["final_train_loss"])]
-    ax.plot(seeds, [y] * len(seeds), "o", color="tab:blue", alpha=0.5, markersize=4)
-    half = 1.96 * b["se"] if math.isfinite(b["se"]) else 0.0
-    ax.errorbar([b["final_train_loss"]], [y], xerr=[half], fmt="|", color="black",
-                markersize=10, capsize=3)
-  if best:
-    ax.axvline(best[-1][1]["final_train_loss"], color="gray", linestyle=":", linewidth=1)
-  ax.set_yticks(range(len(best)),
-                [f"{s} (lr {reporting.power_of_two(b['learning_rate'])})" for s, b in best])
-  reporting.label_axes(ax, xlabel="final training loss (mean of last 20 steps)", ylabel="",
-                       title=title or "each scaling at its best learning rate")
-  return fig
-
-
-def plot_loss_curves(rows: Sequence[dict], *, title: str = ""):
-  """Training loss against step at each scaling's best learning rate."""
-  fig = reporting.new_figure(6.4, 4.2)
-  ax = fig.subplots()
-  for i, (scaling, b) in enumerate(sorted(best_per_scaling(rows).items())):
-    runs = [r for r in rows if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
-            and r["curve"]]
-    if runs:
-      steps, losses = zip(*runs[0]["curve"])
-      ax.plot(steps, losses, color=reporting.style(i)["color"],
-              linestyle=("-", "--", ":")[i // 10 % 3],
-              label=f"{scaling} (lr {reporting.power_of_two(b['learning_rate'])})")
-  reporting.label_axes(ax, xlabel="step", ylabel="training loss",
-                       title=title or "training loss at each scaling's best learning rate")
-  _compact_legend(ax)
-  return fig
 
 
 def shell_commands(config_file: str, points: Sequence[Point], workdir: str) -> list[str]:

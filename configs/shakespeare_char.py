@@ -154,7 +154,7 @@ def _precision_points(name: str) -> list[dict]:
 def _practice_points(name: str, workdir: str | None) -> list[dict]:
   """Stage 1 (a bracketing learning-rate search per label, seed 0), then each
   bracketed label's seeds. Reads the finished runs in `workdir`."""
-  from attnscale import sweeps  # only the staged sweep reads results
+  from attnscale import sweep_results, sweeps  # only the staged sweep reads results
 
   preset, labels, starts, more_seeds = SWEEPS[name]
   lo, hi = PRACTICE_LR_RANGE
@@ -180,7 +180,7 @@ def _practice_points(name: str, workdir: str | None) -> list[dict]:
       rows = [result(p) for p in stage]
       if any(r is None for r in rows):
         break  # this label's search is still running
-      best = sweeps.best_per_scaling(rows)
+      best = sweep_results.best_per_scaling(rows)
       # All diverged: a smaller rate; best at an edge: one step beyond it.
       e = (max(tried) if not best else
            round(-math.log2(next(iter(best.values()))["learning_rate"])))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from attnscale import sweeps
+from attnscale import sweep_results, sweeps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/shakespeare_char.py"
@@ -73,7 +73,7 @@ def test_collect_reads_final_loss_wall_time_and_status(tmp_path):
   assert rows["a"]["wall_s"] == 50 and rows["a"]["best_val_loss"] == 2.5
   assert rows["b"]["status"] == "diverged" and math.isnan(rows["b"]["final_train_loss"])
   assert rows["c"]["status"] == "partial"
-  assert sweeps.best_per_scaling(rows.values()) == {
+  assert sweep_results.best_per_scaling(rows.values()) == {
       "standard": {"learning_rate": 0.01, "final_train_loss": 2.0, "seeds": 1, "se": math.nan}}
 
 
@@ -129,19 +129,19 @@ def test_best_table_reports_seed_spread_and_what_is_within_noise():
           + _seed_rows("b", 2.0**-7, [2.01, 2.03, 1.99])  # 0.01 above a: noise
           + _seed_rows("c", 2.0**-7, [2.30, 2.31, 2.29])  # far above: worse
           + _seed_rows("d", 2.0**-7, [2.4]))  # one seed: cannot say
-  best = sweeps.best_per_scaling(rows)
+  best = sweep_results.best_per_scaling(rows)
   assert best["a"]["final_train_loss"] == pytest.approx(2.0)
   assert best["a"]["se"] == pytest.approx(0.02 / math.sqrt(3))
-  assert sweeps.within_noise(best["b"], best["a"]) is True
-  assert sweeps.within_noise(best["c"], best["a"]) is False
-  assert sweeps.within_noise(best["d"], best["a"]) is None
-  table = sweeps.best_table(rows)
+  assert sweep_results.within_noise(best["b"], best["a"]) is True
+  assert sweep_results.within_noise(best["c"], best["a"]) is False
+  assert sweep_results.within_noise(best["d"], best["a"]) is None
+  table = sweep_results.best_table(rows)
   assert "| a | 2^-7 | 3 | 2.0000 ± 0.0115 | best |" in table
   assert "| b | 2^-7 | 3 | 2.0100 ± 0.0115 | within noise |" in table
   assert "| c | 2^-7 | 3 | 2.3000 ± 0.0058 | worse |" in table
   assert "| d | 2^-7 | 1 | 2.4000 | - |" in table
   # Against a baseline scaling as well, when there is one.
-  table = sweeps.best_table(rows, baseline="b")
+  table = sweep_results.best_table(rows, baseline="b")
   assert "| a | 2^-7 | 3 | 2.0000 ± 0.0115 | best | within noise |" in table
   assert "| b | 2^-7 | 3 | 2.0100 ± 0.0115 | within noise | baseline |" in table
   assert "| c | 2^-7 | 3 | 2.3000 ± 0.0058 | worse | worse |" in table
@@ -152,22 +152,22 @@ def test_best_rate_is_chosen_on_the_shared_seed_not_a_lucky_single_run():
   # Seeds 1 and 2 at the searched best (2^-7) come out worse than seed 0; the
   # single seed-0 run at 2^-6 must not win by comparing 2.1 with their mean.
   rows = _seed_rows("a", 2.0**-7, [2.0, 2.3, 2.3]) + _seed_rows("a", 2.0**-6, [2.1])
-  best = sweeps.best_per_scaling(rows)["a"]
+  best = sweep_results.best_per_scaling(rows)["a"]
   assert best["learning_rate"] == 2.0**-7 and best["seeds"] == 3
   assert best["final_train_loss"] == pytest.approx(2.2)
   named = [dict(r, run=f"a-{r['seed']}-{r['learning_rate']}") for r in rows]
-  assert sweeps.best_runs(named) == [f"a-0-{2.0**-7}"]
+  assert sweep_results.best_runs(named) == [f"a-0-{2.0**-7}"]
 
 
 def test_best_figure_has_a_row_and_a_dot_per_seed(tmp_path):
   rows = [dict(r, curve=[(1, 3.0), (2, r["final_train_loss"])]) for r in
           _seed_rows("a", 2.0**-7, [2.00, 2.02, 1.98]) + _seed_rows("b", 2.0**-6, [2.1, 2.2])]
-  fig = sweeps.plot_best(rows)
+  fig = sweep_results.plot_best(rows)
   ax = fig.axes[0]
   assert [t.get_text() for t in ax.get_yticklabels()] == ["b (lr 2^-6)", "a (lr 2^-7)"]
   dots = [line for line in ax.lines if line.get_marker() == "o"]
   assert [len(line.get_xdata()) for line in dots] == [2, 3]
-  paths = sweeps.write_results([dict(r, **{c: r.get(c, 0) for c in sweeps.COLUMNS})
+  paths = sweep_results.write_results([dict(r, **{c: r.get(c, 0) for c in sweep_results.COLUMNS})
                                 for r in rows], str(tmp_path))
   assert os.path.getsize(paths["best.png"]) > 0
 
