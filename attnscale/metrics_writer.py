@@ -11,8 +11,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 
 import jax
+from tensorboardX.proto import event_pb2, summary_pb2
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -82,21 +84,26 @@ class MetricsWriter:
   """Writes scalars to WORKDIR/tensorboard (event files) and WORKDIR/metrics.jsonl.
 
   Only process 0 writes: the values are global (already averaged over devices).
+  Events are written synchronously (tensorboardX's record format, without its
+  SummaryWriter: that one queues events to a background thread, and its flush()
+  does not wait for the queue, so a SIGKILL right after a checkpoint could lose
+  events from before it). `flush()` puts everything written so far on disk.
 
   Args:
     workdir: the run directory.
     resume_step: the step this process starts from (the restored checkpoint's,
       0 for a fresh start). A previous process's rows after it are dropped from
-      metrics.jsonl and its TensorBoard events after it are superseded
-      (tensorboardX's `purge_step`: TensorBoard hides the older files' events at
-      steps >= resume_step + 1). None: append to whatever is there.
+      metrics.jsonl and its TensorBoard events after it are superseded (a
+      SessionLog START at resume_step + 1, tensorboardX's `purge_step`:
+      TensorBoard hides the older files' events at steps >= resume_step + 1).
+      None: append to whatever is there.
   """
 
   def __init__(self, workdir: str, *, resume_step: int | None = None):
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
-    from tensorboardX import SummaryWriter  # writes event files without TensorFlow
+    from tensorboardX.event_file_writer import EventsWriter  # no TensorFlow needed
     jsonl_path = os.path.join(workdir, METRICS_FILE)
     tb_dir = os.path.join(workdir, "tensorboard")
     purge_step = None
@@ -104,23 +111,35 @@ class MetricsWriter:
       drop_rows_after(jsonl_path, resume_step)
       if glob.glob(os.path.join(tb_dir, "events.out.tfevents.*")):
         purge_step = resume_step + 1
-    self.tb = SummaryWriter(logdir=tb_dir, purge_step=purge_step)
+    os.makedirs(tb_dir, exist_ok=True)
+    # events.out.tfevents.<unix time>.<host>.<pid>: a rerun within the same second
+    # gets its own file (the time and host alone would name the killed run's).
+    self.events = EventsWriter(os.path.join(tb_dir, "events"), f".{os.getpid()}")
+    if purge_step is not None:
+      self.events.write_event(event_pb2.Event(
+          wall_time=time.time(), step=purge_step,
+          session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
     self.jsonl = open(jsonl_path, "a")
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     if not self.enabled:
       return
+    wall_time = time.time()
     for name, value in scalars.items():
-      self.tb.add_scalar(name, value, step)
+      self.events.write_event(event_pb2.Event(
+          wall_time=wall_time, step=step,
+          summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+              tag=name, simple_value=float(value))])))
     self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
     self.jsonl.flush()
 
   def flush(self) -> None:
-    """Pushes buffered TensorBoard events to disk (the JSON lines are never buffered)."""
+    """Puts every event written so far on disk (fsync); the JSON lines are
+    never buffered."""
     if self.enabled:
-      self.tb.flush()
+      self.events.flush()
 
   def close(self) -> None:
     if self.enabled:
-      self.tb.close()
+      self.events.close()
       self.jsonl.close()

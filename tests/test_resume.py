@@ -171,6 +171,21 @@ def test_writer_drops_rows_past_the_resume_step_atomically(tmp_path):
   assert len(new) == 1 and starts == [11]
 
 
+def test_flush_puts_every_event_so_far_on_disk(tmp_path):
+  # What a SIGKILL after a checkpoint leaves: the writer is never closed. Every
+  # event written before flush() must be in the file (tensorboardX's
+  # SummaryWriter.flush left queued events to a thread; CI lost step 100 of 600).
+  writer = metrics_writer.MetricsWriter(str(tmp_path), resume_step=0)
+  for step in range(1, 501):
+    writer.write(step, {"train/loss": 1.0 / step, "train/grad_norm": float(step)})
+  writer.flush()
+  events = [e for _, e in tb_events(tmp_path / "tensorboard") if e.HasField("summary")]
+  assert [e.step for e in events] == [s for s in range(1, 501) for _ in range(2)]
+  assert {v.tag for e in events for v in e.summary.value} == {"train/loss", "train/grad_norm"}
+  assert events[-2].summary.value[0].simple_value == pytest.approx(1.0 / 500)
+  writer.close()
+
+
 def test_fresh_start_drops_a_killed_first_segment(tmp_path):
   # Killed before its first checkpoint: the rerun starts at step 0.
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/loss": 4.0}\n')
