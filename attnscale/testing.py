@@ -1,7 +1,8 @@
 """Test helpers that are part of the library, so tests and notebooks share them.
 
 Random q, k, v; padding masks; every registered scaling with test parameters; a
-localhost file server for the data builders' download branches.
+localhost file server for the data builders' download branches; the environment
+of a subprocess with fake CPU devices.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import os
 import threading
 
 import jax
@@ -32,6 +34,17 @@ SCALING_CASES = [
     ("log_n_per_head", "log_n", {"s": (0.3, 0.5, 0.7, 0.9)}),  # random_qkv's N = 4
     ("log_n_ratio", "log_n_ratio", {"train_len": 4}),  # sharper past 4 keys
 ]
+
+
+def cpu_devices_env(num_devices: int | None = None, **extra: str) -> dict[str, str]:
+  """os.environ for a JAX subprocess on the CPU with `num_devices` fake devices
+  (None: the default one), plus `extra`. XLA_FLAGS already set (the tests' -O0,
+  tests/conftest.py) are kept: the device count is added to them."""
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  if num_devices is not None:
+    flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count=")]
+    flags.append(f"--xla_force_host_platform_device_count={num_devices}")
+  return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags), **extra)
 
 
 def scaling_params(ids=None):

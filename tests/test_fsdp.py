@@ -20,7 +20,7 @@ import ml_collections
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from attnscale import configlib
+from attnscale import configlib, testing
 from attnscale import train_state as ts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,10 +172,8 @@ print(json.dumps(report))
 
 
 def eight_devices_env(cache_dir):
-  return dict(os.environ, JAX_PLATFORMS="cpu",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={NUM_DEVICES}",
-              JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  return testing.cpu_devices_env(NUM_DEVICES, JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                                 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
 
 
 @pytest.fixture(scope="module")

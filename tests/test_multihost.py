@@ -74,6 +74,15 @@ COMMANDS = readme_commands()
 WORKDIR = next(a.split("=", 1)[1] for a in COMMANDS["train"] if a.startswith("--workdir="))
 
 
+def readme_env(**extra: str) -> dict[str, str]:
+  """os.environ with the README's variables, whose XLA_FLAGS keep the tests' own
+  (-O0, tests/conftest.py) after the README's."""
+  env = dict(os.environ, **COMMANDS["env"], **extra)
+  env["XLA_FLAGS"] = " ".join([COMMANDS["env"].get("XLA_FLAGS", ""),
+                               os.environ.get("XLA_FLAGS", "")]).strip()
+  return env
+
+
 def config_overrides(argv) -> dict:
   """{"log_every": 1, ...} from the `--config.FIELD=VALUE` flags (ints) of argv."""
   return {a.split("=", 1)[0][len("--config."):]: int(a.split("=", 1)[1])
@@ -117,11 +126,9 @@ class Processes:
 
   def __init__(self, name, workdir, logdir, cache_dir, extra=()):
     port = free_port()
-    env = dict(os.environ, **COMMANDS["env"],
-               # One XLA cache for every process of the module: the reruns
-               # compile nothing.
-               JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    # One XLA cache for every process of the module: the reruns compile nothing.
+    env = readme_env(JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     self.logs = [(logdir / f"{name}.{i}.out", logdir / f"{name}.{i}.err")
                  for i in range(NUM_PROCESSES)]
     self.procs = []
@@ -406,7 +413,7 @@ print(json.dumps({"rows_in_place": bool((gathered_GxC == rows_GxC).all()),
 
 def test_two_processes_rows_checkpoint_and_preemption(tmp_path):
   port, workdir = free_port(), str(tmp_path / "run")
-  env = dict(os.environ, **COMMANDS["env"])
+  env = readme_env()
   logs = [tmp_path / f"{i}.out" for i in range(NUM_PROCESSES)]
   procs = []
   for i, log in enumerate(logs):

@@ -281,8 +281,7 @@ print(json.dumps({"device_count": jax.device_count(), "batch_errors": errors,
 def test_eight_devices_match_one_device(run_a, tmp_path):
   config, workdir_a, _ = run_a
   workdir = str(tmp_path / "run_8")
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = testing.cpu_devices_env(8)
   overrides = {"log_every": 1, "data_dir": config.data_dir}
   proc = subprocess.run([sys.executable, "-c", _EIGHT_DEVICES, json.dumps(overrides), workdir],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
