@@ -142,8 +142,9 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
   `jobs` > 1 runs that many points at once, each pinned to its own share of this
   process's CPUs (Linux). Small CPU models use a few cores poorly: two runs
   pinned to one core each finish in about 0.55x the time of the two one after
-  another on 2 cores (graphcore_cpu: ~52 s a point against ~95 s). Different thread counts reorder float sums, so a point
-  is reproducible to seed noise, not bit for bit, across `jobs` settings.
+  another on 2 cores (graphcore_cpu: ~52 s a point against ~95 s). Different
+  thread counts reorder float sums, so a point is reproducible to seed noise, not
+  bit for bit, across `jobs` settings.
   """
   if not isinstance(jobs, int) or jobs < 1:
     raise ValueError(f"jobs must be a positive integer, got {jobs!r}")

@@ -12,6 +12,7 @@ import functools
 import http.server
 import os
 import threading
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,15 +37,18 @@ SCALING_CASES = [
 ]
 
 
-def cpu_devices_env(num_devices: int | None = None, **extra: str) -> dict[str, str]:
-  """os.environ for a JAX subprocess on the CPU with `num_devices` fake devices
-  (None: the default one), plus `extra`. XLA_FLAGS already set (the tests' -O0,
-  tests/conftest.py) are kept: the device count is added to them."""
-  flags = os.environ.get("XLA_FLAGS", "").split()
-  if num_devices is not None:
-    flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count=")]
-    flags.append(f"--xla_force_host_platform_device_count={num_devices}")
-  return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags), **extra)
+def subprocess_env(xla_flags: Sequence[str] = (), **extra: str) -> dict[str, str]:
+  """os.environ plus `extra`, with `xla_flags` added to the XLA_FLAGS already set
+  (the tests' -O0, tests/conftest.py), replacing any of the same name."""
+  names = {f.split("=", 1)[0] for f in xla_flags}
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=", 1)[0] not in names]
+  return dict(os.environ, **extra, XLA_FLAGS=" ".join(kept + list(xla_flags)))
+
+
+def cpu_devices_env(num_devices: int, **extra: str) -> dict[str, str]:
+  """`subprocess_env` for a JAX subprocess on the CPU with `num_devices` fake devices."""
+  return subprocess_env([f"--xla_force_host_platform_device_count={num_devices}"],
+                        JAX_PLATFORMS="cpu", **extra)
 
 
 def scaling_params(ids=None):

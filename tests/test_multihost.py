@@ -75,12 +75,11 @@ WORKDIR = next(a.split("=", 1)[1] for a in COMMANDS["train"] if a.startswith("--
 
 
 def readme_env(**extra: str) -> dict[str, str]:
-  """os.environ with the README's variables, whose XLA_FLAGS keep the tests' own
-  (-O0, tests/conftest.py) after the README's."""
-  env = dict(os.environ, **COMMANDS["env"], **extra)
-  env["XLA_FLAGS"] = " ".join([COMMANDS["env"].get("XLA_FLAGS", ""),
-                               os.environ.get("XLA_FLAGS", "")]).strip()
-  return env
+  """os.environ with the README's variables; its XLA_FLAGS are added to the
+  tests' own (-O0, tests/conftest.py)."""
+  readme = {k: v for k, v in COMMANDS["env"].items() if k != "XLA_FLAGS"}
+  return testing.subprocess_env(COMMANDS["env"].get("XLA_FLAGS", "").split(),
+                                **readme, **extra)
 
 
 def config_overrides(argv) -> dict:
