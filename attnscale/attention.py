@@ -11,9 +11,16 @@ implementations:
 * "reference": plain einsums, the T x S logits materialised, softmax in float32 (or wider).
   This is the definition.
 * the fused path (default): s_i folded into q, c_i applied to the output, and one
-  scale-1 kernel call, so one kernel serves every scaling: cuDNN flash attention
+  scale-1 kernel call, so one kernel serves every scaling: splash attention
+  (`attnscale.splash_attention`, Pallas) on a TPU, cuDNN flash attention
   (`jax.nn.dot_product_attention`) on a GPU, `attnscale.xla_attention` elsewhere
-  and for what jax.nn's cuDNN call cannot take (soft-cap, sink, sigmoid).
+  and for what those cannot take (sigmoid everywhere; soft-cap and sink on cuDNN).
+
+The kernel follows the platform the program is compiled *for*, not the host's:
+the device kind of the mesh the step is traced under
+(`jax.sharding.get_abstract_mesh()`, which `attnscale.steps` sets), else
+`jax.default_backend()`. So a TPU program compiled on a CPU host
+(`compile.py`) holds splash, and an H100 program cuDNN.
 
 Dimension legend: B batch, T query length, S key/value length, N query heads,
 K key/value heads (K divides N: grouped-query attention), H head dim.
@@ -30,7 +37,7 @@ from attnscale.visibility import VisibleKeys, upcast
 
 Array = jax.Array
 
-IMPLEMENTATIONS = (None, "reference", "xla", "cudnn")
+IMPLEMENTATIONS = (None, "reference", "xla", "cudnn", "splash")
 NORMALIZERS = ("softmax", "sigmoid")
 
 
@@ -57,11 +64,14 @@ def attention(q_BTNH: Array,
       attend (padding and any custom pattern). Masked keys count nowhere: not
       in key-norm sums, not in n.
     is_causal: query i attends to keys j <= i only (top-left aligned).
-    implementation: None (fused: cuDNN on a GPU for bf16/fp16 softmax with no
-      soft-cap and no sink, else "xla"), "xla" (fused,
-      `attnscale.xla_attention`), "cudnn" (fused, cuDNN flash attention; errors
-      where cuDNN refuses, and for sigmoid, a soft-cap or a sink, which jax.nn's
-      cuDNN call cannot take), or "reference".
+    implementation: None (fused: splash on a TPU where it takes the call,
+      cuDNN on a GPU for bf16/fp16 softmax with no soft-cap and no sink, else
+      "xla"), "xla" (fused, `attnscale.xla_attention`), "cudnn" (fused, cuDNN
+      flash attention; errors where cuDNN refuses, and for sigmoid, a soft-cap
+      or a sink, which jax.nn's cuDNN call cannot take), "splash" (fused,
+      `attnscale.splash_attention`; in Pallas interpret mode off a TPU, which
+      is slow and meant for tests; errors where splash refuses), or
+      "reference".
     normalizer: "softmax", or "sigmoid": p_ij = sigmoid(l_ij - log n_i) with n_i
       the number of keys query i sees, Ramapuram et al. 2024, "Theory,
       Analysis, and Best Practices for Sigmoid Self-Attention" (arXiv
@@ -126,27 +136,127 @@ def _per_query(x_BTN, shape_BTNH) -> Array:
 def _fused(scaled, v_BSKH, keys, implementation, normalizer, logit_softcap, sink):
   """Folds s_i into q and calls a fused kernel with scale 1; returns (z, sink factor).
 
-  "cudnn": `jax.nn.dot_product_attention`'s cuDNN flash attention (GPU). "xla":
-  `attnscale.xla_attention` (causal blocks, matmul layouts; jax.nn's own XLA
-  path is 3x slower on CPU). None: cuDNN on a GPU where it takes the shapes and
-  dtype (jax.nn's None means XLA, even on a GPU) and the options (softmax, no
-  soft-cap, no sink: jax.nn neither takes a tanh nor returns lse), otherwise "xla".
-  The sink factor sigmoid(lse_i - b), [B, T, N], multiplies the output (None
-  without a sink).
+  The kernel (`kernel_for`): "splash" (`attnscale.splash_attention`, TPU;
+  soft-cap and sink inside the kernel, padding as segment ids), "cudnn"
+  (`jax.nn.dot_product_attention`'s cuDNN flash attention, GPU; right padding
+  as sequence lengths), or "xla" (`attnscale.xla_attention`: causal blocks,
+  matmul layouts; jax.nn's own XLA path is 3x slower on CPU). The sink factor
+  sigmoid(lse_i - b), [B, T, N], multiplies the output (None without a sink,
+  or where the kernel applied the sink itself).
   """
   dtype = v_BSKH.dtype
   q_BTNH = (upcast(scaled.q) * _per_query(scaled.logit_scale, scaled.q.shape)).astype(dtype)
   k_BSKH = scaled.k.astype(dtype)
-  plain = normalizer == "softmax" and logit_softcap is None and sink is None
-  if implementation == "cudnn" or (implementation is None and plain
-                                   and _cudnn_available(dtype)):
+  kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
+                      normalizer, logit_softcap, sink)
+  if kernel == "splash":
+    return _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink), None
+  if kernel == "cudnn":
     try:
-      return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=keys.mask_BNTS,
-                                          scale=1.0, is_causal=keys.is_causal,
-                                          implementation="cudnn"), None
-    except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions
+      return _cudnn(q_BTNH, k_BSKH, v_BSKH, keys), None
+    except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions at trace time
       if implementation == "cudnn":
         raise
+  return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink)
+
+
+def target_platform() -> str:
+  """"tpu", "gpu" or "cpu": the platform the program being traced is compiled for.
+
+  The device kind of the mesh it is traced under (`jax.sharding.use_abstract_mesh`;
+  `attnscale.steps` traces every step under its mesh), so that a program compiled
+  on a CPU host for a TPU slice or for GPUs (`compile.py`) gets that platform's
+  kernel; outside a mesh, `jax.default_backend()`.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  platform = getattr(device, "platform", None) or jax.default_backend()
+  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+
+
+def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
+               logit_softcap, sink) -> str:
+  """The fused kernel a call runs: "splash", "cudnn" or "xla" (see `_fused`).
+
+  None picks by `target_platform()`: splash on a TPU unless
+  `splash_attention.unsupported_reason` names a reason; cuDNN on a GPU for
+  bf16/fp16 softmax with no soft-cap and no sink (jax.nn neither takes a tanh
+  nor returns lse); the XLA kernel otherwise.
+  """
+  if implementation in ("xla", "splash", "cudnn"):
+    return implementation
+  platform = target_platform()
+  # Splash takes a key (padding) mask [B|1, 1, 1, S] as segment ids; not a per-head
+  # or per-query one.
+  custom_mask = mask_BNTS is not None and (mask_BNTS.shape[2] != 1 or mask_BNTS.shape[1] != 1)
+  if platform == "tpu" and _splash_lib().unsupported_reason(
+      q_shape, k_shape, normalizer=normalizer, has_custom_mask=custom_mask) is None:
+    return "splash"
+  plain = normalizer == "softmax" and logit_softcap is None and sink is None
+  if platform == "gpu" and plain and dtype in (jnp.bfloat16, jnp.float16):
+    return "cudnn"  # cuDNN's fused attention takes half precision only
+  return "xla"
+
+
+def _key_mask_BS(keys, batch: int) -> Array | None:
+  """The key (padding) mask as [B, S] (None: no mask); only for a [B|1, 1, 1, S] mask."""
+  if keys.mask_BNTS is None:
+    return None
+  mask = keys.mask_BNTS
+  return jnp.broadcast_to(mask[:, 0, 0, :], (batch, keys.kv_len))
+
+
+def _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink):
+  """Splash attention inside shard_map over the mesh's batch axes (`attnscale.splash_attention`)."""
+  mask = keys.mask_BNTS
+  if mask is not None and (mask.shape[2] != 1 or mask.shape[1] != 1):
+    raise ValueError("implementation='splash' takes a key (padding) mask [B, 1, 1, S] only "
+                     f"(it becomes segment ids), got mask shape {tuple(mask.shape)}")
+  mesh = jax.sharding.get_abstract_mesh()
+  sink_N = None if sink is None else _broadcast(sink, (q_BTNH.shape[2],))
+  return _splash_lib().dot_product_attention(
+      q_BTNH, k_BSKH, v_BSKH, is_causal=keys.is_causal,
+      kv_mask_BS=_key_mask_BS(keys, q_BTNH.shape[0]), logit_softcap=logit_softcap,
+      sink_N=sink_N, mesh=None if mesh.empty else mesh,
+      interpret=target_platform() != "tpu")
+
+
+def _splash_lib():
+  # Imported on first use: it loads Pallas's TPU kernels, which a CPU or GPU run never needs.
+  from attnscale import splash_attention
+  return splash_attention
+
+
+def _cudnn(q_BTNH, k_BSKH, v_BSKH, keys):
+  """cuDNN flash attention; right padding goes in as sequence lengths, not a mask.
+
+  A key mask [B, 1, 1, S] that is right padding (keys [0, n_b) visible in row b,
+  BERT's [CLS] ... [SEP] [PAD]...) becomes `key_value_seq_lengths` n_b, so no
+  [B, N, T, S] bias is built; whether it is right padding is checked on the
+  device (O(B S)), and any other key mask runs the XLA kernel instead (a
+  `lax.cond`, so the answer is exact either way). A custom T x S mask goes to
+  cuDNN as a mask.
+  """
+  cudnn = lambda mask=None, lengths=None: jax.nn.dot_product_attention(
+      q_BTNH, k_BSKH, v_BSKH, mask=mask, scale=1.0, is_causal=keys.is_causal,
+      key_value_seq_lengths=lengths, implementation="cudnn")
+  mask = keys.mask_BNTS
+  if mask is None:
+    return cudnn()
+  if mask.shape[1:3] != (1, 1):
+    return cudnn(mask=mask)
+  B, S = q_BTNH.shape[0], keys.kv_len
+  visible_BS = _key_mask_BS(keys, B)
+  n_B = visible_BS.sum(axis=-1, dtype=jnp.int32)
+  right_padding = jnp.all(visible_BS == (jnp.arange(S)[None, :] < n_B[:, None]))
+  # A row with no visible key: length 1 keeps cuDNN finite; `attention` zeroes the row.
+  return jax.lax.cond(right_padding,
+                      lambda: cudnn(lengths=jnp.maximum(n_B, 1)),
+                      lambda: xla_attention.dot_product_attention(
+                          q_BTNH, k_BSKH, v_BSKH, mask, keys.is_causal))
+
+
+def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink):
   bias_BTN = None
   if normalizer == "sigmoid":
     # -log n_i per query: O(B T N), from the causal prefix and the key mask.
@@ -160,11 +270,6 @@ def _fused(scaled, v_BSKH, keys, implementation, normalizer, logit_softcap, sink
   z_BTNH, lse_BTN = out
   # sum_j p_ij = Z / (Z + e^b) = sigmoid(lse_i - b), with Z = sum_j e^(l_ij) = e^(lse_i).
   return z_BTNH, jax.nn.sigmoid(lse_BTN - _broadcast(sink, lse_BTN.shape))
-
-
-def _cudnn_available(dtype) -> bool:
-  # cuDNN's fused attention takes half precision only.
-  return jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16)
 
 
 def attention_weights(q_BTNH: Array,
@@ -260,9 +365,10 @@ def _check_options(num_heads, implementation, normalizer, logit_softcap, sink):
     if implementation == "cudnn":
       raise ValueError("implementation='cudnn' cannot take logit_softcap (jax.nn's cuDNN "
                        "attention has no soft-cap): use None or 'xla'")
-  if normalizer == "sigmoid" and implementation == "cudnn":
-    raise ValueError("normalizer='sigmoid' has no cuDNN kernel: implementation must be "
-                     "None, 'xla' or 'reference', got 'cudnn'")
+  if normalizer == "sigmoid" and implementation in ("cudnn", "splash"):
+    kernel = {"cudnn": "cuDNN", "splash": "splash"}[implementation]
+    raise ValueError(f"normalizer='sigmoid' has no {kernel} kernel: implementation "
+                     f"must be None, 'xla' or 'reference', got {implementation!r}")
   if sink is None:
     return logit_softcap, None
   if normalizer != "softmax":

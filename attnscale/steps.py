@@ -11,6 +11,11 @@ function of (state, batch): dropout randomness is a function of (seed, step)
 (`dropout_key`) and the data of `step` comes from the task, so a restored state
 continues exactly where the saved one stopped.
 
+Both steps are traced under their mesh (`jax.sharding.use_abstract_mesh`), so
+the model sees which platform it is compiled for (the attention kernel follows
+it: `attention.target_platform`) and keeps its activations on the batch axes
+(`sharding.constrain_batch`).
+
 Dimension legend: W the window of recent losses (`train_state.LAST_LOSSES`).
 """
 
@@ -53,6 +58,9 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
   tx = ts.make_optimizer(config) if tx is None else tx
   schedule = ts.learning_rate_schedule(config)
 
+  mesh = batch_sharding.mesh
+
+  @_under_mesh(mesh)
   def train_step(state, batch):
     step = state["step"]
 
@@ -77,12 +85,23 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
                  out_shardings=(state_shardings, None), donate_argnums=0)
 
 
+def _under_mesh(mesh):
+  """Traces the decorated step under `mesh` (its abstract form: no devices needed)."""
+  def wrap(fn):
+    def traced(*args):
+      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        return fn(*args)
+    return traced
+  return wrap
+
+
 def _global_norm(tree):
   return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
 
 
 def make_eval_step(graphdef, task, param_shardings, batch_sharding):
   """The jitted (params, batch) -> the task's loss sums ("loss_sum", "count", ...)."""
+  @_under_mesh(batch_sharding.mesh)
   def eval_step(params, batch):
     _, sums = task.loss(nnx.merge(graphdef, params), batch)
     return sums

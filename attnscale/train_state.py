@@ -28,6 +28,7 @@ Dimension legend: W the window of recent losses (`LAST_LOSSES`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -40,7 +41,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnscale import configlib, models
+from attnscale import configlib, models, sharding
 from attnscale.models import ModelConfig
 
 State = dict[str, Any]
@@ -54,21 +55,25 @@ ADDED_STATE_ENTRIES = ("last_losses",)
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-  return ModelConfig(**config.model.to_dict())
+  """`config.model` as a `ModelConfig`, with the top-level `config.remat` (default none)."""
+  return ModelConfig(**config.model.to_dict(), remat=config.get("remat", "none"))
 
 
-MESH_AXES = ("data", "fsdp")
+MESH_AXES = sharding.MESH_AXES  # ("data", "fsdp")
 
 
-def make_mesh(config: ml_collections.ConfigDict | None = None) -> jax.sharding.Mesh:
+def make_mesh(config: ml_collections.ConfigDict | None = None, devices=None
+              ) -> jax.sharding.Mesh:
   """The `data` x `fsdp` mesh of `config.mesh` over every device of every process.
 
-  None (or a config without `mesh`) puts every device on `data`.
+  None (or a config without `mesh`) puts every device on `data`. `devices`:
+  others than `jax.devices()`, e.g. a TPU slice's that `compile.py` compiles for.
 
   Raises:
     ValueError: config.mesh does not fit the devices (one line, naming the field).
   """
-  return _mesh(*configlib.mesh_shape(config, jax.device_count()))
+  devices = jax.devices() if devices is None else list(devices)
+  return _mesh(*configlib.mesh_shape(config, len(devices)), devices)
 
 
 def evaluation_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
@@ -90,12 +95,13 @@ def evaluation_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
     return _mesh(num_devices // fsdp, fsdp)
 
 
-def _mesh(data: int, fsdp: int) -> jax.sharding.Mesh:
+def _mesh(data: int, fsdp: int, devices=None) -> jax.sharding.Mesh:
   # Devices ordered by process: flattening the mesh gives each process one
   # contiguous block of batch rows, so process p's devices hold rows
   # [p * b, (p + 1) * b) of the global batch, the rows `Task.train_batch` gives
   # process p (`jax.make_array_from_process_local_data` places them there).
-  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  devices = sorted(jax.devices() if devices is None else devices,
+                   key=lambda d: (d.process_index, d.id))
   return jax.sharding.Mesh(np.asarray(devices).reshape(data, fsdp), MESH_AXES)
 
 
@@ -259,16 +265,49 @@ def abstract_state(state, shardings):
                       state, shardings)
 
 
+# Where `Checkpoints.set_aside` keeps the checkpoints that cannot be read.
+DAMAGED_DIR = "damaged_checkpoints"
+
+
+class DamagedCheckpointError(ValueError):
+  """A checkpoint on disk that cannot be read: a file of it truncated, missing or
+  garbled (a full disk, a failing volume, a copy cut short). `directory` (the
+  run's checkpoints/), `step`, `why` (the first line of the reader's error)."""
+
+  def __init__(self, directory: str, step: int, why: str):
+    super().__init__(f"checkpoint {step} in {directory} cannot be read ({why})")
+    self.directory, self.step, self.why = directory, step, why
+
+
+def describe_damaged(damaged: list[DamagedCheckpointError]) -> str:
+  """One clause for a run's unreadable steps (newest first): the newest one's error."""
+  if len(damaged) == 1:
+    return str(damaged[0])
+  newest = damaged[0]
+  return (f"checkpoints {', '.join(str(e.step) for e in damaged)} in {newest.directory} "
+          f"cannot be read (step {newest.step}: {newest.why})")
+
+
 class Checkpoints:
   """Orbax checkpoints of the train state in WORKDIR/checkpoints.
 
   Saves are asynchronous; `close` waits for the last one. A step that is already
   on disk is never overwritten.
+
+  Damage: a checkpoint "cannot be read" when orbax fails to read its metadata or
+  arrays (any error: tensorstore reports a truncated file as ValueError, a lost
+  chunk as a bare Exception, a torn _METADATA as a JSON error). Every damage we
+  tried (truncating or deleting each file of a step in turn) either fails so or
+  restores the same arrays (files orbax no longer reads). A layout this code
+  does not know is its own ValueError, never "damaged"; and since every
+  checkpoint of a run has one layout, an error that is not damage fails every
+  step alike, which `restore_newest_intact` reports without touching anything.
   """
 
   def __init__(self, workdir: str, keep: int):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     self.manager = ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir), "checkpoints"),
+        self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
         # Named, so that `item_metadata` can read a checkpoint this manager did not write.
         item_handlers=ocp.StandardCheckpointHandler())
@@ -288,6 +327,8 @@ class Checkpoints:
     before the entry existed) keeps its value in `state`, the initial one.
 
     Raises:
+      DamagedCheckpointError: the checkpoint cannot be read (one line, naming
+        the step and the first line of orbax's error).
       ValueError: there is no checkpoint `step`, or it holds entries this code
         does not know, or lacks one it cannot do without (one line, naming them).
     """
@@ -295,7 +336,8 @@ class Checkpoints:
     if step not in self.manager.all_steps():
       raise ValueError(f"no checkpoint of step {step} in {self.manager.directory} "
                        f"(it has steps {sorted(self.manager.all_steps())})")
-    saved = set(self.manager.item_metadata(step).keys())
+    with self._reading(step):
+      saved = set(self.manager.item_metadata(step).keys())  # None.keys(): no _METADATA
     lacking = [k for k in state if k not in saved]
     unknown = sorted(saved - set(state))
     if unknown or set(lacking) - set(ADDED_STATE_ENTRIES):
@@ -304,10 +346,92 @@ class Checkpoints:
           f"{sorted(saved)}, this code expects {sorted(state)}: was it written by "
           "another version of attnscale?")
     kept = [k for k in state if k in saved]
-    restored = self.manager.restore(step, args=ocp.args.StandardRestore(
-        abstract_state({k: state[k] for k in kept}, {k: shardings[k] for k in kept})))
+    with self._reading(step):
+      restored = self.manager.restore(step, args=ocp.args.StandardRestore(
+          abstract_state({k: state[k] for k in kept}, {k: shardings[k] for k in kept})))
     return {k: restored[k] if k in saved else state[k] for k in state}
+
+  @contextlib.contextmanager
+  def _reading(self, step: int):
+    """Turns any error of orbax reading checkpoint `step` into DamagedCheckpointError."""
+    try:
+      yield
+    except Exception as e:  # noqa: BLE001 (see the class docstring)
+      lines = str(e).strip().splitlines() or [type(e).__name__]
+      # tensorstore appends its whole spec to a chunk's error; the first clause says it.
+      why = lines[0].split(" See full TensorStore details")[0]
+      raise DamagedCheckpointError(self.directory, step,
+                                   why if len(why) <= 300 else why[:297] + "...") from e
+
+  def restore_newest_intact(self, state: State, shardings) -> tuple[State, int, list]:
+    """The newest checkpoint that can be read, restored; steps newest first.
+
+    Returns:
+      (state, its step, the DamagedCheckpointErrors of the newer steps).
+      In several processes a step counts as read only if every process read
+      it (an all-gather), so all resume from one step. (A file that only some
+      processes read would first stop the others at orbax's own barrier after
+      restoring, until its timeout: that case is not handled any better.)
+
+    Raises:
+      ValueError: there is no checkpoint, or none can be read (one line, naming
+        the steps and the newest one's error). Nothing on disk is changed.
+    """
+    damaged = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        restored, error = self.restore(state, shardings, step), None
+      except DamagedCheckpointError as e:
+        restored, error = None, e
+      if _in_every_process(error is None):
+        return restored, step, damaged
+      damaged.append(error or DamagedCheckpointError(
+          self.directory, step, "another process could not read it"))
+    if not damaged:
+      raise ValueError(f"no checkpoint in {self.directory}")
+    raise ValueError(f"no checkpoint can be read: {describe_damaged(damaged)}; the run "
+                     "directory is left as it is (to start afresh, move checkpoints/ away)")
+
+  def intact_steps(self, state: State, shardings) -> list[int]:
+    """The steps that restore (each read in full, into the layout of `state`)."""
+    intact = []
+    for step in sorted(self.manager.all_steps()):
+      with contextlib.suppress(DamagedCheckpointError):
+        self.restore(state, shardings, step)
+        intact.append(step)
+    return intact
+
+  def set_aside(self, step: int) -> str:
+    """Moves checkpoint `step` to WORKDIR/damaged_checkpoints/STEP (STEP.1, ... if
+    that is taken) and forgets it; returns where it went.
+
+    Nothing is deleted: the damaged files stay for inspection, out of orbax's
+    sight. Left where it was, it would count as the latest step, a rerun's save of
+    the same step would be refused as existing, and `keep` would collect an
+    intact older step in its place. Process 0 moves it; every process calls this.
+    """
+    target = os.path.join(os.path.dirname(self.directory), DAMAGED_DIR, str(step))
+    path, n = target, 0
+    while os.path.exists(path):
+      n += 1
+      path = f"{target}.{n}"
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.rename(os.path.join(self.directory, str(step)), path)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f"attnscale set_aside {step}")
+    self.manager.reload()
+    return path
 
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _in_every_process(ok: bool) -> bool:
+  """Whether `ok` holds in every process (an all-gather; `ok` itself in one)."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))

@@ -86,6 +86,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel replicas
   c.mesh.fsdp = 1  # devices each parameter is split over (1 = replicated)
+  # Rematerialisation of each block, for models that do not fit: none | full (keep
+  # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
+  c.remat = "none"
 
   # Model (fields of attnscale.model.ModelConfig).
   c.model = ml_collections.ConfigDict()

@@ -3,6 +3,10 @@ compilation cache. Helpers tests import live in `attnscale.testing`."""
 
 import os
 
+# The CPU is the only device here. With the CUDA plugin installed (the newest-JAX
+# CI leg, for deviceless GPU compilation) JAX would otherwise try to open a GPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 # Tests compile hundreds of small programs and run each a few times: LLVM's -O0
 # cuts XLA:CPU's compile time by ~40% (1.7 s -> 1.0 s per program at the test
 # preset; the suite 17.5 -> 13.5 min on 2 cores). Subprocesses (train.py, eval.py) inherit it.

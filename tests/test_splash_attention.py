@@ -17,7 +17,8 @@ from attnscale import scalings
 from attnscale import splash_attention
 from attnscale.testing import cpu_devices_env, random_qkv
 
-pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
+# Interpret mode is slow: these run in the newest-JAX CI leg (.ci/run).
+pytestmark = [pytest.mark.usefixtures("strict_rank_promotion"), pytest.mark.accelerator]
 
 SINK_N = jnp.array([-1.0, 0.0, 0.5, 2.0])  # N = 4 heads, near the logits' scale (q is scaled)
 

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnscale import positions as positions_lib
-from attnscale import precision
-from attnscale import scalings
+from attnscale import precision, scalings, sharding
 # The module's name is shadowed by the function in attnscale/__init__.py.
 from attnscale.attention import attention
 from attnscale.models.config import ModelConfig
@@ -191,6 +190,23 @@ class Block(nnx.Module):
     return self.attn.call_inputs(self.attn_input(x_BTD))
 
 
+# model.remat -> the jax.checkpoint policy of each block: what its backward pass
+# keeps from the forward pass (the rest is recomputed).
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,  # only the block's input
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # matmul outputs
+}
+
+
+def _remat(block: "Block", remat: str):
+  """`block` itself ("none"), or the block rematerialised under `REMAT_POLICIES[remat]`."""
+  if remat == "none":
+    return block
+  run = nnx.remat(lambda b, x_BTD, mask, key: b(x_BTD, mask, key),
+                  policy=REMAT_POLICIES[remat])
+  return lambda x_BTD, mask, key: run(block, x_BTD, mask, key)
+
+
 class Model(nnx.Module):
   """The contract of a model variant: embed, blocks, readout.
 
@@ -228,9 +244,10 @@ class Model(nnx.Module):
     """
     check_length(self.cfg, tokens_BT.shape[1])
     keys = split_key(dropout_key, len(self.blocks) + 1)
-    x_BTD = self.embed_tokens(tokens_BT, keys[0])
+    # The residual stream stays on the batch axes (attnscale/sharding.py says why).
+    x_BTD = sharding.constrain_batch(self.embed_tokens(tokens_BT, keys[0]))
     for block, key in zip(self.blocks, keys[1:]):
-      x_BTD = block(x_BTD, mask, key)
+      x_BTD = sharding.constrain_batch(_remat(block, self.cfg.remat)(x_BTD, mask, key))
     return x_BTD
 
   def attention_calls(self, tokens_BT: Array, *, mask: Array | None = None

@@ -25,6 +25,7 @@ LN_POSITIONS = ("pre", "post")
 SINKS = ("none", "zero", "learned")
 GATES = ("none", "headwise", "elementwise")
 HEADS = ("lm", "mlm")
+REMATS = ("none", "full", "dots")  # config.remat: see models.base.REMAT_POLICIES
 # Values that were renamed: (field, old value) -> new value.
 RENAMED_VALUES = {("model.variant", "unit_scaled"): "unit"}
 
@@ -71,6 +72,9 @@ class ModelConfig:
   rope_base: float = 10000.0  # rotary frequency base (positions="rope")
   variant: str = "standard"  # a name from attnscale.models.VARIANTS
   unit: UnitConfig = UnitConfig()  # the "unit" variant's fields
+  # Rematerialisation of each block (jax.checkpoint): none | full | dots. Set from
+  # the top-level config.remat (a memory choice, not part of the model's maths).
+  remat: str = "none"
 
   def __post_init__(self):
     from attnscale import models  # the registry imports this module
@@ -105,6 +109,8 @@ class ModelConfig:
                        f"got {self.ln_position!r}")
     if self.head not in HEADS:
       raise ValueError(f"model.head must be one of {list(HEADS)}, got {self.head!r}")
+    if self.remat not in REMATS:
+      raise ValueError(f"config.remat must be one of {list(REMATS)}, got {self.remat!r}")
     if self.dtype not in DTYPES:
       raise ValueError(f"model.dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
     if self.fp8_scaling not in FP8_SCALINGS:

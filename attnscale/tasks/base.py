@@ -78,6 +78,20 @@ class Task(abc.ABC):
     """
     configlib.check_choice("config.dataset", config.dataset, cls.DATASETS)
 
+  @classmethod
+  def without_data(cls, config) -> "Task":
+    """This task with no data loaded: it traces `loss` (all compile.py needs)
+    but cannot make batches."""
+    task = cls.__new__(cls)
+    Task.__init__(task, config)
+    return task
+
+  @classmethod
+  @abc.abstractmethod
+  def batch_spec(cls, config, *, train: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and dtypes of one global batch of `train_batch` (train=True) or of
+    `eval_batches` (False): what a step is compiled for without data."""
+
   @property
   def tokens_per_batch(self) -> int:
     """Tokens of one global training batch (padding included), for tokens/s."""

@@ -79,6 +79,14 @@ class CharLMTask(Task):
                        f"({self.data.vocab_size}): set "
                        f"--config.model.vocab_size={self.data.vocab_size}")
 
+  @classmethod
+  def batch_spec(cls, config, *, train=True):
+    spec = {k: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
+            for k in ("inputs", "targets")}
+    if not train:  # eval_batches weigh each target (0 for the last batch's filler)
+      spec["weights"] = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.float32)
+    return spec
+
   def train_batch(self, step: int):
     return self._random_batch(self.data.train, self.config.seed, step)
 

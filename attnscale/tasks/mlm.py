@@ -63,6 +63,16 @@ class MLMTask(Task):
                       "mask_token_rate": config.mask_token_rate,
                       "random_token_rate": config.random_token_rate}
 
+  @classmethod
+  def batch_spec(cls, config, *, train=True):
+    del train  # training and evaluation batches have one layout
+    B, T = config.batch_size, config.seq_len
+    P = mlm.num_predictions(T, config.mask_rate)
+    return {"inputs": jax.ShapeDtypeStruct((B, T), jnp.int32),
+            "positions": jax.ShapeDtypeStruct((B, P), jnp.int32),
+            "targets": jax.ShapeDtypeStruct((B, P), jnp.int32),
+            "weights": jax.ShapeDtypeStruct((B, P), jnp.float32)}
+
   def train_batch(self, step: int):
     return self._batch(self.train_rows, self.config.seed, step)
 

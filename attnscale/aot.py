@@ -1,0 +1,375 @@
+"""Ahead-of-time compilation for accelerators this machine does not have.
+
+    report = aot.compile_report(config, "tpu-v5e-8")     # what compile.py prints
+
+JAX compiles for targets it does not have. A TPU slice's devices come from
+libtpu's topology description (`jax.experimental.topologies.get_topology_desc`,
+what MaxText's train_compile.py does), H100s' from the CUDA plugin with a GPU
+target config (`targets/h100_sxm.txtpb`); `jax.jit(step).lower(shapes with
+shardings).compile()` then runs the real XLA (libtpu or CUDA) compiler on the
+real train and eval steps (`attnscale.steps`, the functions train.py runs), over
+the config's `mesh.data` x `mesh.fsdp` mesh of the target's devices. The
+compiled program answers what a run would need without running it: per-device
+memory (`memory_analysis`), FLOPs and bytes (`cost_analysis`), the attention
+kernel and the collectives (its HLO).
+
+What this verifies is compilation, kernel choice and memory; not numerics or
+speed on the chip, nor collectives at run time. The roofline step time
+(max(FLOPs / peak, bytes / bandwidth) per device) is a lower bound, an estimate.
+
+Install: libtpu (`pip install -e ".[tpu]"`) for the TPU targets, the CUDA
+plugin and cuDNN (`".[cuda12]"`) for the GPU ones; both need JAX 0.12
+(Python >= 3.12). A missing one is a one-line error naming the install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from attnscale import configlib, steps, tasks
+from attnscale import train_state as ts
+
+GiB = 2**30
+TARGET_DIR = os.path.join(os.path.dirname(__file__), "targets")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A compile target: its devices' description and the chip's published numbers.
+
+  Attributes:
+    platform: "tpu", "gpu" or "cpu".
+    topology: libtpu's topology name ("v5e:2x4"), or the GPU topology ("1x1x8").
+    memory_bytes: HBM per device.
+    peak_flops: dense bf16 FLOP/s per device.
+    bandwidth: HBM bytes/s per device.
+    wrap: the TPU torus' wrap-around links per axis.
+    gpu_config: the GPU target config file in `targets/`.
+  """
+
+  platform: str
+  topology: str = ""
+  memory_bytes: float = 0.0
+  peak_flops: float = 0.0
+  bandwidth: float = 0.0
+  wrap: tuple[bool, bool, bool] = (False, False, False)
+  gpu_config: str = ""
+
+
+# Published per-chip figures (Google Cloud TPU system architecture pages; NVIDIA's
+# H100 SXM5 datasheet): HBM, dense bf16 FLOP/s, HBM bandwidth. A TPU target's name
+# counts TensorCores as Cloud TPU names them (v4-8 and v5p-128: 2 per chip).
+_V4 = dict(memory_bytes=32 * GiB, peak_flops=275e12, bandwidth=1228e9)
+_V5E = dict(memory_bytes=16 * GiB, peak_flops=197e12, bandwidth=819e9)
+_V5P = dict(memory_bytes=95 * GiB, peak_flops=459e12, bandwidth=2765e9)
+_V6E = dict(memory_bytes=32 * GiB, peak_flops=918e12, bandwidth=1640e9)
+_H100 = dict(memory_bytes=84978434048, peak_flops=989e12, bandwidth=3.35e12,
+             gpu_config="h100_sxm.txtpb")
+TARGETS: dict[str, Target] = {
+    "tpu-v4-8": Target("tpu", "v4:2x2x1", **_V4),
+    "tpu-v5e-8": Target("tpu", "v5e:2x4", **_V5E),
+    "tpu-v5e-256": Target("tpu", "v5e:16x16", wrap=(True, True, False), **_V5E),
+    "tpu-v5p-8": Target("tpu", "v5p:2x2x1", **_V5P),
+    "tpu-v5p-128": Target("tpu", "v5p:4x4x4", wrap=(True, True, True), **_V5P),
+    "tpu-v6e-8": Target("tpu", "v6e:2x4", **_V6E),
+    "tpu-v6e-64": Target("tpu", "v6e:8x8", **_V6E),
+    "gpu-h100x1": Target("gpu", "1x1x1", **_H100),
+    "gpu-h100x8": Target("gpu", "1x1x8", **_H100),
+    "cpu": Target("cpu"),
+}
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+def target(name: str) -> Target:
+  """The target `name`; a one-line ValueError listing the known ones."""
+  if name not in TARGETS:
+    raise ValueError(f"--target must be one of {list(TARGETS)}, got {name!r}")
+  return TARGETS[name]
+
+
+def devices(name: str) -> list:
+  """The devices of target `name`: compile-only descriptions for TPUs and GPUs."""
+  t = target(name)
+  if t.platform == "cpu":
+    return jax.devices("cpu")
+  from jax.experimental import topologies
+  try:
+    if t.platform == "tpu":
+      topo = topologies.get_topology_desc(
+          platform="tpu", topology_name=t.topology, chip_config_name="default",
+          chips_per_host_bounds=(2, 2, 1), num_slices=1, wrap=t.wrap)
+    else:
+      with open(os.path.join(TARGET_DIR, t.gpu_config)) as f:
+        topo = topologies.get_topology_desc(platform="cuda", target_config=f.read(),
+                                            topology=t.topology)
+  except Exception as e:  # noqa: BLE001 - the plugin is missing or too old
+    extra = "tpu" if t.platform == "tpu" else "cuda12"
+    raise ValueError(f"--target={name} needs {'libtpu' if extra == 'tpu' else 'the CUDA plugin'}"
+                     f" (pip install -e \".[{extra}]\", JAX 0.12 on Python >= 3.12): "
+                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+  return list(topo.devices)
+
+
+def _sharded_bytes(tree) -> int:
+  """Bytes one device holds of `tree` (ShapeDtypeStructs with shardings)."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shard = x.sharding.shard_shape(x.shape)
+    total += math.prod(shard) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+def lower_steps(config, target_name: str):
+  """(train, eval) lowered for `target_name`, and what the report needs of the state.
+
+  The train step of `steps.make_train_step` and the eval step of
+  `steps.make_eval_step`, lowered with ShapeDtypeStructs: nothing is allocated.
+  """
+  devs = devices(target_name)
+  configlib.validate(config, num_devices=len(devs))
+  cfg = ts.model_config(config)
+  task = tasks.task_class(config).without_data(config)
+  mesh = ts.make_mesh(config, devs)
+  tx = ts.make_optimizer(config)
+  shapes = ts.state_shapes(config, tx)
+  shardings = ts.state_shardings(shapes, mesh)
+  state = _abstract(shapes, shardings)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: ts.init_model(config)), nnx.Param)
+  batch_sharding = ts.batch_sharding(mesh)
+  train_batch = _abstract(type(task).batch_spec(config),
+                          {k: batch_sharding for k in type(task).batch_spec(config)})
+  eval_spec = type(task).batch_spec(config, train=False)
+  eval_batch = _abstract(eval_spec, {k: batch_sharding for k in eval_spec})
+  train_step = steps.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
+  eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)
+  lowered = {"train_step": train_step.lower(state, train_batch),
+             "eval_step": eval_step.lower(state["params"], eval_batch)}
+  info = {"mesh": dict(mesh.shape), "devices": devs, "model": cfg, "state": state,
+          "train_batch": train_batch, "eval_batch": eval_batch}
+  return lowered, info
+
+
+def compile_report(config, target_name: str) -> dict[str, Any]:
+  """Compiles `config`'s train and eval steps for `target_name`; the report as a dict.
+
+  A program that does not fit the device is a row with fits=False (TPU: XLA's
+  compile-time out-of-memory; GPU: XLA does not refuse, so the memory analysis
+  is compared with the device's memory here), not an exception.
+  """
+  t = target(target_name)
+  lowered, info = lower_steps(config, target_name)
+  devs, cfg = info["devices"], info["model"]
+  params = info["state"]["params"]
+  num_params = sum(x.size for x in jax.tree.leaves(params))
+  memory_bytes = t.memory_bytes or _host_memory()
+  report = {
+      "target": target_name, "platform": t.platform,
+      "device_kind": devs[0].device_kind, "num_devices": len(devs), "mesh": info["mesh"],
+      "label": configlib.run_label(config), "dtype": cfg.dtype, "remat": cfg.remat,
+      "num_params": num_params, "device_memory_bytes": memory_bytes,
+      "peak_flops": t.peak_flops, "bandwidth": t.bandwidth,
+  }
+  tokens = {"train_step": config.batch_size * config.seq_len,
+            "eval_step": config.batch_size * config.seq_len}
+  for name, low in lowered.items():
+    fixed = {"parameters": _sharded_bytes(params),
+             "optimizer_state": (_sharded_bytes(info["state"]["opt_state"])
+                                 if name == "train_step" else 0),
+             "batch": _sharded_bytes(info["train_batch" if name == "train_step"
+                                          else "eval_batch"])}
+    analytic = analytic_flops(cfg, num_params, _position_params(params), tokens[name],
+                              train=name == "train_step") / len(devs)
+    batch = info["train_batch" if name == "train_step" else "eval_batch"]
+    report[name] = _compile(low, t, fixed, memory_bytes, analytic, params, batch, len(devs),
+                            (cfg.num_heads, cfg.kv_heads, cfg.head_dim))
+  return report
+
+
+def _host_memory() -> float:
+  try:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+  except (ValueError, OSError, AttributeError):
+    return 0.0
+
+
+def _position_params(params) -> int:
+  return sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
+             if "pos_embed" in jax.tree_util.keystr(path))
+
+
+def analytic_flops(cfg, num_params: int, position_params: int, tokens: int, *,
+                   train: bool) -> float:
+  """FLOPs of one step: (6N + 12 L T D) per token to train, a third of it to evaluate.
+
+  N excludes the position table (a lookup, no multiply); 12 L T D is attention's
+  q.k and p.v (forward 2 x 2 L T D per token, times 3 with the backward),
+  Kaplan et al. 2020 and nanoGPT's MFU estimate. Causal attention does half of
+  the T x T work, which this count, as theirs, ignores.
+  """
+  per_token = 6 * (num_params - position_params) + 12 * cfg.num_layers * cfg.block_size * cfg.width
+  return per_token * tokens / (1 if train else 3)
+
+
+def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
+             analytic_per_device: float, params, batch, num_devices: int,
+             model_dims) -> dict[str, Any]:
+  row: dict[str, Any] = {"memory": dict(fixed)}
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # noqa: BLE001 - XLA's out-of-memory, reported as a row
+    used = _oom_bytes(str(e))
+    if used is None:
+      raise
+    row["memory"].update({"total": used, "fits": False,
+                          "over_by": used - memory_bytes})
+    row["error"] = str(e).splitlines()[0][:300]
+    return row
+  mem = compiled.memory_analysis()
+  temp = int(getattr(mem, "temp_size_in_bytes", 0))
+  total = int(mem.argument_size_in_bytes + mem.output_size_in_bytes
+              - mem.alias_size_in_bytes + temp)
+  fits = total <= memory_bytes if memory_bytes else True
+  row["memory"].update({"temporaries": temp, "total": total, "fits": fits,
+                        "over_by": max(0, total - memory_bytes) if memory_bytes else 0})
+  hlo = compiled.as_text()
+  row["kernel"] = attention_kernel(hlo)
+  row["collectives"] = count_collectives(hlo)
+  row["activation_collectives"] = activation_collectives(hlo, params, batch, num_devices,
+                                                         model_dims)
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+  flops = float(cost.get("flops", 0.0)) or None
+  bytes_accessed = float(cost.get("bytes accessed", 0.0)) or None
+  row["flops"] = {"compiled_per_device": flops, "analytic_per_device": analytic_per_device}
+  row["bytes_accessed_per_device"] = bytes_accessed
+  if t.peak_flops:
+    # The GPU compiler gives no cost analysis: there the bound is the analytic
+    # FLOPs' alone, and no MFU follows from it.
+    compute_s = (flops or analytic_per_device) / t.peak_flops
+    memory_s = bytes_accessed / t.bandwidth if bytes_accessed else None
+    bound = max(compute_s, memory_s or 0.0)
+    row["roofline"] = {"compute_s": compute_s, "memory_s": memory_s, "step_s_lower_bound": bound,
+                       "best_mfu": (analytic_per_device / t.peak_flops / bound
+                                    if memory_s is not None else None)}
+  return row
+
+
+def _oom_bytes(message: str) -> float | None:
+  """The bytes a TPU program needed, from XLA's compile-time out-of-memory error."""
+  if "hbm" not in message.lower() and "RESOURCE_EXHAUSTED" not in message:
+    return None
+  m = re.search(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm", message)
+  if not m:
+    return float("nan")
+  unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+  return float(m.group(1)) * unit[m.group(2)]
+
+
+def attention_kernel(hlo: str) -> str:
+  """Which fused attention the compiled program holds: splash, cudnn or xla."""
+  if "splash_" in hlo and "tpu_custom_call" in hlo:
+    return "splash"
+  if "__cudnn$fmha" in hlo:
+    return "cudnn"
+  return "xla"
+
+
+_COLLECTIVE_RE = re.compile(r"=\s*(\([^=]*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+
+
+def count_collectives(hlo: str) -> dict[str, int]:
+  """How many of each collective the compiled HLO holds (async pairs counted once)."""
+  counts = dict.fromkeys(COLLECTIVES, 0)
+  for m in _COLLECTIVE_RE.finditer(hlo):
+    counts[m.group(2)] += 1
+  return counts
+
+
+_SHAPE_RE = re.compile(r"[a-z]+[0-9]*\[([\d,]*)\]")
+
+
+def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
+                           model_dims=()) -> list[str]:
+  """The collectives that move an activation, as their HLO result shapes.
+
+  FSDP's collectives move parameters (all-gather) and gradients (reduce-scatter,
+  all-reduce), which XLA may combine or concatenate, so sizes say little; but
+  an activation has a batch dimension: a result with an axis of the global or
+  per-device batch, or of its tokens (B, B T, and their shards over the
+  devices), that no parameter has, is listed, as is every all-to-all.
+  `model_dims` (heads, head dim) are parameter axes too: XLA gathers a
+  projection reshaped to [N, H, D]. A batch axis of the same size as one of
+  those is not caught (nanogpt: B = H = 64), but its B T is.
+  """
+  param_dims = {d for x in jax.tree.leaves(params) for d in x.shape} | set(model_dims)
+  batch_dims = set()
+  for x in jax.tree.leaves(batch_spec):
+    for n in (x.shape[0], math.prod(x.shape)):
+      batch_dims |= {n // d for d in range(1, num_devices + 1) if n % d == 0}
+  batch_dims -= param_dims | {1}
+  found = []
+  for m in _COLLECTIVE_RE.finditer(hlo):
+    dims = {int(d) for shape in _SHAPE_RE.findall(m.group(1)) for d in shape.split(",") if d}
+    if m.group(2) == "all-to-all" or dims & batch_dims:
+      found.append(f"{m.group(2)} {m.group(1)[:200]}")
+  return found
+
+
+def format_report(report: dict[str, Any]) -> str:
+  """The report as the table compile.py prints."""
+  g = lambda b: f"{b / GiB:.2f} GiB" if b is not None else "-"
+  lines = [f"{report['label']} | {report['dtype']} | remat {report['remat']} | "
+           f"{report['num_params'] / 1e6:.2f}M params",
+           f"target {report['target']}: {report['num_devices']} x {report['device_kind']} "
+           f"({g(report['device_memory_bytes'])} each) | mesh data {report['mesh']['data']} "
+           f"x fsdp {report['mesh']['fsdp']}"]
+  header = f"{'':26}{'train_step':>18}{'eval_step':>18}"
+  lines += ["", header]
+  rows = [("parameters / device", lambda r: g(r["memory"]["parameters"])),
+          ("optimizer state / device", lambda r: g(r["memory"]["optimizer_state"])),
+          ("batch / device", lambda r: g(r["memory"]["batch"])),
+          ("temporaries / device", lambda r: g(r["memory"].get("temporaries"))),
+          ("total / device", lambda r: g(r["memory"]["total"])),
+          ("fits", lambda r: ("yes" if r["memory"]["fits"] else
+                              f"no (+{g(r['memory']['over_by'])})")),
+          ("attention kernel", lambda r: r.get("kernel", "-")),
+          ("all-gather", lambda r: _count(r, "all-gather")),
+          ("reduce-scatter", lambda r: _count(r, "reduce-scatter")),
+          ("all-reduce", lambda r: _count(r, "all-reduce")),
+          ("all-to-all", lambda r: _count(r, "all-to-all")),
+          ("activation collectives", lambda r: (str(len(r["activation_collectives"]))
+                                                if "activation_collectives" in r else "-")),
+          ("FLOPs / device (XLA)", lambda r: _e(r.get("flops", {}).get("compiled_per_device"))),
+          ("FLOPs / device (6N+12LTD)", lambda r: _e(r.get("flops", {}).get(
+              "analytic_per_device"))),
+          ("step time >= (roofline)", lambda r: (f"{r['roofline']['step_s_lower_bound'] * 1e3:.2f} ms"
+                                                 if "roofline" in r else "-")),
+          ("best-case MFU (estimate)", lambda r: (f"{r['roofline']['best_mfu']:.0%}"
+                                                  if r.get("roofline", {}).get("best_mfu")
+                                                  else "-"))]
+  for label, fn in rows:
+    lines.append(f"{label:26}{fn(report['train_step']):>18}{fn(report['eval_step']):>18}")
+  lines.append("Compiled, not run: memory, kernel and collectives are the compiler's; the "
+               "step time is a lower bound.")
+  return "\n".join(lines)
+
+
+def _count(row, kind):
+  return str(row["collectives"][kind]) if "collectives" in row else "-"
+
+
+def _e(x):
+  return f"{x:.3g}" if x else "-"

@@ -1,0 +1,59 @@
+r"""Compiles a config's train and eval steps for a TPU slice or GPUs this machine lacks.
+
+  python compile.py --config=configs/shakespeare_char.py:preset=nanogpt --target=tpu-v5e-8 \
+      --config.model.dtype=bfloat16 --config.mesh.fsdp=8 --out=r.json
+
+Targets: tpu-v4-8, tpu-v5e-8, tpu-v5e-256, tpu-v5p-8, tpu-v5p-128, tpu-v6e-8,
+tpu-v6e-64, gpu-h100x1, gpu-h100x8, cpu (attnscale/aot.py). Prints one table
+(per-device memory against the device's, whether it fits, the attention kernel,
+the collectives, FLOPs, a roofline lower bound on the step time) and writes the
+same as JSON to --out. TPU targets need `pip install -e ".[tpu]"`, GPU targets
+`".[cuda12]"` (JAX 0.12, Python >= 3.12); run with JAX_PLATFORMS=cpu on a machine
+without the accelerator (this script sets it when unset). What is compiled is
+not run: docs say what that does and does not verify (README, "TPU pods and GPUs").
+"""
+
+import os
+
+# A TPU or GPU program is compiled, never run: the host's CPU is the only backend
+# JAX needs (and a plugin must not look for a device it would fail to open). Set
+# before anything imports JAX.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import functools  # noqa: E402
+import json  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from attnscale import cli  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
+                                          lock_config=True)
+_TARGET = flags.DEFINE_string("target", None, "What to compile for: tpu-v5e-8, gpu-h100x8, "
+                              "cpu, ... (attnscale.aot.TARGETS).")
+_OUT = flags.DEFINE_string("out", None, "Also write the report to this JSON file.")
+flags.mark_flags_as_required(["config", "target"])
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from attnscale import aot
+  try:
+    aot.target(_TARGET.value)  # an unknown target fails before any compiling
+    report = aot.compile_report(_CONFIG.value, _TARGET.value)
+  except ValueError as e:
+    cli.fail(str(e))
+  print(aot.format_report(report))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(report, f, indent=2, default=str)
+    print(f"wrote {_OUT.value}")
+
+
+parse_flags = functools.partial(cli.parse_flags, config_flag="config")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)
