@@ -15,6 +15,10 @@ coordinator listens, how many processes there are and which one this is:
 A bad flag (a missing config file, an override of a field the config lacks or
 of the wrong type, a --workdir that is a file) or a bad config value exits with
 one `error: ...` line naming it (attnscale/cli.py).
+
+Ctrl-C saves a checkpoint after the current step and exits 130 (a second one
+exits at once); SIGTERM saves and exits 0. A second train.py on a --workdir in
+use stops at start, naming the first (WORKDIR/LOCK; --force_lock takes it).
 """
 
 import functools
@@ -28,6 +32,9 @@ from attnscale import cli
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
+_FORCE_LOCK = flags.DEFINE_bool(
+    "force_lock", False, "Take WORKDIR/LOCK whoever holds it: for the lock of a run on "
+    "another host that is known to be over (README, \"Stopping and resuming\").")
 _MULTIHOST = cli.define_multihost_flags()  # --multihost, --coordinator_address, ...
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -40,9 +47,15 @@ def main(argv):
   cli.initialize_multihost(_MULTIHOST)  # before anything starts JAX's backend
   from attnscale import train_lib
   try:
-    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value, force_lock=_FORCE_LOCK.value)
   except (ValueError, FileNotFoundError, train_lib.NonFiniteLossError) as e:
     cli.fail(str(e))
+  except train_lib.Interrupted:  # Ctrl-C: saved, and said where
+    sys.exit(130)
+  except KeyboardInterrupt:  # Ctrl-C outside the loop's handler (start-up, the last save)
+    print("Ctrl-C outside the training steps: stopped without saving; rerunning the same "
+          "command resumes from the last checkpoint on disk", file=sys.stderr)
+    sys.exit(130)
 
 
 # A bad config argument (e.g. an unknown preset), override or config file fails

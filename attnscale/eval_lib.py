@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import ml_collections
@@ -32,15 +33,36 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def restore(config, workdir, step=None):
-  """(model, step, mesh) from the checkpoint `step` (default latest) of `workdir`."""
+  """(model, step, mesh) from the checkpoint `step` of `workdir`.
+
+  By default the newest checkpoint that can be read: newer ones that cannot (a
+  truncated file) get one warning line on stderr and stay where they are
+  (evaluating changes no checkpoint; train.py's rerun sets them aside).
+
+  Raises:
+    ValueError: no checkpoint (that can be read), or `step` cannot be read;
+      one line (the latter naming the steps that can).
+  """
   mesh = ts.evaluation_mesh(config)  # the run's FSDP sharding when it fits the devices here
   graphdef, state, shardings = ts.create_state(config, mesh)
   checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
-  step = checkpoints.latest_step() if step is None else step
-  if step is None:
-    raise ValueError(f"--workdir {workdir} has no checkpoint to evaluate")
-  state = checkpoints.restore(state, shardings, step)
-  checkpoints.close()
+  try:
+    if step is None:
+      if checkpoints.latest_step() is None:
+        raise ValueError(f"--workdir {workdir} has no checkpoint to evaluate")
+      state, step, damaged = checkpoints.restore_newest_intact(state, shardings)
+      if damaged and jax.process_index() == 0:
+        print(f"warning: {ts.describe_damaged(damaged)}; evaluating step {step}",
+              file=sys.stderr, flush=True)
+    else:
+      try:
+        state = checkpoints.restore(state, shardings, step)
+      except ts.DamagedCheckpointError as e:
+        intact = [s for s in checkpoints.intact_steps(state, shardings) if s != step]
+        raise ValueError(f"--step={step}: {e}; steps that can be read: "
+                         f"{', '.join(map(str, intact)) or 'none'}") from None
+  finally:
+    checkpoints.close()
   return nnx.merge(graphdef, state["params"]), step, mesh
 
 

@@ -2,17 +2,22 @@
 
 Random q, k, v; padding masks; every registered scaling with test parameters; a
 localhost file server for the data builders' download branches; the environment
-of a subprocess with fake CPU devices.
+of a subprocess with fake CPU devices; train.py in a subprocess, waiting on it,
+and a fingerprint of a run directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.server
 import os
+import subprocess
+import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +48,84 @@ def subprocess_env(xla_flags: Sequence[str] = (), **extra: str) -> dict[str, str
   names = {f.split("=", 1)[0] for f in xla_flags}
   kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=", 1)[0] not in names]
   return dict(os.environ, **extra, XLA_FLAGS=" ".join(kept + list(xla_flags)))
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
+
+def start_train_py(workdir, log_path, *flags: str, cache_dir=None,
+                   config: str = "configs/shakespeare_char.py:preset=test") -> subprocess.Popen:
+  """train.py `--config=config --workdir=workdir *flags` in a subprocess on the CPU,
+  from the repository root; its stdout and stderr are appended to `log_path`.
+
+  `cache_dir`: a persistent XLA cache the runs of one test share, so that the
+  run compiles once and every process runs the same executable.
+  """
+  env = subprocess_env(JAX_PLATFORMS="cpu")
+  if cache_dir is not None:
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  with open(log_path, "a") as log:
+    return subprocess.Popen(
+        [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}", *flags],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for(proc: subprocess.Popen, condition: Callable[[], bool], what: str,
+             log_path=None, timeout_s: float = 240.0) -> None:
+  """Polls `condition()` until it holds while `proc` runs. If the process ends
+  first or time runs out: kills it and fails, naming `what` and quoting the end
+  of `log_path`."""
+  deadline = time.monotonic() + timeout_s
+  while not condition():
+    ended, late = proc.poll() is not None, time.monotonic() > deadline
+    if ended or late:
+      _stop(proc)
+      raise AssertionError(f"ended before {what}: {_tail(log_path)}" if ended else
+                           f"no {what} after {timeout_s:.0f} s: {_tail(log_path)}")
+    time.sleep(0.01)
+
+
+def finish(proc: subprocess.Popen, log_path, returncode: int = 0,
+           timeout_s: float = 300.0) -> str:
+  """Waits for `proc` (killed after `timeout_s`), asserts its exit status and
+  returns what it wrote to `log_path`."""
+  try:
+    proc.wait(timeout=timeout_s)
+  finally:
+    _stop(proc)
+  output = _tail(log_path, None)
+  assert proc.returncode == returncode, output[-3000:]
+  return output
+
+
+def _stop(proc: subprocess.Popen) -> None:
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()
+
+
+def _tail(log_path, chars: int | None = 3000) -> str:
+  if log_path is None:
+    return ""
+  with open(log_path) as f:
+    text = f.read()
+  return text if chars is None else text[-chars:]
+
+
+def snapshot(path) -> dict[str, str] | None:
+  """{relative path: sha256 or "dir"} of everything under `path` (None if absent)."""
+  if not os.path.exists(path):
+    return None
+  out = {}
+  for root, dirs, files in os.walk(path):
+    for d in dirs:
+      out[os.path.relpath(os.path.join(root, d), path)] = "dir"
+    for name in files:
+      with open(os.path.join(root, name), "rb") as f:
+        out[os.path.relpath(os.path.join(root, name), path)] = hashlib.sha256(
+            f.read()).hexdigest()
+  return out
 
 
 def cpu_devices_env(num_devices: int, **extra: str) -> dict[str, str]:

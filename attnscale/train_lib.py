@@ -6,10 +6,14 @@
   devices of all processes (`config.mesh`; `train_state` shards the state).
 * Auto-resume from the latest orbax checkpoint in WORKDIR (state, data position
   and RNG: all three are functions of the saved step), periodic and final saves,
-  and a save on SIGTERM (preemption), at one step that every process agrees on
-  when there are several (`_Preemption`). After a hard kill (SIGKILL, a lost node)
-  the rerun supersedes what the killed process logged past that checkpoint
-  (`MetricsWriter(resume_step=...)`), so each step is logged once.
+  and a save on SIGTERM (preemption) or Ctrl-C, at one step that every process
+  agrees on when there are several (`attnscale.interrupts`). After a hard kill
+  (SIGKILL, a lost node) the rerun supersedes what the killed process logged
+  past that checkpoint (`MetricsWriter(resume_step=...)`), so each step is
+  logged once. A checkpoint that cannot be read (a truncated file) is set aside
+  and the run resumes from the newest one that can (`_resume`).
+* WORKDIR/LOCK while the run writes there (`attnscale.run_lock`): a second
+  run on the same directory stops at start, naming the first.
 * TensorBoard event files, metrics.jsonl and the resolved config.json in WORKDIR,
   a progress line with loss, steps/s and tokens/s, periodic validation loss:
   written and printed by process 0 only (the values are global). Every process
@@ -27,9 +31,9 @@ here (`train_lib.make_train_step`, ...) for the callers that use them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import time
 
 import jax
@@ -37,7 +41,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from attnscale import configlib, metrics_writer, tasks
+from attnscale import configlib, interrupts, metrics_writer, run_lock, tasks
 from attnscale import train_state as ts
 from attnscale.metrics_writer import MetricsWriter
 # Re-exported: tests, notebooks and benchmarks reach the steps through train_lib.
@@ -107,45 +111,53 @@ def _flat_diff(old, new, prefix=""):
       yield f"{prefix}{key}", a, b
 
 
-class _Preemption:
-  """SIGTERM (preemption): save a checkpoint at a step boundary, then stop.
+# The loop's signal handling (SIGTERM, Ctrl-C): attnscale/interrupts.py.
+_Preemption = interrupts.Preemption
+Interrupted = interrupts.Interrupted
 
-  One process: a SIGTERM handler sets a flag the loop reads at each step
-  boundary. Several processes: a save is collective, and each process would
-  see its signal at a different step (or only one gets it), so the step is
-  agreed by JAX's preemption sync manager, which `jax.distributed.initialize`
-  starts and which catches SIGTERM itself (no Python handler goes over it):
-  every process asks `reached_preemption_sync_point(step)` at every step and
-  all get True at the same one, the largest step any process had reached plus
-  one (jax.experimental.multihost_utils; orbax's CheckpointManager uses it too).
+
+@contextlib.contextmanager
+def _workdir_lock(workdir: str, force: bool):
+  """Holds WORKDIR/LOCK for the run (`attnscale.run_lock`); yields the lock.
+
+  Process 0 takes it for all; if it cannot, every process stops (the others
+  with a line pointing to process 0's error).
+
+  Raises:
+    run_lock.LockedError: another run holds the lock (one line, naming it).
   """
-
-  def __enter__(self):
-    self._flag = False
-    self._several = jax.process_count() > 1
-    if not self._several:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    self._flag = True
-
-  def reached(self, step: int) -> bool:
-    """Whether to save after `step` and stop; every process calls it at every step."""
-    if self._several:
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self._flag
-
-  def __exit__(self, *exc):
-    if not self._several:
-      # None: the previous handler was not Python's (jax.distributed's, in
-      # a run of one process); the loop is over, so the default will do.
-      signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None
-                    else self._previous)
+  lock, error = run_lock.RunLock(workdir, force=force, note=log), None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except run_lock.LockedError as e:
+      error = e
+  if jax.process_count() > 1:
+    taken = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+    if not taken and error is None:
+      error = run_lock.LockedError(f"process 0 could not lock --workdir {workdir} "
+                                   "(its error says why)")
+  if error is not None:
+    raise error
+  try:
+    yield lock
+  finally:
+    lock.release()
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains (or resumes) the run in `workdir`; returns the final metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       force_lock: bool = False) -> dict[str, float]:
+  """Trains (or resumes) the run in `workdir`; returns the final metrics.
+
+  `force_lock`: take WORKDIR/LOCK whoever holds it (train.py's --force_lock).
+
+  Raises:
+    Interrupted: Ctrl-C stopped the run, after saving a checkpoint.
+    run_lock.LockedError: another run holds WORKDIR/LOCK (nothing is touched).
+    ValueError: a bad config, another experiment's workdir, or no checkpoint
+      that can be read (one line each).
+    NonFiniteLossError: the loss became NaN/inf.
+  """
   # Everything that can be wrong with the config fails here, before the
   # workdir is created or touched.
   configlib.validate(config, num_devices=jax.device_count())
@@ -157,15 +169,42 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # Before the workdir: a parameter that config.mesh.fsdp cannot split fails here.
   graphdef, state, shardings = ts.create_state(config, mesh, tx)
   os.makedirs(workdir, exist_ok=True)
-  save_config(config, workdir)
+  with _workdir_lock(workdir, force_lock) as lock:
+    save_config(config, workdir)
+    return _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state,
+                  shardings, lock)
 
+
+def _resume(checkpoints: ts.Checkpoints, state: ts.State, shardings, workdir: str):
+  """`state` from the newest checkpoint that can be read (unchanged if none).
+
+  Newer ones that cannot be read are set aside (`Checkpoints.set_aside`: moved
+  to WORKDIR/damaged_checkpoints, not deleted), with one warning line.
+  """
+  if checkpoints.latest_step() is None:
+    return state
+  state, step, damaged = checkpoints.restore_newest_intact(state, shardings)
+  for error in damaged:
+    checkpoints.set_aside(error.step)
+  if damaged:
+    log(f"warning: {ts.describe_damaged(damaged)}; resuming from step {step}; the "
+        f"damaged files are kept in {os.path.join(workdir, ts.DAMAGED_DIR)}")
+  log(f"resumed from {workdir} at step {step}")
+  if int(state["last_losses"]["count"]) == 0:
+    log("  (the checkpoint predates the saved loss window: loss_last20 averages "
+        "only the steps from here on)")
+  return state
+
+
+def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, shardings,
+           lock: run_lock.RunLock) -> dict[str, float]:
+  """The training loop of `train_and_evaluate`, in its locked workdir."""
   checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
-  if checkpoints.latest_step() is not None:
-    state = checkpoints.restore(state, shardings)
-    log(f"resumed from {workdir} at step {int(state['step'])}")
-    if int(state["last_losses"]["count"]) == 0:
-      log("  (the checkpoint predates the saved loss window: loss_last20 averages "
-          "only the steps from here on)")
+  try:
+    state = _resume(checkpoints, state, shardings, workdir)
+  except BaseException:
+    checkpoints.close()
+    raise
   train_step = make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
   eval_step = make_eval_step(graphdef, task, shardings["params"], batch_sharding)
   step = int(state["step"])
@@ -182,10 +221,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   last_good = checkpoints.latest_step()
   start_time = time.perf_counter() - elapsed_before
-  pending, summary, first_step = [], {}, True
+  pending, summary, first_step, preempted = [], {}, True, False
   tick, tick_step = time.perf_counter(), step
   try:
-    with _Preemption() as preemption:
+    with _Preemption(before_exit=lock.release) as preemption:
       while step < config.num_train_steps:
         batch = global_batch(task.train_batch(step), batch_sharding)
         if first_step:  # report compile time (target: < 10 s for the cpu preset)
@@ -242,11 +281,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           checkpoints.save(step, state)
           last_good = step
         if preempted:
-          log(f"SIGTERM: saved a checkpoint at step {step} in {workdir}; exiting")
+          if preemption.interrupted:
+            log(f"Ctrl-C: saved a checkpoint at step {step} in {workdir}; rerunning "
+                "the same command resumes from it")
+          else:
+            log(f"SIGTERM: saved a checkpoint at step {step} in {workdir}; exiting")
           break
   finally:
     checkpoints.close()
     writer.close()
+  if preempted and preemption.interrupted:
+    raise Interrupted(f"Ctrl-C: saved a checkpoint at step {step} in {workdir}")
   return {"step": step, **summary}
 
 

@@ -371,7 +371,7 @@ def test_eval_in_two_processes_matches_one(one_process, tmp_path, cache_dir):
 
 # The pieces, in two small processes (no train.py): which rows each process's
 # devices hold, a checkpoint of FSDP-sharded arrays written by both, and a
-# SIGTERM to one process stopping both at the same step.
+# SIGTERM or a Ctrl-C to one process stopping both at the same step.
 _PIECES = r"""
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -406,11 +406,13 @@ with train_lib._Preemption() as preemption:
 print(json.dumps({"rows_in_place": bool((gathered_GxC == rows_GxC).all()),
                   "w_spec": list(shardings["w"].spec), "g_spec": list(shardings["g"].spec),
                   "local_w_shards": len(state["w"].addressable_shards),
-                  "preempted_at": step}), flush=True)
+                  "preempted_at": step, "interrupted": preemption.interrupted}), flush=True)
 """
 
 
-def test_two_processes_rows_checkpoint_and_preemption(tmp_path):
+# A Ctrl-C to one process stops both at one step, as a SIGTERM does (it becomes one).
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
+def test_two_processes_rows_checkpoint_and_preemption(tmp_path, signum):
   port, workdir = free_port(), str(tmp_path / "run")
   env = readme_env()
   logs = [tmp_path / f"{i}.out" for i in range(NUM_PROCESSES)]
@@ -426,7 +428,7 @@ def test_two_processes_rows_checkpoint_and_preemption(tmp_path):
       assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, [
           log.read_text()[-2000:] for log in logs]
       time.sleep(0.05)
-    procs[1].send_signal(signal.SIGTERM)  # one process only: both must stop
+    procs[1].send_signal(signum)  # one process only: both must stop
     for p in procs:
       p.wait(timeout=TIMEOUT_S)
   finally:
@@ -442,6 +444,7 @@ def test_two_processes_rows_checkpoint_and_preemption(tmp_path):
     assert report["g_spec"] == []  # vectors stay replicated
     assert report["local_w_shards"] == 2
   assert reports[0]["preempted_at"] == reports[1]["preempted_at"] > 1
+  assert [r["interrupted"] for r in reports] == [False, signum == signal.SIGINT]
 
   # Both processes' shards make one checkpoint, which restores here on 1 device.
   mesh = ts.make_mesh()

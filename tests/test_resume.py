@@ -9,9 +9,6 @@ import json
 import os
 import signal
 import struct
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +18,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tensorboardX.proto import event_pb2
 
-from attnscale import metrics_writer
+from attnscale import metrics_writer, testing
 from attnscale.sweeps import checkpoint_steps
 from attnscale import train_state as ts
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_STEPS, CHECKPOINT_EVERY = 600, 100  # ~100 steps/s on 2 CPU cores: seconds to kill in
 
 
@@ -67,23 +63,16 @@ def tb_scalars_as_shown(logdir):
 
 
 def start_train_py(workdir, tfds_dir, cache_dir, log_path):
-  # One XLA cache for the three processes: the run compiles once, and every
-  # process runs the same executable.
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  with open(log_path, "a") as log:
-    return subprocess.Popen(
-        [sys.executable, "train.py", "--config=configs/shakespeare_char.py:preset=test",
-         f"--workdir={workdir}", f"--config.data_dir={tfds_dir}",
-         f"--config.num_train_steps={NUM_STEPS}", "--config.log_every=1",
-         f"--config.checkpoint_every={CHECKPOINT_EVERY}",
-         f"--config.eval_every={NUM_STEPS}"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+  # One XLA cache for the three processes: the run compiles once.
+  return testing.start_train_py(
+      workdir, log_path, f"--config.data_dir={tfds_dir}",
+      f"--config.num_train_steps={NUM_STEPS}", "--config.log_every=1",
+      f"--config.checkpoint_every={CHECKPOINT_EVERY}", f"--config.eval_every={NUM_STEPS}",
+      cache_dir=cache_dir)
 
 
 def run_to_end(workdir, tfds_dir, cache_dir, log_path):
-  proc = start_train_py(workdir, tfds_dir, cache_dir, log_path)
-  assert proc.wait(timeout=300) == 0, log_path.read_text()[-3000:]
+  testing.finish(start_train_py(workdir, tfds_dir, cache_dir, log_path), log_path)
 
 
 @pytest.mark.slow
@@ -93,17 +82,14 @@ def test_sigkill_then_rerun_equals_uninterrupted_run(tfds_dir, tmp_path):
   run_to_end(uninterrupted, tfds_dir, cache, log)
 
   # Kill once a checkpoint is on disk and steps after it are logged.
+  def past_a_checkpoint():
+    saved = checkpoint_steps(resumed)
+    logged = [r["step"] for r in metrics_writer.read_rows(resumed)]
+    return bool(saved and logged and logged[-1] >= saved[-1] + 5)
+
   proc = start_train_py(resumed, tfds_dir, cache, log)
   try:
-    deadline = time.monotonic() + 240
-    while True:
-      assert proc.poll() is None, f"train.py ended before the kill: {log.read_text()[-3000:]}"
-      assert time.monotonic() < deadline, "no checkpoint after 240 s"
-      saved = checkpoint_steps(resumed)
-      logged = [r["step"] for r in metrics_writer.read_rows(resumed)]
-      if saved and logged and logged[-1] >= saved[-1] + 5:
-        break
-      time.sleep(0.01)
+    testing.wait_for(proc, past_a_checkpoint, "a checkpoint and 5 steps past it", log)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
   finally:
@@ -117,6 +103,9 @@ def test_sigkill_then_rerun_equals_uninterrupted_run(tfds_dir, tmp_path):
 
   run_to_end(resumed, tfds_dir, cache, log)
   assert f"resumed from {resumed} at step {restored_step}" in log.read_text()
+  # The killed process's WORKDIR/LOCK: its pid is gone, so the rerun took it over.
+  assert f"taking over {resumed}/LOCK from process {proc.pid} " in log.read_text()
+  assert not os.path.exists(os.path.join(resumed, "LOCK"))  # released at the end
 
   rows_a, rows_b = read_rows(uninterrupted), read_rows(resumed)
   train_a = {r["step"]: r for r in rows_a if "train/loss" in r}

@@ -10,7 +10,6 @@ Needs $ATTNSCALE_DATA (CI sets it); nothing touches the network.
 """
 
 import glob
-import hashlib
 import json
 import math
 import os
@@ -19,7 +18,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -73,19 +71,7 @@ def assert_states_equal(a, b):
     np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
 
 
-def snapshot(path):
-  """{relative path: sha256 or "dir"} of everything under `path` (None if absent)."""
-  if not os.path.exists(path):
-    return None
-  out = {}
-  for root, dirs, files in os.walk(path):
-    for d in dirs:
-      out[os.path.relpath(os.path.join(root, d), path)] = "dir"
-    for name in files:
-      with open(os.path.join(root, name), "rb") as f:
-        out[os.path.relpath(os.path.join(root, name), path)] = hashlib.sha256(
-            f.read()).hexdigest()
-  return out
+snapshot = testing.snapshot
 
 
 def _crc32c(data: bytes) -> int:
@@ -480,31 +466,16 @@ def test_golden_loss_after_one_step(run_a, tfds_dir, tmp_path):
 
 
 def test_sigterm_saves_and_exits_cleanly(tfds_dir, tmp_path):
-  workdir = tmp_path / "run"
+  workdir, log = tmp_path / "run", tmp_path / "log"
   total, every = 2000, 1000
-  out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
-  with open(out_path, "w") as out, open(err_path, "w") as err:
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", "--config=configs/shakespeare_char.py:preset=test",
-         f"--workdir={workdir}", f"--config.data_dir={tfds_dir}",
-         f"--config.num_train_steps={total}", f"--config.checkpoint_every={every}",
-         f"--config.eval_every={every}"],
-        cwd=ROOT, stdout=out, stderr=err)
-    try:
-      metrics = workdir / "metrics.jsonl"
-      deadline = time.monotonic() + 120
-      while not (metrics.exists() and metrics.read_text().strip()):
-        assert proc.poll() is None, f"train.py exited early: {err_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "no metrics after 120 s"
-        time.sleep(0.05)
-      proc.send_signal(signal.SIGTERM)
-      proc.wait(timeout=120)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-  stdout = out_path.read_text()
-  assert proc.returncode == 0, err_path.read_text()[-3000:]
+  proc = testing.start_train_py(
+      workdir, log, f"--config.data_dir={tfds_dir}", f"--config.num_train_steps={total}",
+      f"--config.checkpoint_every={every}", f"--config.eval_every={every}")
+  metrics = workdir / "metrics.jsonl"
+  testing.wait_for(proc, lambda: metrics.exists() and metrics.read_text().strip(),
+                   "metrics", log, timeout_s=120)
+  proc.send_signal(signal.SIGTERM)
+  stdout = testing.finish(proc, log, timeout_s=120)
   saved = re.search(r"SIGTERM: saved a checkpoint at step (\d+)", stdout)
   assert saved, stdout[-3000:]
   step = int(saved.group(1))

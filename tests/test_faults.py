@@ -1,0 +1,299 @@
+"""Faults a long run meets, with real signals and real files: Ctrl-C (once, and
+twice), a truncated file in the newest checkpoint (and in every checkpoint), a
+second train.py on a run directory in use, and the lock a killed process left.
+
+Each end-to-end test ends where one uninterrupted train.py run of the same
+command does (module fixture): every step logged once, the same losses, bit
+for bit (CPU). The runs share one XLA cache, so only the first one compiles.
+
+Needs $ATTNSCALE_DATA (CI sets it).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from attnscale import eval_lib, metrics_writer, run_lock, testing, train_lib
+from attnscale import train_state as ts
+from attnscale.interrupts import SECOND_CTRL_C
+from attnscale.sweeps import checkpoint_steps
+
+# Checkpoints at 100, 200 and 300 (the preset keeps 3); ~100 steps/s with a row each.
+NUM_STEPS, CHECKPOINT_EVERY = 300, 100
+# Each row's values, without the timings (steps/s, elapsed_s).
+COMPARED = ("train/loss", "train/grad_norm", "train/loss_last20", "train/lr", "val/loss")
+
+# The in-process restores (eval_lib) compile once per module.
+pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("xla_cache_faults")
+
+
+@pytest.fixture(scope="module")
+def start(tfds_dir, cache_dir):
+  """start(workdir, log_path): the test command in a subprocess."""
+  def start(workdir, log_path):
+    return testing.start_train_py(
+        workdir, log_path, f"--config.data_dir={tfds_dir}",
+        f"--config.num_train_steps={NUM_STEPS}", "--config.log_every=1",
+        f"--config.checkpoint_every={CHECKPOINT_EVERY}", f"--config.eval_every={NUM_STEPS}",
+        cache_dir=cache_dir)
+  return start
+
+
+finish = testing.finish
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(start, tmp_path_factory):
+  """The run directory of the command run once, start to end."""
+  tmp = tmp_path_factory.mktemp("uninterrupted")
+  finish(start(str(tmp / "run"), tmp / "log"), tmp / "log")
+  return str(tmp / "run")
+
+
+def trajectory(workdir):
+  """[(step, {key: value})] of metrics.jsonl, in order, without the timings."""
+  return [(r["step"], {k: r[k] for k in COMPARED if k in r})
+          for r in metrics_writer.read_rows(workdir)]
+
+
+def assert_same_run(workdir, reference):
+  rows = trajectory(workdir)
+  assert [s for s, r in rows if "train/loss" in r] == list(range(1, NUM_STEPS + 1))
+  assert rows == trajectory(reference)  # each step once, the same values, bit for bit
+  assert checkpoint_steps(workdir) == checkpoint_steps(reference)
+  assert not os.path.exists(os.path.join(workdir, run_lock.LOCK_FILE))
+
+
+def training(workdir):
+  """A condition for `testing.wait_for`: a step after the first is logged."""
+  return lambda: len(metrics_writer.read_rows(workdir)) >= 2
+
+
+def lines_starting(output, prefix):
+  return [line for line in output.splitlines() if line.startswith(prefix)]
+
+
+def truncate(path):
+  """Cuts a file to half its size, as a full disk or a failing volume leaves it."""
+  os.truncate(path, os.path.getsize(path) // 2)
+
+
+# ---------------------------------------------------------------------------
+# Ctrl-C.
+
+
+def test_ctrl_c_saves_exits_130_and_rerun_equals_uninterrupted_run(start, uninterrupted,
+                                                                    tmp_path):
+  workdir, log = str(tmp_path / "run"), tmp_path / "log"
+  proc = start(workdir, log)
+  testing.wait_for(proc, training(workdir), "a logged step", log)
+  proc.send_signal(signal.SIGINT)
+  output = finish(proc, log, returncode=130)
+  stops = lines_starting(output, "Ctrl-C")
+  assert len(stops) == 1, output[-3000:]
+  step = checkpoint_steps(workdir)[-1]
+  assert stops[0] == (f"Ctrl-C: saved a checkpoint at step {step} in {workdir}; "
+                      "rerunning the same command resumes from it")
+  assert 1 < step < NUM_STEPS, "the Ctrl-C came too late to test anything"
+  assert "Traceback" not in output
+  assert metrics_writer.read_rows(workdir)[-1]["step"] == step  # a save also logs
+  assert not os.path.exists(os.path.join(workdir, run_lock.LOCK_FILE))
+
+  output = finish(start(workdir, log), log)
+  assert f"resumed from {workdir} at step {step}" in output
+  assert_same_run(workdir, uninterrupted)
+
+
+# The loop's signal handling alone: a first Ctrl-C is taken at the next step
+# boundary; the second, during a save that takes its time, ends the process then.
+_TWO_CTRL_C = r"""
+import time
+from attnscale import interrupts
+
+with interrupts.Preemption(before_exit=lambda: print("lock released", flush=True)) as stop:
+  print("looping", flush=True)
+  while not stop.reached(1):
+    time.sleep(0.01)
+  print(f"saving (interrupted: {stop.interrupted})", flush=True)
+  time.sleep(120)
+"""
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path):
+  log = tmp_path / "log"
+  with open(log, "w") as out:
+    proc = subprocess.Popen([sys.executable, "-c", _TWO_CTRL_C], cwd=testing.ROOT,
+                            env=testing.subprocess_env(JAX_PLATFORMS="cpu"),
+                            stdout=out, stderr=subprocess.STDOUT)
+  testing.wait_for(proc, lambda: "looping" in log.read_text(), "the loop", log)
+  proc.send_signal(signal.SIGINT)
+  testing.wait_for(proc, lambda: "saving" in log.read_text(), "the first stop", log)
+  proc.send_signal(signal.SIGINT)
+  assert finish(proc, log, returncode=130, timeout_s=60).splitlines() == [
+      "looping", "saving (interrupted: True)", SECOND_CTRL_C.strip(), "lock released"]
+
+
+# ---------------------------------------------------------------------------
+# A damaged checkpoint.
+
+
+def test_damaged_newest_checkpoint_is_set_aside_and_rerun_equals_uninterrupted_run(
+    start, uninterrupted, tmp_path, capsys):
+  workdir, log = str(tmp_path / "run"), tmp_path / "log"
+  shutil.copytree(uninterrupted, workdir)
+  newest = os.path.join(workdir, "checkpoints", str(NUM_STEPS))
+  truncate(os.path.join(newest, "default", "_sharding"))  # the file of the issue's report
+  damaged = testing.snapshot(newest)
+  previous = NUM_STEPS - CHECKPOINT_EVERY
+
+  # eval.py: the newest checkpoint that can be read; a --step that cannot be
+  # read fails, naming those that can. Nothing on disk changes.
+  config = eval_lib.load_config(workdir)
+  assert eval_lib.restore(config, workdir)[1] == previous
+  warnings = capsys.readouterr().err.splitlines()
+  assert warnings == [f"warning: checkpoint {NUM_STEPS} in {workdir}/checkpoints cannot be "
+                      f"read (FAILED_PRECONDITION: Error reading local file "
+                      f"\"{newest}/default/_sharding\": Invalid JSON); evaluating step "
+                      f"{previous}"]
+  with pytest.raises(ValueError) as info:
+    eval_lib.restore(config, workdir, step=NUM_STEPS)
+  message = str(info.value)
+  assert message.startswith(f"--step={NUM_STEPS}: checkpoint {NUM_STEPS} in ") and (
+      message.endswith("cannot be read (FAILED_PRECONDITION: Error reading local file "
+                       f"\"{newest}/default/_sharding\": Invalid JSON); steps that can be "
+                       f"read: {CHECKPOINT_EVERY}, {previous}")), message
+  assert testing.snapshot(newest) == damaged
+
+  # train.py: resumes from the previous checkpoint; the damaged one is kept, moved.
+  output = finish(start(workdir, log), log)
+  kept = os.path.join(workdir, ts.DAMAGED_DIR, str(NUM_STEPS))
+  assert lines_starting(output, "warning:") == [
+      f"warning: checkpoint {NUM_STEPS} in {workdir}/checkpoints cannot be read "
+      f"(FAILED_PRECONDITION: Error reading local file \"{newest}/default/_sharding\": "
+      f"Invalid JSON); resuming from step {previous}; the damaged files are kept in "
+      f"{workdir}/{ts.DAMAGED_DIR}"]
+  assert f"resumed from {workdir} at step {previous}" in output
+  assert testing.snapshot(kept) == damaged  # nothing deleted, byte for byte
+  assert_same_run(workdir, uninterrupted)
+
+
+def test_no_checkpoint_that_can_be_read_is_one_line_and_touches_nothing(uninterrupted,
+                                                                       tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(uninterrupted, workdir)
+  for step in checkpoint_steps(workdir):
+    truncate(os.path.join(workdir, "checkpoints", str(step), "default", "_sharding"))
+  before = testing.snapshot(workdir)
+  config = eval_lib.load_config(workdir)
+  for run in (lambda: train_lib.train_and_evaluate(config, workdir),
+              lambda: eval_lib.restore(config, workdir)):
+    with pytest.raises(ValueError) as info:
+      run()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(
+        "no checkpoint can be read: checkpoints 300, 200, 100 in "), message
+    assert "the run directory is left as it is" in message
+    assert testing.snapshot(workdir) == before
+
+
+# ---------------------------------------------------------------------------
+# Two processes on one run directory.
+
+
+def test_second_process_is_refused_and_the_first_finishes_untouched(start, uninterrupted,
+                                                                    tmp_path):
+  workdir = str(tmp_path / "run")
+  first_log, second_log = tmp_path / "first", tmp_path / "second"
+  first = start(workdir, first_log)
+  try:
+    testing.wait_for(first, training(workdir), "a logged step", first_log)
+    first.send_signal(signal.SIGSTOP)  # alive and holding the lock, and nothing changes
+    before = testing.snapshot(workdir)
+    output = finish(start(workdir, second_log), second_log, returncode=1)
+    assert output.strip().splitlines()[-1].startswith(
+        f"error: --workdir {workdir} is in use by process {first.pid} on host "
+        f"{socket.gethostname()} (since "), output[-3000:]
+    assert testing.snapshot(workdir) == before
+  finally:
+    first.send_signal(signal.SIGCONT)
+  finish(first, first_log)
+  assert_same_run(workdir, uninterrupted)
+  assert len(os.listdir(os.path.join(workdir, "tensorboard"))) == 1  # the first's only
+
+
+# What a killed train.py leaves: the lock, taken by a process that is then SIGKILLed.
+_HOLD_LOCK = r"""
+import sys, time
+from attnscale import run_lock
+
+run_lock.RunLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_lock_of_a_killed_process_is_taken_over(tmp_path):
+  log = tmp_path / "log"
+  with open(log, "w") as out:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path)],
+                              cwd=testing.ROOT, stdout=out, stderr=subprocess.STDOUT)
+  testing.wait_for(holder, lambda: "locked" in log.read_text(), "the lock", log)
+  try:
+    with pytest.raises(run_lock.LockedError, match=f"in use by process {holder.pid} "):
+      run_lock.RunLock(str(tmp_path)).acquire()
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  notes = []
+  with run_lock.RunLock(str(tmp_path), note=notes.append) as lock:
+    assert run_lock.read(lock.path)["pid"] == os.getpid()
+  assert len(notes) == 1 and notes[0].startswith(
+      f"note: taking over {tmp_path}/LOCK from process {holder.pid} on host "
+      f"{socket.gethostname()} (since "), notes
+  assert notes[0].endswith("which is no longer running")
+  assert not os.path.exists(lock.path)
+
+
+def test_lock_from_another_host_is_reported_with_the_ways_out(tmp_path):
+  path = tmp_path / run_lock.LOCK_FILE
+  other = {"host": "tpu-worker-0", "pid": os.getpid(), "since": "2025-01-01 12:00:00"}
+  path.write_text(json.dumps(other) + "\n")
+  with pytest.raises(run_lock.LockedError) as info:
+    run_lock.RunLock(str(tmp_path)).acquire()
+  assert str(info.value) == (
+      f"--workdir {tmp_path} is locked by process {os.getpid()} on host tpu-worker-0 "
+      "(since 2025-01-01 12:00:00), which cannot be checked from here: if that run is "
+      f"over, rerun with --force_lock or delete {path}")
+  assert json.loads(path.read_text()) == other  # untouched
+  notes = []
+  with run_lock.RunLock(str(tmp_path), force=True, note=notes.append):
+    assert run_lock.read(str(path))["host"] == socket.gethostname()
+  assert notes == [f"note: --force_lock: taking over {path} from process {os.getpid()} on "
+                   "host tpu-worker-0 (since 2025-01-01 12:00:00)"]
+  assert not path.exists()
+
+
+def test_lock_of_a_reused_pid_is_stale_and_an_unreadable_one_is_reported(tmp_path):
+  path = tmp_path / run_lock.LOCK_FILE
+  if run_lock.process_start(os.getpid()) is not None:  # Linux: pids are told apart
+    # This process's pid, but a process that started at another time wrote it.
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                "pid_start": run_lock.process_start(os.getpid()) - 1}))
+    notes = []
+    with run_lock.RunLock(str(tmp_path), note=notes.append):
+      pass
+    assert len(notes) == 1 and notes[0].endswith("which is no longer running"), notes
+  path.write_text("")  # torn, or made by hand
+  with pytest.raises(run_lock.LockedError, match="holds an unreadable .*--force_lock"):
+    run_lock.RunLock(str(tmp_path)).acquire()
