@@ -21,7 +21,8 @@ from absl import app, flags, logging
 from attnscale import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A train.py run directory.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest that "
+                             "can be read; a damaged newer one gets a warning line).")
 _PROMPT = flags.DEFINE_string("prompt", "\n", "Sampling prompt.")
 _LENGTH = flags.DEFINE_integer("length", 300, "Characters to sample.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Sampling temperature.")

@@ -68,8 +68,12 @@ class RunLock:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
       except FileExistsError:  # taken between the read and here (no flock here)
         raise LockedError(self._in_use(read(self.path) or {})) from None
-      with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(self.me) + "\n")
+      try:
+        with os.fdopen(fd, "w") as f:
+          f.write(json.dumps(self.me) + "\n")
+      except BaseException:  # a full disk, say: leave no empty lock behind
+        os.remove(self.path)
+        raise
     self.held = True
 
   def _check_takeover(self, holder: dict) -> None:
@@ -99,7 +103,8 @@ class RunLock:
       self.held = False
       holder = read(self.path) or {}
       if all(holder.get(k) == self.me[k] for k in ("host", "pid", "pid_start")):
-        os.remove(self.path)
+        with contextlib.suppress(FileNotFoundError):  # deleted by hand meanwhile
+          os.remove(self.path)
 
   def __enter__(self) -> RunLock:
     self.acquire()
