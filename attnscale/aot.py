@@ -101,6 +101,9 @@ def devices(name: str) -> list:
   if t.platform == "cpu":
     return jax.devices("cpu")
   from jax.experimental import topologies
+  # libtpu takes a machine-wide lock file to guard a TPU; compiling opens none,
+  # so several compiling processes (pytest workers, a benchmark) may share it.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     if t.platform == "tpu":
       topo = topologies.get_topology_desc(

@@ -12,7 +12,10 @@ on the model axis (an embedding table [V, D] whose largest axis fsdp divides is
 D) makes it shard the residual stream on D instead, all-gather the token ids
 and every activation, and hold all-to-alls: found by compiling the nanogpt
 preset for TPU v5e-8 and 8 H100s at fsdp=8 (`compile.py`). `constrain_batch`
-tells it the layout where the residual stream starts.
+tells it the layout where the residual stream starts, and `gathered` that a
+table looked up by token (an embedding, the tied readout) is all-gathered
+whole before use, as FSDP does with every weight: left to itself XLA looks up
+in the D-sharded table and all-to-alls the result (GPT-2 small on TPU).
 
 Dimension legend: B batch.
 """
@@ -44,3 +47,16 @@ def constrain_batch(x_B: jax.Array) -> jax.Array:
     return x_B
   spec = P(MESH_AXES, *(None,) * (x_B.ndim - 1))
   return jax.lax.with_sharding_constraint(x_B, jax.sharding.NamedSharding(mesh, spec))
+
+
+def gathered(w: jax.Array) -> jax.Array:
+  """The weight `w` whole on every device where it is used (FSDP's all-gather).
+
+  Its stored layout is unchanged (sharded over `fsdp`); the gradient flows back
+  into it reduce-scattered. The identity outside a mesh.
+  """
+  mesh = current_mesh()
+  if mesh is None:
+    return w
+  return jax.lax.with_sharding_constraint(
+      w, jax.sharding.NamedSharding(mesh, P(*(None,) * w.ndim)))

@@ -54,7 +54,7 @@ from attnscale.steps import (dropout_key, evaluate, evaluate_sums, global_batch,
 # only under a constant learning rate: it is the length of the cosine decay, so
 # changing it would change the finished steps' run.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                     "keep_checkpoints", "data_dir", "mesh")
+                     "keep_checkpoints", "data_dir", "mesh", "remat")
 
 
 LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the last 20 steps

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import layers, precision
+from attnscale import layers, precision, sharding
 from attnscale.models import base
 from attnscale.models.base import ScalingParams
 from attnscale.models.config import ModelConfig
@@ -119,7 +119,8 @@ class Block(base.Block):
 def readout(x_BPD: Array, embed: nnx.Embed, fp8: precision.Fp8 | None = None) -> Array:
   """Tied output layer x @ E^T: in the compute dtype, accumulated and returned in
   float32 (logits for a stable softmax cross-entropy); fp8 as `layers.matmul`."""
-  return layers.matmul(x_BPD, embed.embedding[...].T.astype(x_BPD.dtype), fp8=fp8,
+  table_VD = sharding.gathered(embed.embedding[...])
+  return layers.matmul(x_BPD, table_VD.T.astype(x_BPD.dtype), fp8=fp8,
                        preferred_element_type=jnp.promote_types(x_BPD.dtype, jnp.float32))
 
 
@@ -164,9 +165,10 @@ class Transformer(base.Model):
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
-    x_BTD = self.embed(tokens_BT)
+    # Looked up in the whole table (FSDP gathers the weight, attnscale/sharding.py).
+    x_BTD = jnp.take(sharding.gathered(self.embed.embedding[...]), tokens_BT, axis=0)
     if self.pos_embed is not None:
-      x_BTD = x_BTD + self.pos_embed[None, :T]
+      x_BTD = x_BTD + sharding.gathered(self.pos_embed[...])[None, :T]
     if self.cfg.ln_position == "post":
       x_BTD = self.ln_embed(x_BTD)
     # The residual stream stays float32 under a bfloat16 `dtype` (as torch.autocast's):

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import precision, scalings
+from attnscale import precision, scalings, sharding
 from attnscale import unit_scaling as us
 from attnscale.models import base
 from attnscale.models.config import ModelConfig
@@ -216,9 +216,10 @@ class UnitScaledTransformer(base.Model):
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
-    x_BTD = us.embedding(tokens_BT, self.embed[...])
+    # Looked up in the whole table (FSDP gathers the weight, attnscale/sharding.py).
+    x_BTD = us.embedding(tokens_BT, sharding.gathered(self.embed[...]))
     if self.pos_embed is not None:
-      x_BTD = x_BTD + us.embedding(jnp.arange(T), self.pos_embed[...])[None]
+      x_BTD = x_BTD + us.embedding(jnp.arange(T), sharding.gathered(self.pos_embed[...]))[None]
       # The sum of two unit embeddings has std sqrt(2): rescale the forward only.
       x_BTD = us.scale_fwd(x_BTD, 1 / math.sqrt(2))
     return base.dropout(x_BTD, self.cfg.dropout, dropout_key)
@@ -233,7 +234,7 @@ class UnitScaledTransformer(base.Model):
     compute dtype, accumulated in float32 (at least) as the standard model's.
     """
     h_BPD = self.ln_f(x_BPD).astype(precision.compute_dtype(self.cfg.dtype))
-    logits_BPV = us.linear(h_BPD, self.embed[...].T.astype(h_BPD.dtype),
+    logits_BPV = us.linear(h_BPD, sharding.gathered(self.embed[...]).T.astype(h_BPD.dtype),
                            preferred_element_type=jnp.promote_types(h_BPD.dtype, jnp.float32),
                            fp8=precision.fp8_of(self.cfg))
     # The backward starts at unit scale (see `loss_grad_scale`).
