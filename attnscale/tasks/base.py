@@ -87,10 +87,12 @@ class Task(abc.ABC):
     return task
 
   @classmethod
-  @abc.abstractmethod
   def batch_spec(cls, config, *, train: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes and dtypes of one global batch of `train_batch` (train=True) or of
-    `eval_batches` (False): what a step is compiled for without data."""
+    `eval_batches` (False): what compile.py compiles a step for, without data.
+    A task that compile.py should take implements it."""
+    raise NotImplementedError(f"task {cls.__name__} does not give its batch_spec, which "
+                              "compile.py needs")
 
   @property
   def tokens_per_batch(self) -> int:
