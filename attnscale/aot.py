@@ -236,8 +236,10 @@ def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
     used = _oom_bytes(str(e))
     if used is None:
       raise
-    row["memory"].update({"total": used, "fits": False,
-                          "over_by": used - memory_bytes})
+    # XLA names the temporaries it could not place; the state and batch come on top.
+    total = used + sum(fixed.values())
+    row["memory"].update({"temporaries": used, "total": total, "fits": False,
+                          "over_by": total - memory_bytes})
     row["error"] = str(e).splitlines()[0][:300]
     return row
   mem = compiled.memory_analysis()
@@ -271,14 +273,16 @@ def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
 
 
 def _oom_bytes(message: str) -> float | None:
-  """The bytes a TPU program needed, from XLA's compile-time out-of-memory error."""
-  if "hbm" not in message.lower() and "RESOURCE_EXHAUSTED" not in message:
+  """The bytes a TPU program needed, from XLA's compile-time out-of-memory error
+  (None: the error is another one). libtpu 0.0.50 says "CompileTimeHbmOom: ... the
+  total memory required for HLO temporaries (49.18G) exceeds available HBM
+  (15.75G)"; older ones "Used 20.5G of 15.75G hbm"."""
+  if "CompileTimeHbmOom" not in message and "hbm" not in message.lower():
     return None
-  m = re.search(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm", message)
-  if not m:
-    return float("nan")
   unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-  return float(m.group(1)) * unit[m.group(2)]
+  m = (re.search(r"required for HLO temporaries \(([\d.]+)([KMGT])\)", message)
+       or re.search(r"Used ([\d.]+)([KMGT]) of", message))
+  return float(m.group(1)) * unit[m.group(2)] if m else float("nan")
 
 
 def attention_kernel(hlo: str) -> str:
@@ -312,7 +316,8 @@ def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
   all-reduce), which XLA may combine or concatenate, so sizes say little; but
   an activation has a batch dimension: a result with an axis of the global or
   per-device batch, or of its tokens (B, B T, and their shards over the
-  devices), that no parameter has, is listed, as is every all-to-all.
+  devices), that no parameter has, and at least one device's share of the
+  batch in size, is listed, as is every all-to-all.
   `model_dims` (heads, head dim) are parameter axes too: XLA gathers a
   projection reshaped to [N, H, D]. A batch axis of the same size as one of
   those is not caught (nanogpt: B = H = 64), but its B T is.
@@ -323,10 +328,14 @@ def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
     for n in (x.shape[0], math.prod(x.shape)):
       batch_dims |= {n // d for d in range(1, num_devices + 1) if n % d == 0}
   batch_dims -= param_dims | {1}
+  # An activation is at least one device's share of the batch (the token ids);
+  # smaller results with a batch-sized axis are the loss's sums.
+  smallest = min(x.size // num_devices for x in jax.tree.leaves(batch_spec))
   found = []
   for m in _COLLECTIVE_RE.finditer(hlo):
-    dims = {int(d) for shape in _SHAPE_RE.findall(m.group(1)) for d in shape.split(",") if d}
-    if m.group(2) == "all-to-all" or dims & batch_dims:
+    shapes = [[int(d) for d in shape.split(",") if d] for shape in _SHAPE_RE.findall(m.group(1))]
+    big = {d for dims in shapes if math.prod(dims) >= smallest for d in dims}
+    if m.group(2) == "all-to-all" or big & batch_dims:
       found.append(f"{m.group(2)} {m.group(1)[:200]}")
   return found
 

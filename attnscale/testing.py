@@ -188,3 +188,44 @@ def restore_checkpoint(config, workdir: str, step: int | None = None):
     return jax.device_get(checkpoints.restore(state, shardings, step=step))
   finally:
     checkpoints.close()
+
+
+# ---------------------------------------------------------------------------
+# Deviceless compilation (tests/test_compile_*.py).
+
+
+def installed(module: str) -> bool:
+  """Whether `module` can be imported (its parent package too)."""
+  import importlib.util
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
+
+
+def compile_config(preset="nanogpt", scaling="standard", **fields):
+  """The shakespeare_char preset in bf16 with every device on fsdp; `fields` by dotted name."""
+  from configs import shakespeare_char
+  config = shakespeare_char.get_config(f"preset={preset},scaling={scaling}")
+  config.update_from_flattened_dict({"model.dtype": "bfloat16", "mesh.data": 1,
+                                     "mesh.fsdp": 8, **fields})
+  return config
+
+
+def check_fsdp_report(report, config, kernel: str) -> None:
+  """A compile report of `config` at fsdp=8 (`aot.compile_report`) is FSDP: it fits,
+  uses `kernel`, moves no activation, and holds an eighth of every matrix."""
+  import numpy as np
+  from attnscale import train_state as ts
+  shapes = ts.state_shapes(config)
+  params = sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes["params"]))
+  for step in ("train_step", "eval_step"):
+    row = report[step]
+    assert row["memory"]["fits"], (step, row["memory"])
+    assert row["kernel"] == kernel, step
+    assert row["collectives"]["all-to-all"] == 0, step
+    assert row["activation_collectives"] == [], row["activation_collectives"][:3]
+    # Every matrix split 8 ways; vectors (gains) replicated: within 1%.
+    assert abs(row["memory"]["parameters"] / (params / 8) - 1) < 0.01, step
+  # Adam's two moments mirror the parameters (plus a step count).
+  assert abs(report["train_step"]["memory"]["optimizer_state"] / (2 * params / 8) - 1) < 0.01

@@ -2,10 +2,12 @@
 
     python benchmarks/compile_targets.py                 # nanogpt, gpt2_small x 3 targets
     python benchmarks/compile_targets.py --targets tpu-v5e-8 --models nanogpt --remat none,full
+    python benchmarks/compile_targets.py --scalings --targets tpu-v5e-8 --models nanogpt
 
 Each row is `compile.py`'s report of one train step (attnscale/aot.py) in bf16 with
 every device on fsdp: per-device memory against the device's, the attention kernel,
-the collectives, FLOPs and the roofline lower bound. Nothing runs on a chip: the
+the collectives, FLOPs and the roofline lower bound. `--scalings`: instead, every
+registered scaling's compiled FLOPs and per-device memory against standard's. Nothing runs on a chip: the
 step time is an estimate. Needs libtpu and the CUDA plugin
 (`pip install -e ".[tpu,cuda12-compile]"`, JAX 0.12).
 """
@@ -36,7 +38,11 @@ def main():
   parser.add_argument("--targets", default="tpu-v5e-8,tpu-v5p-128,gpu-h100x8")
   parser.add_argument("--scaling", default="standard")
   parser.add_argument("--remat", default="none")
+  parser.add_argument("--scalings", action="store_true",
+                      help="every scaling's FLOPs and memory against standard's")
   args = parser.parse_args()
+  if args.scalings:
+    return scaling_table(args.models.split(",")[0], args.targets.split(",")[0])
 
   import jax
 
@@ -75,6 +81,31 @@ def main():
                  f"{roof['step_s_lower_bound'] * 1e3:.2f} ms" if roof else "-",
                  f"{roof['best_mfu']:.0%}" if roof.get("best_mfu") else "-"]
         print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def scaling_table(model: str, target: str):
+  """Each registered scaling's train step against standard's, on one target."""
+  import jax
+
+  from attnscale import aot, scalings
+  from configs import shakespeare_char
+
+  print(f"# {model} on {target}, compiled on {jax.devices()[0].platform} (JAX "
+        f"{jax.__version__}); train step, bf16, fsdp = every device; ratios to standard")
+  print("| scaling | kernel | FLOPs / standard | memory per device / standard |")
+  print("|---|---|---:|---:|")
+  base = None
+  for name in ["standard", *[n for n in scalings.names() if n != "standard"]]:
+    arg, overrides = MODELS[model]
+    config = shakespeare_char.get_config(f"{arg},scaling={name}")
+    n = len(aot.devices(target))
+    config.update_from_flattened_dict({**overrides, "model.dtype": "bfloat16",
+                                       "mesh.data": 1, "mesh.fsdp": n})
+    row = aot.compile_report(config, target)["train_step"]
+    flops = row["flops"]["compiled_per_device"] or row["flops"]["analytic_per_device"]
+    base = base or (flops, row["memory"]["total"])
+    print(f"| {name} | {row['kernel']} | {flops / base[0]:.3f} | "
+          f"{row['memory']['total'] / base[1]:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""Deviceless compilation for GPUs (attnscale/aot.py): the real train and eval steps
+compiled by XLA's CUDA compiler for 8 H100s on this CPU machine (the CUDA plugin and a
+GPU target config, attnscale/targets/h100_sxm.txtpb), FSDP over all 8.
+
+cuDNN flash attention in the compiled program, fits, FSDP's bytes and collectives, no
+more temporaries per device than data parallelism, every scaling lowered to cuDNN.
+Needs the CUDA plugin and cuDNN (`pip install -e ".[cuda12-compile]"`, JAX 0.12);
+skipped without them. tests/test_compile_tpu.py does the TPU slice.
+"""
+
+import pytest
+
+from attnscale import aot, scalings
+from attnscale.testing import check_fsdp_report, compile_config, installed
+
+pytestmark = [pytest.mark.accelerator,
+              pytest.mark.skipif(not installed("jax_plugins.xla_cuda12"),
+                                 reason='no GPU compiler here: pip install -e ".[cuda12-compile]"')]
+TARGET = "gpu-h100x8"
+
+
+def test_nanogpt_is_fsdp_and_cudnn():
+  fsdp = aot.compile_report(compile_config(), TARGET)
+  check_fsdp_report(fsdp, compile_config(), "cudnn")
+  # FSDP holds no more temporaries per device than data parallelism (the same
+  # rows of activations; only the weights are gathered).
+  data = aot.compile_report(compile_config(**{"mesh.data": 8, "mesh.fsdp": 1}), TARGET)
+  assert (fsdp["train_step"]["memory"]["temporaries"]
+          <= 1.05 * data["train_step"]["memory"]["temporaries"])
+
+
+def test_gpt2_small_fits_with_fsdp():
+  c = compile_config(batch_size=8, seq_len=1024, **{
+      "model.num_layers": 12, "model.num_heads": 12, "model.width": 768,
+      "model.block_size": 1024, "model.vocab_size": 50257, "model.dropout": 0.0})
+  check_fsdp_report(aot.compile_report(c, TARGET), c, "cudnn")
+
+
+def test_bert_padding_compiles_with_cudnn():
+  """The masked LM's right padding reaches cuDNN as sequence lengths, at fsdp=8."""
+  from configs import bert_small
+  c = bert_small.get_config("preset=test")
+  c.update_from_flattened_dict({"model.dtype": "bfloat16", "mesh.data": 1, "mesh.fsdp": 8})
+  report = aot.compile_report(c, TARGET)
+  assert report["train_step"]["kernel"] == "cudnn" and report["train_step"]["memory"]["fits"]
+
+
+def test_every_scaling_lowers_to_cudnn():
+  """The kernel choice follows the target, not this CPU host, for every scaling:
+  cuDNN's partitioned custom call in the lowered program (compiling each is what the
+  tests above do for standard; plain softmax, no soft-cap or sink)."""
+  for name in [*scalings.names(), "unit_scaled"]:
+    lowered, _ = aot.lower_steps(compile_config("test", name), TARGET)
+    assert "CustomSPMDPartitioning" in lowered["train_step"].as_text(), name
