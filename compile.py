@@ -4,7 +4,7 @@ r"""Compiles a config's train and eval steps for a TPU slice or GPUs this machin
       --config.model.dtype=bfloat16 --config.mesh.fsdp=8 --out=r.json
 
 Targets: tpu-v4-8, tpu-v5e-8, tpu-v5e-256, tpu-v5p-8, tpu-v5p-128, tpu-v6e-8,
-tpu-v6e-64, gpu-h100x1, gpu-h100x8, cpu (attnscale/aot.py). Prints one table
+tpu-v6e-64, gpu-h100x1, gpu-h100x8, cpu (attnscale/runtime/aot.py). Prints one table
 (per-device memory against the device's, whether it fits, the attention kernel,
 the collectives, FLOPs, a roofline lower bound on the step time) and writes the
 same as JSON to --out. TPU targets need `pip install -e ".[tpu]"`, GPU targets
@@ -26,12 +26,12 @@ import json  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from attnscale import cli  # noqa: E402
+from attnscale.runtime import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
                                           lock_config=True)
 _TARGET = flags.DEFINE_string("target", None, "What to compile for: tpu-v5e-8, gpu-h100x8, "
-                              "cpu, ... (attnscale.aot.TARGETS).")
+                              "cpu, ... (attnscale.runtime.aot.TARGETS).")
 _OUT = flags.DEFINE_string("out", None, "Also write the report to this JSON file.")
 flags.mark_flags_as_required(["config", "target"])
 
@@ -39,7 +39,7 @@ flags.mark_flags_as_required(["config", "target"])
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from attnscale import aot
+  from attnscale.runtime import aot
   try:
     aot.target(_TARGET.value)  # an unknown target fails before any compiling
     report = aot.compile_report(_CONFIG.value, _TARGET.value)

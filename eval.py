@@ -11,14 +11,14 @@ perplexity and masked-token accuracy (the sampling flags do not apply to it).
 In several processes, add train.py's --multihost flags to each (README, "GPUs,
 TPU pods, several hosts"); process 0 writes eval.json and prints the summary.
 
-A bad flag exits with one `error: ...` line naming it (attnscale/cli.py).
+A bad flag exits with one `error: ...` line naming it (attnscale/runtime/cli.py).
 """
 
 import sys
 
 from absl import app, flags, logging
 
-from attnscale import cli
+from attnscale.runtime import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A train.py run directory.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest that "
@@ -40,7 +40,7 @@ def main(argv):
   cli.check_workdir(_WORKDIR.value)
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(_MULTIHOST)  # before anything starts JAX's backend
-  from attnscale import eval_lib, length_eval
+  from attnscale.evaluation import eval_lib, length_eval
   try:
     lengths = length_eval.parse_lengths(_LENGTHS.value) if _LENGTHS.value else None
     result = eval_lib.evaluate_run(_WORKDIR.value, step=_STEP.value, prompt=_PROMPT.value,
@@ -55,9 +55,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from attnscale import hostmem
+  from attnscale.runtime import hostmem
   try:
-    hostmem.reexec_with_tunables()  # 1.3-2x faster steps on CPU: attnscale/hostmem.py
+    hostmem.reexec_with_tunables()  # 1.3-2x faster steps on CPU: attnscale/runtime/hostmem.py
   except ValueError as e:  # a bad ATTNSCALE_MALLOC
     sys.exit(f"error: {e}")
   app.run(main, flags_parser=cli.parse_flags)

@@ -13,7 +13,7 @@ skipped and interrupted ones resume. Results: WORKDIR/results.{csv,md},
 WORKDIR/loss_vs_lr.png, WORKDIR/loss_curves.png.
 
 A bad flag (a missing config file or sweep, a --workdir that is a file) exits
-with one `error: ...` line naming it (attnscale/cli.py).
+with one `error: ...` line naming it (attnscale/runtime/cli.py).
 """
 
 import os
@@ -21,7 +21,7 @@ import sys
 
 from absl import app, flags
 
-from attnscale import cli
+from attnscale.runtime import cli
 
 _CONFIG = flags.DEFINE_string("config", None, "A config file that defines get_sweep().")
 _SWEEP = flags.DEFINE_string("sweep", None, "The sweep's name (the config's SWEEPS).")
@@ -40,7 +40,7 @@ def main(argv):
   cli.check_workdir(_WORKDIR.value)
   if _JOBS.value < 1:
     cli.fail(f"--jobs must be a positive integer, got {_JOBS.value}")
-  from attnscale import sweep_results, sweeps
+  from attnscale.experiments import sweep_results, sweeps
   try:
     points = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
   except ValueError as e:

@@ -14,7 +14,7 @@ coordinator listens, how many processes there are and which one this is:
 
 A bad flag (a missing config file, an override of a field the config lacks or
 of the wrong type, a --workdir that is a file) or a bad config value exits with
-one `error: ...` line naming it (attnscale/cli.py).
+one `error: ...` line naming it (attnscale/runtime/cli.py).
 
 Ctrl-C saves a checkpoint after the current step and exits 130 (a second one
 exits at once); SIGTERM saves and exits 0. A second train.py on a --workdir in
@@ -27,7 +27,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from attnscale import cli
+from attnscale.runtime import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
                                           lock_config=True)
@@ -45,7 +45,7 @@ def main(argv):
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(_MULTIHOST)  # before anything starts JAX's backend
-  from attnscale import train_lib
+  from attnscale.runtime import train_lib
   try:
     train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value, force_lock=_FORCE_LOCK.value)
   except (ValueError, FileNotFoundError, train_lib.NonFiniteLossError) as e:
@@ -64,9 +64,9 @@ parse_flags = functools.partial(cli.parse_flags, config_flag="config")
 
 
 if __name__ == "__main__":
-  from attnscale import hostmem
+  from attnscale.runtime import hostmem
   try:
-    hostmem.reexec_with_tunables()  # 1.3-2x faster steps on CPU: attnscale/hostmem.py
+    hostmem.reexec_with_tunables()  # 1.3-2x faster steps on CPU: attnscale/runtime/hostmem.py
   except ValueError as e:  # a bad ATTNSCALE_MALLOC
     sys.exit(f"error: {e}")
   app.run(main, flags_parser=parse_flags)

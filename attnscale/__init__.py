@@ -1,14 +1,44 @@
 """attnscale: how should dot-product attention be scaled?
 
-The library: `attention` (pure functional, with a `scale_fn`) and the registry of
-scalings in `attnscale.scalings`.
+The library in a line: `attnscale.attention(q, k, v, scale_fn=attnscale.scalings.get(name))`,
+pure functional attention with a pluggable scaling, and the registry of scalings.
+
+Packages, by layer (each may import only those above it):
+
+    core/         the attention math: attention, kernels (XLA, splash), scalings,
+                  visibility, positions, sharding. Pure JAX, no Flax.
+    numerics/     number formats and scale: precision, unit scaling, scale tracking, layers
+    models/       the model variants (Flax NNX) behind one contract
+    data/, tasks/ datasets (TFDS, no TensorFlow) and what a config trains on
+    runtime/      configs' checks, the entry points' flags, state, steps, the training
+                  loop, checkpoints, metrics, compiling for accelerators
+    evaluation/   whole-split evaluation, length evaluation, attention diagnostics
+    experiments/  sweeps, their results, tables and figures
+    studies/      the scale studies (`python -m attnscale.studies`)
+
+`import attnscale` is light: the public names below load on first use, so an entry
+point's flag parsing (`attnscale.runtime.cli`) imports no JAX.
 """
 
-from attnscale import scalings
-from attnscale import unit_scaling  # registers the "umup" scaling
-from attnscale.attention import attention, attention_weights
-from attnscale.scalings import Scaled
-from attnscale.visibility import VisibleKeys
+import importlib
 
-__all__ = ["attention", "attention_weights", "scalings", "unit_scaling", "Scaled", "VisibleKeys"]
+# Public name -> (module, attribute or None for the module itself).
+_PUBLIC = {
+    "attention": ("attnscale.core.attention", "attention"),
+    "attention_weights": ("attnscale.core.attention", "attention_weights"),
+    "scalings": ("attnscale.core.scalings", None),
+    "Scaled": ("attnscale.core.scalings", "Scaled"),
+    "VisibleKeys": ("attnscale.core.visibility", "VisibleKeys"),
+    "unit_scaling": ("attnscale.numerics.unit_scaling", None),
+}
+
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+  if name not in _PUBLIC:
+    raise AttributeError(f"module 'attnscale' has no attribute {name!r}")
+  module, attribute = _PUBLIC[name]
+  value = importlib.import_module(module)
+  return value if attribute is None else getattr(value, attribute)

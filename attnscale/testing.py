@@ -180,7 +180,7 @@ def serve_directory(directory):
 def restore_checkpoint(config, workdir: str, step: int | None = None):
   """The train state `config`'s run saved in `workdir` at `step` (default: the
   latest), restored in this process onto its default mesh, as numpy arrays."""
-  from attnscale import train_state as ts  # orbax: only the end-to-end tests need it
+  from attnscale.runtime import train_state as ts  # orbax: only the end-to-end tests need it
 
   _, state, shardings = ts.create_state(config, ts.make_mesh(config))
   checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
@@ -216,7 +216,7 @@ def check_fsdp_report(report, config, kernel: str) -> None:
   """A compile report of `config` at fsdp=8 (`aot.compile_report`) is FSDP: it fits,
   uses `kernel`, moves no activation, and holds an eighth of every matrix."""
   import numpy as np
-  from attnscale import train_state as ts
+  from attnscale.runtime import train_state as ts
   shapes = ts.state_shapes(config)
   params = sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes["params"]))
   for step in ("train_step", "eval_step"):

@@ -6,7 +6,7 @@
 
 For each sequence length (batch x heads fixed), each scaling and each
 implementation ("fused": folded into one kernel call, cuDNN on a GPU with bf16,
-`attnscale.xla_attention` otherwise; "reference": materialised logits) it times a jitted value-and-grad of the attention output
+`attnscale.core.xla_attention` otherwise; "reference": materialised logits) it times a jitted value-and-grad of the attention output
 w.r.t. q, k and v (median over --iters rounds that time every case in turn, after
 a warm-up) and reports memory:
 the device's peak bytes in use where the backend reports it (GPU/TPU), else the
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 import attnscale
-from attnscale import scalings
+from attnscale.core import scalings
 
 PARAMS = {"cosine": {"temperature": 10.0}, "key_norm_power": {"p": 2.0}}
 # The kernel options' rows: `attention` keywords (the sink is made per head below).

@@ -4,7 +4,7 @@
     python benchmarks/compile_targets.py --targets tpu-v5e-8 --models nanogpt --remat none,full
     python benchmarks/compile_targets.py --scalings --targets tpu-v5e-8 --models nanogpt
 
-Each row is `compile.py`'s report of one train step (attnscale/aot.py) in bf16 with
+Each row is `compile.py`'s report of one train step (attnscale/runtime/aot.py) in bf16 with
 every device on fsdp: per-device memory against the device's, the attention kernel,
 the collectives, FLOPs and the roofline lower bound. `--scalings`: instead, every
 registered scaling's compiled FLOPs and per-device memory against standard's. Nothing runs on a chip: the
@@ -46,7 +46,7 @@ def main():
 
   import jax
 
-  from attnscale import aot
+  from attnscale.runtime import aot
   from configs import shakespeare_char
 
   print(f"# compiled on {jax.devices()[0].platform} (no accelerator), JAX {jax.__version__}; "
@@ -87,7 +87,8 @@ def scaling_table(model: str, target: str):
   """Each registered scaling's train step against standard's, on one target."""
   import jax
 
-  from attnscale import aot, scalings
+  from attnscale.runtime import aot
+  from attnscale.core import scalings
   from configs import shakespeare_char
 
   print(f"# {model} on {target}, compiled on {jax.devices()[0].platform} (JAX "

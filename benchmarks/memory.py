@@ -41,7 +41,7 @@ def measure(name: str, fsdp: int) -> dict:
   import jax
   import numpy as np
 
-  from attnscale import train_state as ts
+  from attnscale.runtime import train_state as ts
   from configs import shakespeare_char
 
   arg, overrides = MODELS[name]

@@ -25,7 +25,7 @@ in one process PyTorch's allocations slowed JAX's steps down by 1.5x at
 `nanogpt` (--in_process keeps that mode, rounds interleaved).
 
 Like train.py, it re-executes itself with glibc's malloc tunables
-(`attnscale/hostmem.py`; --malloc huge|reuse|system), and every framework runs
+(`attnscale/runtime/hostmem.py`; --malloc huge|reuse|system), and every framework runs
 under them: XLA's per-step buffers cost page faults without them. Needs `pip
 install torch` (a benchmark-only dependency) and the data (`ATTNSCALE_DATA`
 offline).
@@ -47,8 +47,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
-from attnscale import hostmem, tasks, train_lib  # noqa: E402
-from attnscale import train_state as ts  # noqa: E402
+from attnscale.runtime import hostmem, train_lib  # noqa: E402
+from attnscale import tasks
+from attnscale.runtime import train_state as ts  # noqa: E402
 from configs import shakespeare_char  # noqa: E402
 
 SIZES = {
@@ -181,7 +182,7 @@ def main():
   parser.add_argument("--dtype", default=None, help="JAX compute dtype (e.g. bfloat16)")
   parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
                       help="glibc malloc tunables, as train.py's ATTNSCALE_MALLOC "
-                           "(default huge): attnscale/hostmem.py")
+                           "(default huge): attnscale/runtime/hostmem.py")
   parser.add_argument("--in_process", action="store_true",
                       help="all frameworks in this process, rounds interleaved")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

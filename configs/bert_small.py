@@ -38,7 +38,7 @@ Presets and what to expect:
 import ml_collections
 from ml_collections import config_dict
 
-from attnscale import configlib
+from attnscale.runtime import configlib
 
 PRESETS = ("mini", "cpu", "test")
 
@@ -90,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
   c.remat = "none"
 
-  # Model (fields of attnscale.model.ModelConfig).
+  # Model (fields of attnscale.models.ModelConfig).
   c.model = ml_collections.ConfigDict()
   m = c.model
   m.vocab_size = 8192  # the subword vocabulary (checked against the tokenizer)

@@ -36,14 +36,14 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from attnscale import configlib
+from attnscale.runtime import configlib
 
 PRESETS = ("nanogpt", "graphcore", "graphcore_cpu", "cpu", "test")
 
 
 # Sweeps are data: lists of points (a config argument plus field overrides),
 # each an ordinary train.py run; `python sweep.py --config=configs/shakespeare_char.py
-# --sweep=NAME --workdir=DIR` runs them (attnscale/sweeps.py).
+# --sweep=NAME --workdir=DIR` runs them (attnscale/experiments/sweeps.py).
 SWEEP_SCALINGS = ("standard", "fully_scaled", "unit_scaled", "key_norm_sum", "cosine")
 SWEEPS = {
     # Graphcore's almost-scaled attention sweep at full size (a GPU job):
@@ -154,7 +154,7 @@ def _precision_points(name: str) -> list[dict]:
 def _practice_points(name: str, workdir: str | None) -> list[dict]:
   """Stage 1 (a bracketing learning-rate search per label, seed 0), then each
   bracketed label's seeds. Reads the finished runs in `workdir`."""
-  from attnscale import sweep_results, sweeps  # only the staged sweep reads results
+  from attnscale.experiments import sweep_results, sweeps  # only the staged sweep reads results
 
   preset, labels, starts, more_seeds = SWEEPS[name]
   lo, hi = PRACTICE_LR_RANGE
@@ -260,7 +260,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
   c.remat = "none"
 
-  # Model (fields of attnscale.model.ModelConfig).
+  # Model (fields of attnscale.models.ModelConfig).
   c.model = ml_collections.ConfigDict()
   m = c.model
   m.vocab_size = 65  # tiny Shakespeare's characters (checked against the data)

@@ -20,12 +20,6 @@ import jax  # noqa: E402  (after XLA_FLAGS: the CPU backend reads them when it s
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from attnscale import scalings
-from attnscale.testing import SCALING_CASES
-
-def test_cases_cover_registry():
-  assert {name for _, name, _ in SCALING_CASES} == set(scalings.names())
-
 
 @pytest.fixture
 def strict_rank_promotion():

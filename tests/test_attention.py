@@ -9,7 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 import attnscale
-from attnscale import scalings
+from attnscale.core import scalings
 from attnscale.testing import padding_mask, random_qkv, scaling_params
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")

@@ -98,7 +98,7 @@ def test_options_change_the_model_and_learned_parameters_get_gradients():
 
 
 def test_softcap_bounds_the_logits_the_diagnostics_see():
-  from attnscale import diagnostics
+  from attnscale.evaluation import diagnostics
   m = model("softcap", scaling="none")  # unscaled logits: large enough to be capped
   tokens = np.random.default_rng(4).integers(0, V, (2, 16)).astype(np.int32)
   for layer in diagnostics.model_attention_stats(m, jnp.asarray(tokens)):

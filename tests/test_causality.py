@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale import scalings
+from attnscale.core import scalings
 from attnscale.testing import padding_mask, random_qkv, scaling_params
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")

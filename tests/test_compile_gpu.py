@@ -1,6 +1,6 @@
-"""Deviceless compilation for GPUs (attnscale/aot.py): the real train and eval steps
+"""Deviceless compilation for GPUs (attnscale/runtime/aot.py): the real train and eval steps
 compiled by XLA's CUDA compiler for 8 H100s on this CPU machine (the CUDA plugin and a
-GPU target config, attnscale/targets/h100_sxm.txtpb), FSDP over all 8.
+GPU target config, attnscale/runtime/targets/h100_sxm.txtpb), FSDP over all 8.
 
 cuDNN flash attention in the compiled program, fits, FSDP's bytes and collectives, no
 more temporaries per device than data parallelism, every scaling lowered to cuDNN.
@@ -10,7 +10,8 @@ skipped without them. tests/test_compile_tpu.py does the TPU slice.
 
 import pytest
 
-from attnscale import aot, scalings
+from attnscale.runtime import aot
+from attnscale.core import scalings
 from attnscale.testing import check_fsdp_report, compile_config, installed
 
 pytestmark = [pytest.mark.accelerator,

@@ -1,4 +1,4 @@
-"""Deviceless compilation for TPU (attnscale/aot.py, compile.py): the real train and
+"""Deviceless compilation for TPU (attnscale/runtime/aot.py, compile.py): the real train and
 eval steps compiled by libtpu for a v5e-8 slice on this CPU machine, FSDP over all 8.
 
 Checked on the compiled programs: splash attention, that they fit, per-device parameter
@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from attnscale import aot, scalings
+from attnscale.runtime import aot
+from attnscale.core import scalings
 from attnscale.testing import check_fsdp_report, compile_config, installed
 
 pytestmark = [pytest.mark.accelerator,

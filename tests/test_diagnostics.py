@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnscale import diagnostics, eval_lib, studies, tasks, train_lib
+from attnscale.evaluation import diagnostics, eval_lib
+from attnscale import studies, tasks
+from attnscale.runtime import train_lib
 from attnscale.data import mlm, tokenizer
 from attnscale.studies import __main__ as cli
 from configs import bert_small, shakespeare_char

@@ -8,7 +8,7 @@ import sys
 import ml_collections
 import pytest
 
-from attnscale import cli, configlib
+from attnscale.runtime import cli, configlib
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnscale import diagnostics, eval_lib, train_lib
+from attnscale.evaluation import diagnostics, eval_lib
+from attnscale.runtime import train_lib
 from attnscale.data import char_lm
 from configs import shakespeare_char
 

@@ -19,10 +19,12 @@ import sys
 
 import pytest
 
-from attnscale import eval_lib, metrics_writer, run_lock, testing, train_lib
-from attnscale import train_state as ts
-from attnscale.interrupts import SECOND_CTRL_C
-from attnscale.sweeps import checkpoint_steps
+from attnscale.evaluation import eval_lib
+from attnscale.runtime import metrics_writer, run_lock, train_lib
+from attnscale import testing
+from attnscale.runtime import train_state as ts
+from attnscale.runtime.interrupts import SECOND_CTRL_C
+from attnscale.experiments.sweeps import checkpoint_steps
 
 # Checkpoints at 100, 200 and 300 (the preset keeps 3); ~100 steps/s with a row each.
 NUM_STEPS, CHECKPOINT_EVERY = 300, 100
@@ -119,7 +121,7 @@ def test_ctrl_c_saves_exits_130_and_rerun_equals_uninterrupted_run(start, uninte
 # boundary; the second, during a save that takes its time, ends the process then.
 _TWO_CTRL_C = r"""
 import time
-from attnscale import interrupts
+from attnscale.runtime import interrupts
 
 with interrupts.Preemption(before_exit=lambda: print("lock released", flush=True)) as stop:
   print("looping", flush=True)
@@ -235,7 +237,7 @@ def test_second_process_is_refused_and_the_first_finishes_untouched(start, unint
 # What a killed train.py leaves: the lock, taken by a process that is then SIGKILLed.
 _HOLD_LOCK = r"""
 import sys, time
-from attnscale import run_lock
+from attnscale.runtime import run_lock
 
 run_lock.RunLock(sys.argv[1]).acquire()
 print("locked", flush=True)

@@ -20,8 +20,9 @@ import ml_collections
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from attnscale import configlib, testing
-from attnscale import train_state as ts
+from attnscale.runtime import configlib
+from attnscale import testing
+from attnscale.runtime import train_state as ts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_DEVICES = 8
@@ -83,8 +84,8 @@ def test_bad_mesh_is_a_one_line_error_naming_the_field(data, fsdp, message):
 _EIGHT_DEVICES = r"""
 import json, os, shutil, sys
 import jax, numpy as np
-from attnscale import train_lib
-from attnscale import train_state as ts
+from attnscale.runtime import train_lib
+from attnscale.runtime import train_state as ts
 from configs import bert_small, shakespeare_char
 
 data_dir, root = sys.argv[1], sys.argv[2]

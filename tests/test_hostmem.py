@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from attnscale import hostmem
+from attnscale.runtime import hostmem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

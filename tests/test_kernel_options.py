@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale import scalings, xla_attention
+from attnscale.core import scalings, xla_attention
 from attnscale.testing import padding_mask, random_qkv
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")

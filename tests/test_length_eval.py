@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnscale import eval_lib, length_eval, train_lib
+from attnscale.evaluation import eval_lib, length_eval
+from attnscale.runtime import train_lib
 from attnscale.data import char_lm
 from configs import shakespeare_char
 
@@ -94,7 +95,7 @@ def test_length_sweep_and_study(tmp_path):
   --lengths), then `python -m attnscale.studies length`."""
   if not os.environ.get("ATTNSCALE_DATA"):
     pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  from attnscale import sweeps
+  from attnscale.experiments import sweeps
   from attnscale.studies import __main__ as studies_main
   config_file = os.path.join(ROOT, "configs", "shakespeare_char.py")
   points = sweeps.load_sweep(config_file, "length_test")

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnscale import configlib, eval_lib, tasks, testing, train_lib
-from attnscale import train_state as ts
+from attnscale.runtime import configlib, train_lib
+from attnscale.evaluation import eval_lib
+from attnscale import tasks, testing
+from attnscale.runtime import train_state as ts
 from attnscale.data import mlm, tokenizer
 from attnscale import models
 from attnscale.models import ModelConfig

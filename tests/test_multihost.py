@@ -32,9 +32,11 @@ import jax
 import numpy as np
 import pytest
 
-from attnscale import eval_lib, metrics_writer, testing, train_lib
-from attnscale.sweeps import checkpoint_steps
-from attnscale import train_state as ts
+from attnscale.evaluation import eval_lib
+from attnscale.runtime import metrics_writer, train_lib
+from attnscale import testing
+from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -379,7 +381,7 @@ process_id, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
 import ml_collections
 from jax.experimental import multihost_utils
-from attnscale import steps, train_lib, train_state as ts
+from attnscale.runtime import steps, train_lib, train_state as ts
 
 # fsdp over all 4 devices of both processes; the batch over them too.
 mesh = ts.make_mesh(ml_collections.ConfigDict({"mesh": {"data": 1, "fsdp": -1}}))

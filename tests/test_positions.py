@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnscale import models, positions
+from attnscale import models
+from attnscale.core import positions
 from attnscale.models import ModelConfig
 from attnscale.testing import SCALING_CASES
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnscale import layers, precision, scale_tracking
-from attnscale import unit_scaling as us
+from attnscale.numerics import layers, precision, scale_tracking
+from attnscale.numerics import unit_scaling as us
 from attnscale.models import ModelConfig, Transformer, UnitScaledTransformer
 from attnscale.models import base as models_base
 

@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from attnscale import steps, tasks
-from attnscale import train_state as ts
+from attnscale.runtime import steps
+from attnscale import tasks
+from attnscale.runtime import train_state as ts
 from configs import bert_small, shakespeare_char
 
 

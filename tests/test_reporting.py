@@ -4,7 +4,7 @@ import csv
 import io
 import math
 
-from attnscale import reporting
+from attnscale.experiments import reporting
 
 ROWS = [{"scaling": "standard", "lr": 2.0**-9, "loss": 2.123456, "steps": 40},
         {"scaling": "cosine", "lr": 0.003, "loss": math.nan, "steps": None}]

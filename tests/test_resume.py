@@ -18,9 +18,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tensorboardX.proto import event_pb2
 
-from attnscale import metrics_writer, testing
-from attnscale.sweeps import checkpoint_steps
-from attnscale import train_state as ts
+from attnscale.runtime import metrics_writer
+from attnscale import testing
+from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import train_state as ts
 
 NUM_STEPS, CHECKPOINT_EVERY = 600, 100  # ~100 steps/s on 2 CPU cores: seconds to kill in
 

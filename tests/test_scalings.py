@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale import scalings
+from attnscale.core import scalings
 from attnscale.testing import padding_mask, random_qkv
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
@@ -176,7 +176,7 @@ def test_user_defined_scaling_runs_on_both_paths():
 
 
 def _logit_scale(name, T, *, causal, **params):
-  from attnscale.visibility import VisibleKeys
+  from attnscale.core.visibility import VisibleKeys
   q = jnp.ones((1, T, 2, 16))
   keys = VisibleKeys(None, causal, T, T, 2, 2)
   s = scalings.get(name, **params)(q, q, keys).logit_scale
@@ -184,7 +184,7 @@ def _logit_scale(name, T, *, causal, **params):
 
 
 def test_log_n_is_standard_at_the_training_length():
-  from attnscale.scalings import Dims, log_n_init
+  from attnscale.core.scalings import Dims, log_n_init
   L = 64
   s0 = log_n_init(Dims(heads=2, kv_heads=2, head_dim=16, train_len=L))
   assert s0 == pytest.approx(1 / np.log(L))
@@ -228,7 +228,7 @@ def test_model_fills_log_n_ratio_train_len_and_learns_log_n_per_head():
 
 
 def test_qk_rmsnorm_and_inverse_d():
-  from attnscale.visibility import VisibleKeys
+  from attnscale.core.visibility import VisibleKeys
   q, k, _ = random_qkv()
   keys = VisibleKeys(None, False, 12, 12, 4, 2)
   out = scalings.get("qk_rmsnorm", q_scale=jnp.full((8,), 2.0))(q, k, keys)

@@ -1,4 +1,4 @@
-"""attnscale.splash_attention (JAX's Pallas splash attention, in interpret mode on CPU) against
+"""attnscale.core.splash_attention (JAX's Pallas splash attention, in interpret mode on CPU) against
 a naive float32 softmax: values and gradients (q, k, v, sink) with causal and full masks,
 grouped heads, padded lengths and head dims, key padding, soft-cap, sinks; no leaks from the
 future or from padded keys; queries that see nothing; shard_map over a mesh; refusals."""
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale import scalings
-from attnscale import splash_attention
+from attnscale.core import scalings
+from attnscale.core import splash_attention
 from attnscale.testing import cpu_devices_env, random_qkv
 
 # Interpret mode is slow: these run in the newest-JAX CI leg (.ci/run).
@@ -216,7 +216,7 @@ def test_mesh_and_input_errors():
 
 _TWO_DEVICES = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
-    from attnscale import splash_attention
+    from attnscale.core import splash_attention
     from attnscale.testing import random_qkv
     assert jax.device_count() == 2
     q, k, v = random_qkv(B=4, T=128, S=128, N=4, K=2, H=32)

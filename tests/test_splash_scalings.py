@@ -1,4 +1,4 @@
-"""Splash attention (the TPU kernel) behind `attnscale.attention`, in Pallas interpret
+"""Splash attention (the TPU kernel) behind `attnscale.core.attention`, in Pallas interpret
 mode: every registered scaling, causal and padded, plain and with soft-cap and sink,
 equals the reference (values and gradients), and sees neither the future nor padding.
 
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale import scalings
+from attnscale.core import scalings
 from attnscale.testing import padding_mask, random_qkv
 
-# The module, not the function `attnscale.attention` that shadows its name.
-attention_lib = importlib.import_module("attnscale.attention")
+# The module, not the function `attnscale.core.attention` that shadows its name.
+attention_lib = importlib.import_module("attnscale.core.attention")
 # Interpret mode is slow: these run in the newest-JAX CI leg (.ci/run).
 pytestmark = pytest.mark.accelerator
 

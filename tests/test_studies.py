@@ -145,7 +145,8 @@ def trained_run(tmp_path_factory):
   `evaluate_run`, so it has both a checkpoint and an eval.json."""
   if not os.environ.get("ATTNSCALE_DATA"):
     pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  from attnscale import eval_lib, train_lib
+  from attnscale.evaluation import eval_lib
+  from attnscale.runtime import train_lib
   from configs import shakespeare_char
   config = shakespeare_char.get_config("preset=test,scaling=key_norm_sum")
   config.data_dir = str(tmp_path_factory.mktemp("tfds"))

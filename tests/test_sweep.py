@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from attnscale import sweep_results, sweeps
+from attnscale.experiments import sweep_results, sweeps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/shakespeare_char.py"

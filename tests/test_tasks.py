@@ -13,7 +13,9 @@ import re
 import numpy as np
 import pytest
 
-from attnscale import configlib, eval_lib, tasks
+from attnscale.runtime import configlib
+from attnscale.evaluation import eval_lib
+from attnscale import tasks
 from attnscale.data import char_lm, paths, wikitext
 from attnscale.tasks import base
 from configs import bert_small, shakespeare_char

@@ -24,9 +24,11 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from attnscale import scalings, tasks, testing, train_lib
-from attnscale.sweeps import checkpoint_steps
-from attnscale import train_state as ts
+from attnscale.core import scalings
+from attnscale import tasks, testing
+from attnscale.runtime import train_lib
+from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -237,7 +239,7 @@ def test_more_steps_on_resume_under_constant_lr_equals_uninterrupted_run(run_a, 
 _EIGHT_DEVICES = """
 import json, os, sys
 import jax
-from attnscale import train_lib
+from attnscale.runtime import train_lib
 from configs import shakespeare_char
 
 overrides, workdir = json.loads(sys.argv[1]), sys.argv[2]
@@ -434,7 +436,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
   losses = train_losses(workdir)
   assert sorted(losses) == [2, 3] and not np.isfinite(losses[3])
   assert all(m["step"] <= 3 for m in read_metrics(workdir))
-  from attnscale import sweeps
+  from attnscale.experiments import sweeps
   assert sweeps.read_run(workdir)["status"] == "diverged"
 
 

@@ -10,7 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
-from attnscale import unit_scaling as us
+from attnscale.numerics import unit_scaling as us
 from attnscale.models import ModelConfig, UnitConfig
 from attnscale.models import unit_transformer as unit_model
 from attnscale.models.unit_transformer import UnitScaledTransformer, branch_taus
@@ -158,8 +158,9 @@ def test_scaled_loss_is_a_constant_factor_on_every_gradient():
 def test_train_step_hands_the_optimizer_the_true_gradient():
   """One float32 train step gives the same update with model.unit.scaled_loss on
   or off: the step divides the scale back (with clipping on, which would show it)."""
-  from attnscale import steps, tasks
-  from attnscale import train_state as ts
+  from attnscale.runtime import steps
+  from attnscale import tasks
+  from attnscale.runtime import train_state as ts
 
   results = []
   for scaled in (True, False):
@@ -218,7 +219,7 @@ def test_bad_variant_options():
 
 
 def test_diagnostics_serve_the_unit_model():
-  from attnscale import diagnostics
+  from attnscale.evaluation import diagnostics
   model = make_model()
   tokens = jax.random.randint(jax.random.key(1), (2, 64), 0, 65)
   stats = diagnostics.model_attention_stats(model, tokens)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale import scalings
-from attnscale import unit_scaling as us
+from attnscale.core import scalings
+from attnscale.numerics import unit_scaling as us
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 

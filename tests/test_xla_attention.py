@@ -1,4 +1,4 @@
-"""The XLA kernel of the fused path (`attnscale.xla_attention`) against a naive softmax
+"""The XLA kernel of the fused path (`attnscale.core.xla_attention`) against a naive softmax
 attention: causal blocks of every size, T != S, grouped heads, masks, gradients, bf16,
 and its options (soft-cap, per-query bias, sigmoid, log-sum-exp)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale import xla_attention
+from attnscale.core import xla_attention
 from attnscale.testing import random_qkv
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")

@@ -12,14 +12,15 @@ from __future__ import annotations
 from flax import nnx
 
 from attnscale.models.base import AttentionCall, Model, ScalingParams, gather_positions
-from attnscale.models.config import ModelConfig, UnitConfig
+from attnscale.models.config import VARIANTS, ModelConfig, UnitConfig
 from attnscale.models.transformer import Transformer
 from attnscale.models.unit_transformer import UnitScaledTransformer
 
-VARIANTS: dict[str, type[Model]] = {
+# models.config.VARIANTS, which ModelConfig checks `variant` against.
+VARIANTS.update({
     "standard": Transformer,
     "unit": UnitScaledTransformer,
-}
+})
 
 
 def build(cfg: ModelConfig, *, rngs: nnx.Rngs) -> Model:

@@ -7,7 +7,7 @@ inspection that diagnostics, evaluation and studies use (`attention_calls`), so
 nothing outside a variant guesses at its attributes. Each block's attention is an
 `AttentionLayer`: a variant supplies its projections (`qkv`, `project_out`), and
 the layer supplies the scaling (with its learned parameters, `ScalingParams`)
-and the one call to `attnscale.attention`.
+and the one call to `attnscale.core.attention`.
 
 Dimension legend: B batch, T sequence, P prediction slots, D width, N heads,
 K key/value heads, H head dim, V vocabulary.
@@ -21,10 +21,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import positions as positions_lib
-from attnscale import precision, scalings, sharding
+from attnscale.core import positions as positions_lib
+from attnscale.numerics import precision
+from attnscale.core import scalings, sharding
 # The module's name is shadowed by the function in attnscale/__init__.py.
-from attnscale.attention import attention
+from attnscale.core.attention import attention
 from attnscale.models.config import ModelConfig
 
 Array = jax.Array
@@ -244,7 +245,7 @@ class Model(nnx.Module):
     """
     check_length(self.cfg, tokens_BT.shape[1])
     keys = split_key(dropout_key, len(self.blocks) + 1)
-    # The residual stream stays on the batch axes (attnscale/sharding.py says why).
+    # The residual stream stays on the batch axes (attnscale/core/sharding.py says why).
     x_BTD = sharding.constrain_batch(self.embed_tokens(tokens_BT, keys[0]))
     for block, key in zip(self.blocks, keys[1:]):
       x_BTD = sharding.constrain_batch(_remat(block, self.cfg.remat)(x_BTD, mask, key))

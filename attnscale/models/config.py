@@ -11,21 +11,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from attnscale import scalings
-from attnscale.attention import IMPLEMENTATIONS, NORMALIZERS
-from attnscale.precision import FP8_SCALINGS
-from attnscale.positions import POSITIONS
+from attnscale.core import scalings
+from attnscale.core.attention import IMPLEMENTATIONS, NORMALIZERS
+from attnscale.numerics.precision import FP8_SCALINGS
+from attnscale.core.positions import POSITIONS
 
 # bfloat16 / float16: products and activations in bf16 / fp16; params, residual
 # stream, LayerNorm statistics, softmax, logits and loss in float32 (float16 with no
 # loss scaling). fp8: simulated, float32 arithmetic with every matrix product's
-# inputs rounded to e4m3 and its incoming gradient to e5m2 (attnscale/precision.py).
+# inputs rounded to e4m3 and its incoming gradient to e5m2 (attnscale/numerics/precision.py).
 DTYPES = ("float32", "bfloat16", "float16", "fp8")
 LN_POSITIONS = ("pre", "post")
 SINKS = ("none", "zero", "learned")
 GATES = ("none", "headwise", "elementwise")
 HEADS = ("lm", "mlm")
 REMATS = ("none", "full", "dots")  # config.remat: see models.base.REMAT_POLICIES
+# The model variants by name, filled by attnscale/models/__init__.py (the variants
+# import this module, so it cannot import them).
+VARIANTS: dict[str, type] = {}
 # Values that were renamed: (field, old value) -> new value.
 RENAMED_VALUES = {("model.variant", "unit_scaled"): "unit"}
 
@@ -77,15 +80,13 @@ class ModelConfig:
   remat: str = "none"
 
   def __post_init__(self):
-    from attnscale import models  # the registry imports this module
-
     if isinstance(self.unit, dict):  # from config.model.to_dict()
       object.__setattr__(self, "unit", UnitConfig(**self.unit))
     if self.variant in ("unit_scaled",):
       raise ValueError(f"model.variant={self.variant!r} was renamed "
                        f"{RENAMED_VALUES['model.variant', self.variant]!r}")
-    if self.variant not in models.VARIANTS:
-      raise ValueError(f"model.variant must be one of {list(models.VARIANTS)}, "
+    if self.variant not in VARIANTS:
+      raise ValueError(f"model.variant must be one of {list(VARIANTS)}, "
                        f"got {self.variant!r}")
     entry = scalings.entry(self.scaling)  # unknown names fail here, listing the valid ones
     scalings.get(self.scaling, **dict(self.scaling_params or {}))  # bad params fail now
@@ -138,7 +139,7 @@ class ModelConfig:
       raise ValueError(f"model.rope_base must be > 1, got {self.rope_base}")
     if not 0 <= self.dropout < 1:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
-    models.VARIANTS[self.variant].validate_config(self)
+    VARIANTS[self.variant].validate_config(self)
 
   @property
   def kv_heads(self) -> int:

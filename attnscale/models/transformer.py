@@ -1,7 +1,7 @@
 """The standard variant: a GPT- or BERT-style transformer (`model.variant = "standard"`).
 
 nanoGPT's architecture: pre-LN blocks, learned positions (or rotary, or none:
-`model.positions`, attnscale/positions.py), tied input/output
+`model.positions`, attnscale/core/positions.py), tied input/output
 embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections at
 0.02 / sqrt(2 L). The attention's scaling is a config value (`scaling`), plus the
 model-level options compared against the same baselines: QK-LayerNorm before any
@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import layers, precision, sharding
+from attnscale.numerics import layers, precision
+from attnscale.core import sharding
 from attnscale.models import base
 from attnscale.models.base import ScalingParams
 from attnscale.models.config import ModelConfig
@@ -165,7 +166,7 @@ class Transformer(base.Model):
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
-    # Looked up in the whole table (FSDP gathers the weight, attnscale/sharding.py).
+    # Looked up in the whole table (FSDP gathers the weight, attnscale/core/sharding.py).
     x_BTD = jnp.take(sharding.gathered(self.embed.embedding[...]), tokens_BT, axis=0)
     if self.pos_embed is not None:
       x_BTD = x_BTD + sharding.gathered(self.pos_embed[...])[None, :T]

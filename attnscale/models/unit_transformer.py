@@ -51,8 +51,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import precision, scalings, sharding
-from attnscale import unit_scaling as us
+from attnscale.numerics import precision
+from attnscale.core import scalings, sharding
+from attnscale.numerics import unit_scaling as us
 from attnscale.models import base
 from attnscale.models.config import ModelConfig
 
@@ -216,7 +217,7 @@ class UnitScaledTransformer(base.Model):
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
-    # Looked up in the whole table (FSDP gathers the weight, attnscale/sharding.py).
+    # Looked up in the whole table (FSDP gathers the weight, attnscale/core/sharding.py).
     x_BTD = us.embedding(tokens_BT, sharding.gathered(self.embed[...]))
     if self.pos_embed is not None:
       x_BTD = x_BTD + us.embedding(jnp.arange(T), sharding.gathered(self.pos_embed[...]))[None]

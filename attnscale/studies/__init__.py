@@ -14,11 +14,11 @@ for tables), a plot function returning a matplotlib Figure, and one CLI name in
                 `trained_diagnostics`, `plot_trained`.
 
 `write_tables` and `save_figure` write a study's CSV/Markdown and PNG; they (and
-`to_csv`, `to_markdown`) are `attnscale.reporting`'s, re-exported here for
+`to_csv`, `to_markdown`) are `attnscale.experiments.reporting`'s, re-exported here for
 notebooks, and shared with the sweeps.
 """
 
-from attnscale.reporting import save_figure, to_csv, to_markdown, write_tables
+from attnscale.experiments.reporting import save_figure, to_csv, to_markdown, write_tables
 from attnscale.studies.key_norm_kde import (DEFAULT_METHODS, DISTRIBUTIONS, KeyNormResult,
                                           Method, gaussian_kde, key_norms, plot_key_norms,
                                           sample_qk, silverman_bandwidth, summary)

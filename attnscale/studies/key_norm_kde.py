@@ -33,9 +33,9 @@ import jax
 import numpy as np
 from matplotlib import ticker
 
-from attnscale import scalings
-from attnscale.attention import attention_weights
-from attnscale import reporting
+from attnscale.core import scalings
+from attnscale.core.attention import attention_weights
+from attnscale.experiments import reporting
 
 DISTRIBUTIONS = ("normal", "uniform", "student_t", "nonzero_mean", "unequal_lengths")
 

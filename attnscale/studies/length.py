@@ -1,7 +1,7 @@
 """Length generalisation: validation loss against evaluation length and position in the window.
 
 Reads what `eval.py --lengths=...` wrote into each run's eval.json ("lengths":
-per length the loss and the loss by position, `attnscale.length_eval`), and the
+per length the loss and the loss by position, `attnscale.evaluation.length_eval`), and the
 run's config.json (scaling label, positions, seed, training length). Runs that
 differ only in seed form one group: the table gives each group's mean and
 standard error over seeds (for two seeds, half their difference), the figure
@@ -21,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from attnscale import configlib, reporting
+from attnscale.runtime import configlib
+from attnscale.experiments import reporting
 
 
 @dataclasses.dataclass(frozen=True)

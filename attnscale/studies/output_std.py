@@ -14,7 +14,7 @@ softmax becomes one-hot and std(z) -> 1, while the formula diverges.
 `output_scale` measures std(z) for every registered scaling, bidirectional (n
 keys) and causal (query i sees n_i = i + 1 keys: per position and pooled over a
 sequence); `temperature_sweep` divides the logits by t and compares with the
-formula. Both call `attnscale.attention` and the registry's scalings.
+formula. Both call `attnscale.core.attention` and the registry's scalings.
 
 Dimension legend: B batch, T queries, S keys, N heads, H head dim; X the
 sweep's values (n or t).
@@ -31,8 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnscale import reporting, scalings
-from attnscale.attention import attention, attention_weights
+from attnscale.experiments import reporting
+from attnscale.core import scalings
+from attnscale.core.attention import attention, attention_weights
 
 DEFAULT_N = tuple(2**i for i in range(4, 13))  # 16 ... 4096
 DEFAULT_TEMPERATURES = tuple(float(2.0**(i / 2)) for i in range(-8, 9))  # 2^-4 ... 2^4

@@ -1,11 +1,11 @@
 """Low precision: which scalings train in fp16 and simulated fp8 without loss scaling, and why.
 
 The runs are ordinary train.py runs that differ in `model.dtype` (float32,
-bfloat16, float16, fp8; attnscale/precision.py) and the scaling; the sweep
+bfloat16, float16, fp8; attnscale/numerics/precision.py) and the scaling; the sweep
 that makes them is data (configs/shakespeare_char.py, "precision"). This
 module reads them and explains them:
 
-  scale_report(config, model=None)  one step's scales (`attnscale.scale_tracking`)
+  scale_report(config, model=None)  one step's scales (`attnscale.numerics.scale_tracking`)
                                     on the run's first training batch: at init, or
                                     of a given (trained) model.
   run_report(workdir)               the same for a run's latest checkpoint.
@@ -34,7 +34,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from attnscale import precision, reporting, scale_tracking
+from attnscale.numerics import precision, scale_tracking
+from attnscale.experiments import reporting
 
 PLOT_FORMATS = ("float16", "e4m3", "e5m2")
 DTYPE_ORDER = ("float32", "bfloat16", "float16", "fp8", "fp8/per_tensor")
@@ -59,7 +60,7 @@ def scale_report(config, model=None, *, batch_step: int = 0) -> scale_tracking.S
   import jax
 
   from attnscale import tasks
-  from attnscale import train_state as ts
+  from attnscale.runtime import train_state as ts
   task = tasks.get_task(config)
   model = ts.init_model(config) if model is None else model
   batch = jax.tree.map(jax.numpy.asarray, task.train_batch(batch_step))
@@ -68,7 +69,7 @@ def scale_report(config, model=None, *, batch_step: int = 0) -> scale_tracking.S
 
 def run_report(workdir: str) -> tuple[scale_tracking.ScaleReport, int]:
   """(`scale_report` of the run's latest checkpoint, its step)."""
-  from attnscale import eval_lib
+  from attnscale.evaluation import eval_lib
   config = eval_lib.load_config(workdir)
   model, step, _ = eval_lib.restore(config, workdir)
   return scale_report(config, model), int(step)
@@ -109,7 +110,7 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
   """
   import json
 
-  from attnscale import sweeps
+  from attnscale.experiments import sweeps
   rows = []
   for workdir in workdirs:
     run = sweeps.read_run(workdir)
@@ -311,7 +312,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
     raise SystemExit("precision: give the sweep's run directories with --workdirs")
   import json
 
-  from attnscale import eval_lib
+  from attnscale.evaluation import eval_lib
   rows = precision_table(args.workdirs)
   failed = [r for r in rows if r["status"] == "diverged"]
   notes = [f"{len(rows)} runs; diverged: "

@@ -6,7 +6,7 @@ mean entropy of the attention weights in nats (0 = one key, log n = uniform)
 and the largest logit (how far from temperature 1 the scaling sits). These are
 `eval.py`'s diagnostics: read from WORKDIR/eval.json when it exists, else
 computed from the latest checkpoint by the same function eval.py uses
-(`attnscale.diagnostics.task_attention_stats`: the task's first evaluation batch
+(`attnscale.evaluation.diagnostics.task_attention_stats`: the task's first evaluation batch
 with the task's attention masks, e.g. the masked LM's padding), which needs the
 run's data set, as eval.py does.
 """
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from attnscale import reporting
+from attnscale.experiments import reporting
 
 STATS = (("output_std", "attention output std"), ("entropy", "attention entropy (nats)"),
          ("max_logit", "max logit"), ("sink_rate", "weight on the first key"))
@@ -68,7 +68,9 @@ def run_diagnostics(workdir: str, *, recompute: bool = False) -> RunDiagnostics:
     return RunDiagnostics(workdir, result["scaling"], int(result["step"]),
                           result["attention"], "eval.json")
   # Imported here: the synthetic studies need neither orbax nor the data sets.
-  from attnscale import configlib, diagnostics, eval_lib, tasks
+  from attnscale.runtime import configlib
+  from attnscale.evaluation import diagnostics, eval_lib
+  from attnscale import tasks
 
   config = eval_lib.load_config(workdir)
   task = tasks.get_task(config)

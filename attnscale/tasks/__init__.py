@@ -11,7 +11,7 @@ line in `TASKS`.
 
 from __future__ import annotations
 
-from attnscale import configlib
+from attnscale import checks
 from attnscale.tasks.base import Sampler, Task, cross_entropy, this_process_rows
 from attnscale.tasks.char_lm import CharLMTask, sample
 from attnscale.tasks.mlm import MLMTask, padding_mask
@@ -24,7 +24,7 @@ TASKS: dict[str, type[Task]] = {
 
 def task_class(config) -> type[Task]:
   """The class `config.task` names; a one-line ValueError for an unknown name."""
-  configlib.check_choice("config.task", config.task, TASKS)
+  checks.check_choice("config.task", config.task, TASKS)
   return TASKS[config.task]
 
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from attnscale import configlib
+from attnscale import checks
 
 Batch = dict[str, np.ndarray]
 
@@ -76,7 +76,7 @@ class Task(abc.ABC):
     so a bad value fails before a download or a workdir is touched. Subclasses
     extend it (call super() for the dataset check).
     """
-    configlib.check_choice("config.dataset", config.dataset, cls.DATASETS)
+    checks.check_choice("config.dataset", config.dataset, cls.DATASETS)
 
   @classmethod
   def without_data(cls, config) -> "Task":

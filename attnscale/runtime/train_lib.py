@@ -7,12 +7,12 @@
 * Auto-resume from the latest orbax checkpoint in WORKDIR (state, data position
   and RNG: all three are functions of the saved step), periodic and final saves,
   and a save on SIGTERM (preemption) or Ctrl-C, at one step that every process
-  agrees on when there are several (`attnscale.interrupts`). After a hard kill
+  agrees on when there are several (`attnscale.runtime.interrupts`). After a hard kill
   (SIGKILL, a lost node) the rerun supersedes what the killed process logged
   past that checkpoint (`MetricsWriter(resume_step=...)`), so each step is
   logged once. A checkpoint that cannot be read (a truncated file) is set aside
   and the run resumes from the newest one that can (`_resume`).
-* WORKDIR/LOCK while the run writes there (`attnscale.run_lock`): a second
+* WORKDIR/LOCK while the run writes there (`attnscale.runtime.run_lock`): a second
   run on the same directory stops at start, naming the first.
 * TensorBoard event files, metrics.jsonl and the resolved config.json in WORKDIR,
   a progress line with loss, steps/s and tokens/s, periodic validation loss:
@@ -25,7 +25,7 @@
 * A NaN or inf loss (or gradient) stops the run before anything non-finite is
   saved: the last good checkpoint stays.
 
-The steps themselves live in `attnscale.steps`; their names are re-exported
+The steps themselves live in `attnscale.runtime.steps`; their names are re-exported
 here (`train_lib.make_train_step`, ...) for the callers that use them.
 """
 
@@ -41,11 +41,12 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from attnscale import configlib, interrupts, metrics_writer, run_lock, tasks
-from attnscale import train_state as ts
-from attnscale.metrics_writer import MetricsWriter
+from attnscale.runtime import configlib, interrupts, metrics_writer, run_lock
+from attnscale import tasks
+from attnscale.runtime import train_state as ts
+from attnscale.runtime.metrics_writer import MetricsWriter
 # Re-exported: tests, notebooks and benchmarks reach the steps through train_lib.
-from attnscale.steps import (dropout_key, evaluate, evaluate_sums, global_batch,  # noqa: F401
+from attnscale.runtime.steps import (dropout_key, evaluate, evaluate_sums, global_batch,  # noqa: F401
                              make_eval_step, make_train_step)
 
 # Fields that may change when a run resumes: bookkeeping, not the experiment
@@ -111,14 +112,14 @@ def _flat_diff(old, new, prefix=""):
       yield f"{prefix}{key}", a, b
 
 
-# The loop's signal handling (SIGTERM, Ctrl-C): attnscale/interrupts.py.
+# The loop's signal handling (SIGTERM, Ctrl-C): attnscale/runtime/interrupts.py.
 _Preemption = interrupts.Preemption
 Interrupted = interrupts.Interrupted
 
 
 @contextlib.contextmanager
 def _workdir_lock(workdir: str, force: bool):
-  """Holds WORKDIR/LOCK for the run (`attnscale.run_lock`); yields the lock.
+  """Holds WORKDIR/LOCK for the run (`attnscale.runtime.run_lock`); yields the lock.
 
   Process 0 takes it for all; if it cannot, every process stops (the others
   with a line pointing to process 0's error).

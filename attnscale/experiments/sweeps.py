@@ -11,7 +11,7 @@ workdir, so a point can run anywhere (a cluster array job, a second machine)
 and `train.py` resumes it where it stopped. `run_sweep` runs the points (one
 after another, or `jobs` at a time), skipping finished ones; `collect` reads
 every point's `config.json` and `metrics.jsonl` into rows, which
-`attnscale/sweep_results.py` turns into tables and figures (`write_results`).
+`attnscale/experiments/sweep_results.py` turns into tables and figures (`write_results`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from attnscale import configlib
-from attnscale.sweep_results import COLUMNS
+from attnscale.runtime import configlib
+from attnscale.experiments.sweep_results import COLUMNS
 # The results' tables and figures, also reachable as sweeps.<name> (notebooks).
-from attnscale.sweep_results import (  # noqa: F401
+from attnscale.experiments.sweep_results import (  # noqa: F401
     TEXT_COLUMNS, best_per_scaling, best_runs, best_table, markdown_table, plot_best,
     plot_loss_curves, plot_loss_vs_lr, standard_error, within_noise, write_results)
 

@@ -10,7 +10,7 @@ leading axes away is free (a bitcast); on GPU and TPU it changes nothing.
 Every matrix product of both model variants goes through `matmul` (the unit
 model's `unit_scaling.linear` and the tied readouts) or `Dense`, so these are
 where simulated fp8 rounds a product's operands and gradient (`fp8=`,
-`attnscale.precision.Fp8`) and where scale tracking taps its input "x" and
+`attnscale.numerics.precision.Fp8`) and where scale tracking taps its input "x" and
 output "y" (`precision.tap`). With fp8=None and no tracking, both run exactly
 the code they ran before either existed.
 
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale import precision
+from attnscale.numerics import precision
 
 Array = jax.Array
 

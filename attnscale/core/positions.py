@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnscale.visibility import upcast
+from attnscale.core.visibility import upcast
 
 POSITIONS = ("learned", "rope", "none")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnscale.attention import attention, attention_weights
+from attnscale.core.attention import attention, attention_weights
 
 
 def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,

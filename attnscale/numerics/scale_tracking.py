@@ -14,8 +14,8 @@ or become inf). This is unit-scaling's `track_scales` and scale analysis
 (Graphcore, `unit_scaling.transforms.track_scales`, `unit_scaling.analysis.plot`)
 for JAX; `attnscale.studies.precision.plot_scales` draws it.
 
-How the tensors are found. The products (`attnscale.layers`) and the attention
-hook (`attnscale.precision.attention_inputs`) call `precision.tap(x, label)`,
+How the tensors are found. The products (`attnscale.numerics.layers`) and the attention
+hook (`attnscale.numerics.precision.attention_inputs`) call `precision.tap(x, label)`,
 the identity unless an observer is installed. `track` installs one that
 (1) names the tensor by the innermost `nnx.Module` on the Python call stack
 (its path in the model, e.g. "blocks.0.attn.q_proj", plus the method when it is
@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attnscale import precision
+from attnscale.numerics import precision
 
 Array = jax.Array
 FORMATS = ("float16", "bfloat16", "e4m3", "e5m2")
@@ -246,7 +246,7 @@ def track(model: nnx.Module, loss_fn: Callable[[nnx.Module], Array], *,
 
   Args:
     model: an `attnscale.models.Model` (any nnx module whose products go
-      through `attnscale.layers`); it is not modified.
+      through `attnscale.numerics.layers`); it is not modified.
     loss_fn: model -> scalar loss (e.g. `lambda m: task.loss(m, batch)[0]`).
     formats: names from `precision.FORMATS` to compute fractions for.
 

@@ -41,7 +41,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from attnscale import configlib, models, sharding
+from attnscale.runtime import configlib
+from attnscale import models
+from attnscale.core import sharding
 from attnscale.models import ModelConfig
 
 State = dict[str, Any]

@@ -16,7 +16,7 @@ stream, LayerNorm statistics, softmax, logits and loss stay float32 in every mod
 Exactly which tensors `fp8` rounds, and where (`Fp8`; docs/science.md, "Low precision"):
 
   * every dense layer and every unit-scaled `linear`/`matmul`
-    (`attnscale.layers.matmul`, `layers.Dense`): forward, x and w -> e4m3
+    (`attnscale.numerics.layers.matmul`, `layers.Dense`): forward, x and w -> e4m3
     (w after its cast from the float32 parameter; in the unit model after the
     unit op's backward scales, which do not act forward); backward, dY (the
     gradient arriving at x @ w) -> e5m2 before both backward products
@@ -248,7 +248,7 @@ def attention_inputs(cfg, q_BTNH: Array, k_BSKH: Array, v_BSKH: Array
 
 
 # ---------------------------------------------------------------------------
-# Taps: where scale tracking observes tensors (attnscale.scale_tracking).
+# Taps: where scale tracking observes tensors (attnscale.numerics.scale_tracking).
 
 Observer = Callable[[Array, str], Array]
 _OBSERVER: contextvars.ContextVar[Observer | None] = contextvars.ContextVar(

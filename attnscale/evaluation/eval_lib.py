@@ -18,9 +18,11 @@ import jax
 import ml_collections
 from flax import nnx
 
-from attnscale import configlib, diagnostics, length_eval, tasks
-from attnscale import steps
-from attnscale import train_state as ts
+from attnscale.runtime import configlib
+from attnscale.evaluation import diagnostics, length_eval
+from attnscale import tasks
+from attnscale.runtime import steps
+from attnscale.runtime import train_state as ts
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -72,7 +74,7 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
   """Evaluates the run in `workdir`, writes WORKDIR/eval.json, returns its contents.
 
   `lengths`: also the loss at each of these context lengths and by position in
-  the window (`attnscale.length_eval`), under eval.json's "lengths" key.
+  the window (`attnscale.evaluation.length_eval`), under eval.json's "lengths" key.
   """
   config = load_config(workdir)
   task = tasks.get_task(config)

@@ -9,7 +9,7 @@ coping (a learned-position model cannot run past its table; a rotary or NoPE
 model can, and its scaling decides what happens at n > L_train).
 
 Cost: each window runs the fused kernel, which never materialises more than one
-causal block's logits ([B, N, rows, L], `attnscale.xla_attention`); the batch
+causal block's logits ([B, N, rows, L], `attnscale.core.xla_attention`); the batch
 is sized to about `tokens_per_batch` tokens, so memory stays flat as L grows.
 
 Dimension legend: B batch, L window length, V vocabulary.
@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from attnscale import steps
-from attnscale import train_state as ts
+from attnscale.runtime import steps
+from attnscale.runtime import train_state as ts
 from attnscale.data import char_lm
 from attnscale.models.base import check_length
 from attnscale.tasks.base import this_process_rows

@@ -7,7 +7,7 @@ libtpu's topology description (`jax.experimental.topologies.get_topology_desc`,
 what MaxText's train_compile.py does), H100s' from the CUDA plugin with a GPU
 target config (`targets/h100_sxm.txtpb`); `jax.jit(step).lower(shapes with
 shardings).compile()` then runs the real XLA (libtpu or CUDA) compiler on the
-real train and eval steps (`attnscale.steps`, the functions train.py runs), over
+real train and eval steps (`attnscale.runtime.steps`, the functions train.py runs), over
 the config's `mesh.data` x `mesh.fsdp` mesh of the target's devices. The
 compiled program answers what a run would need without running it: per-device
 memory (`memory_analysis`), FLOPs and bytes (`cost_analysis`), the attention
@@ -34,8 +34,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from attnscale import configlib, steps, tasks
-from attnscale import train_state as ts
+from attnscale.runtime import configlib, steps
+from attnscale import tasks
+from attnscale.runtime import train_state as ts
 
 GiB = 2**30
 TARGET_DIR = os.path.join(os.path.dirname(__file__), "targets")

@@ -12,13 +12,13 @@ implementations:
   This is the definition.
 * the fused path (default): s_i folded into q, c_i applied to the output, and one
   scale-1 kernel call, so one kernel serves every scaling: splash attention
-  (`attnscale.splash_attention`, Pallas) on a TPU, cuDNN flash attention
-  (`jax.nn.dot_product_attention`) on a GPU, `attnscale.xla_attention` elsewhere
+  (`attnscale.core.splash_attention`, Pallas) on a TPU, cuDNN flash attention
+  (`jax.nn.dot_product_attention`) on a GPU, `attnscale.core.xla_attention` elsewhere
   and for what those cannot take (sigmoid everywhere; soft-cap and sink on cuDNN).
 
 The kernel follows the platform the program is compiled *for*, not the host's:
 the device kind of the mesh the step is traced under
-(`jax.sharding.get_abstract_mesh()`, which `attnscale.steps` sets), else
+(`jax.sharding.get_abstract_mesh()`, which `attnscale.runtime.steps` sets), else
 `jax.default_backend()`. So a TPU program compiled on a CPU host
 (`compile.py`) holds splash, and an H100 program cuDNN.
 
@@ -31,9 +31,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnscale import scalings as scalings_lib
-from attnscale import xla_attention
-from attnscale.visibility import VisibleKeys, upcast
+from attnscale.core import scalings as scalings_lib
+from attnscale.core import xla_attention
+from attnscale.core.visibility import VisibleKeys, upcast
 
 Array = jax.Array
 
@@ -66,10 +66,10 @@ def attention(q_BTNH: Array,
     is_causal: query i attends to keys j <= i only (top-left aligned).
     implementation: None (fused: splash on a TPU where it takes the call,
       cuDNN on a GPU for bf16/fp16 softmax with no soft-cap and no sink, else
-      "xla"), "xla" (fused, `attnscale.xla_attention`), "cudnn" (fused, cuDNN
+      "xla"), "xla" (fused, `attnscale.core.xla_attention`), "cudnn" (fused, cuDNN
       flash attention; errors where cuDNN refuses, and for sigmoid, a soft-cap
       or a sink, which jax.nn's cuDNN call cannot take), "splash" (fused,
-      `attnscale.splash_attention`; in Pallas interpret mode off a TPU, which
+      `attnscale.core.splash_attention`; in Pallas interpret mode off a TPU, which
       is slow and meant for tests; errors where splash refuses), or
       "reference".
     normalizer: "softmax", or "sigmoid": p_ij = sigmoid(l_ij - log n_i) with n_i
@@ -157,10 +157,10 @@ def _fold(scale_fn, q_BTNH, k_BSKH, keys, dtype):
 def _fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink):
   """Calls a fused kernel with scale 1 on the folded q (`_fold`); returns (z, sink factor).
 
-  The kernel (`kernel_for`): "splash" (`attnscale.splash_attention`, TPU;
+  The kernel (`kernel_for`): "splash" (`attnscale.core.splash_attention`, TPU;
   soft-cap and sink inside the kernel, padding as segment ids), "cudnn"
   (`jax.nn.dot_product_attention`'s cuDNN flash attention, GPU; right padding
-  as sequence lengths), or "xla" (`attnscale.xla_attention`: causal blocks,
+  as sequence lengths), or "xla" (`attnscale.core.xla_attention`: causal blocks,
   matmul layouts; jax.nn's own XLA path is 3x slower on CPU). The sink factor
   sigmoid(lse_i - b), [B, T, N], multiplies the output (None without a sink,
   or where the kernel applied the sink itself).
@@ -183,7 +183,7 @@ def target_platform() -> str:
   """"tpu", "gpu" or "cpu": the platform the program being traced is compiled for.
 
   The device kind of the mesh it is traced under (`jax.sharding.use_abstract_mesh`;
-  `attnscale.steps` traces every step under its mesh), so that a program compiled
+  `attnscale.runtime.steps` traces every step under its mesh), so that a program compiled
   on a CPU host for a TPU slice or for GPUs (`compile.py`) gets that platform's
   kernel; outside a mesh, `jax.default_backend()`.
   """
@@ -226,7 +226,7 @@ def _key_mask_BS(keys, batch: int) -> Array | None:
 
 
 def _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink):
-  """Splash attention inside shard_map over the mesh's batch axes (`attnscale.splash_attention`)."""
+  """Splash attention inside shard_map over the mesh's batch axes (`attnscale.core.splash_attention`)."""
   mask = keys.mask_BNTS
   if mask is not None and (mask.shape[2] != 1 or mask.shape[1] != 1):
     raise ValueError("implementation='splash' takes a key (padding) mask [B, 1, 1, S] only "
@@ -242,7 +242,7 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink):
 
 def _splash_lib():
   # Imported on first use: it loads Pallas's TPU kernels, which a CPU or GPU run never needs.
-  from attnscale import splash_attention
+  from attnscale.core import splash_attention
   return splash_attention
 
 

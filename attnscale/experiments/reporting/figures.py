@@ -5,7 +5,7 @@ no GUI backend or pyplot global state is involved; `savefig` renders with Agg.
 A notebook displays them as the value of a cell (after `%matplotlib inline`).
 
 A figure is saved as OUT_DIR/NAME.png, next to the NAME.csv and NAME.md tables
-of the same rows (`attnscale.reporting.tables`).
+of the same rows (`attnscale.experiments.reporting.tables`).
 """
 
 from __future__ import annotations

@@ -10,13 +10,13 @@ A result is written as files side by side in one directory, from the same rows
             metadata, so a seeded run writes the same bytes.
 
 `tables` holds the CSV and Markdown writers, `figures` the figure helpers.
-Sweeps (`attnscale.sweeps`) and studies (`attnscale.studies`) both write
+Sweeps (`attnscale.experiments.sweeps`) and studies (`attnscale.studies`) both write
 through this package and neither imports the other.
 """
 
-from attnscale.reporting.figures import (DPI, PNG_METADATA, label_axes, new_figure, save_figure,
+from attnscale.experiments.reporting.figures import (DPI, PNG_METADATA, label_axes, new_figure, save_figure,
                                          style)
-from attnscale.reporting.tables import (FloatFormat, Row, format_value, power_of_two, to_csv,
+from attnscale.experiments.reporting.tables import (FloatFormat, Row, format_value, power_of_two, to_csv,
                                         to_markdown, write_tables)
 
 __all__ = [

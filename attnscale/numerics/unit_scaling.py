@@ -19,14 +19,14 @@ Where this module differs from the library it says so in the op's docstring:
 factor). Every other op computes the library's formula (tests/test_unit_scaling.py
 checks each against constants derived from the library's source).
 
-Simulated fp8 (`attnscale.precision`): `linear` and `matmul` take `fp8=`, which
+Simulated fp8 (`attnscale.numerics.precision`): `linear` and `matmul` take `fp8=`, which
 rounds both operands to e4m3 forward and the product's incoming gradient to e5m2
 backward, after the unit scales are applied (so the formats see unit-scale tensors).
 
 Importing this module registers the attention scaling "umup" (formerly "unit_scaled").
 
 Dimension legend: B batch (all leading axes, flattened), I fan-in, O fan-out,
-V vocabulary, D model/feature width; for attention as in `attnscale.attention`.
+V vocabulary, D model/feature width; for attention as in `attnscale.core.attention`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnscale import layers, precision, scalings
-from attnscale.visibility import upcast
+from attnscale.numerics import layers, precision
+from attnscale.core import scalings
+from attnscale.core.visibility import upcast
 
 Array = jax.Array
 
@@ -154,7 +155,7 @@ def linear(x_BxI: Array, w_IxO: Array, b_O: Array | None = None, *,
   std is sqrt(fan_out / fan_in)); constraint=None gives the separate, both-unit
   scales. preferred_element_type: the product's accumulation and output dtype
   (e.g. float32 from bfloat16 inputs). fp8: simulated fp8 product
-  (`attnscale.precision.Fp8`): x and w rounded to e4m3 after their backward
+  (`attnscale.numerics.precision.Fp8`): x and w rounded to e4m3 after their backward
   scales, the gradient arriving at x @ w (before the output scale's pass-through)
   rounded to e5m2.
   """
@@ -545,50 +546,6 @@ def attention_residual_weight(n: int, *, is_causal: bool = False, logit_std: flo
   raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
 
 
-# ---------------------------------------------------------------------------
-# Unit-scaled attention, as a scaling for `attnscale.attention`.
-
-
-@dataclasses.dataclass(frozen=True)
-class UnitScaledAttention:
-  """s = mult/d, c_i = n_i / sqrt(1 + (n_i - 1) exp(mult^2/d)).
-
-  Logits mult * q.k / d as in u-muP (Blake et al. 2024; the unit-scaling
-  library's scaled_dot_product_attention): 1/d, not 1/sqrt(d), and mult =
-  sqrt(d) recovers the standard logits. c_i makes the output unit-scale at init
-  for q, k, v ~ N(0, 1), per query from n_i (the keys query i sees), so it is
-  causal- and padding-safe; the library instead uses one global factor from the
-  sequence length, causality and mult. Derivation: the logits of query i are
-  about N(0, sigma^2), sigma^2 = mult^2/d; z_i = sum_j p_ij v_j has variance
-  E[sum_j p_ij^2] ~ (1 + (n - 1) exp(sigma^2))/n^2, exact at n = 1 (= 1) and
-  at sigma = 0 (uniform, 1/n), the delta method for small sigma (1/n +
-  sigma^2 (n - 1)/n^2) and exp(sigma^2)/n for large n (Graphcore's sqrt(e/n) at
-  sigma = 1, so c -> sqrt(n/e), the "fully_scaled" rule). At mult = 1 the
-  softmax is nearly uniform and c_i is about sqrt(n_i). q and k gradients are
-  not rescaled (std about mult/sqrt(d) at init).
-
-  Where it is not unit: the variance model is a large-n approximation, and for
-  few keys it overestimates E[sum_j p_ij^2], so c_i is too small. At mult =
-  sqrt(d) (the standard logits, sigma^2 = 1) a causal prefix's output std is
-  1.00 at n_i = 1, 0.83 at n_i = 2, 0.82 at 3, 0.83 at 4, 0.86 at 8, 0.90 at 16,
-  0.94 at 32, 0.96 at 64, 0.98 at 128 and 0.99 at 256 (the same for d = 32, 64,
-  128; q, k, v ~ N(0, 1), 400k draws per n). At mult = sqrt(d)/2 it is >= 0.98
-  everywhere, at mult = 1 it is 1.000. Bidirectional attention over n >= 64
-  keys is within 4% at any of these mults. (tests/test_unit_scaling.py,
-  `test_unit_scaled_below_one_at_short_causal_prefixes`.)
-  """
-
-  mult: float = 1.0
-
-  def __call__(self, q, k, keys):
-    d = q.shape[-1]
-    e_var = math.exp(self.mult**2 / d)
-    n_BTN = jnp.maximum(keys.count(), 1.0)  # n = 0 rows are zeroed by `attention`.
-    c_BTN = n_BTN * jax.lax.rsqrt(1.0 + (n_BTN - 1.0) * e_var)
-    return scalings.Scaled(q, k, logit_scale=self.mult / d, output_scale=c_BTN)
-
-  def init_logit_scale(self, head_dim: int) -> float:
-    return self.mult / head_dim
-
-
-scalings.register("umup")(UnitScaledAttention)
+# Unit-scaled attention, the "umup" scaling, lives in the registry
+# (attnscale/core/scalings.py) so that every scaling is there without Flax.
+UnitScaledAttention = scalings.UnitScaledAttention

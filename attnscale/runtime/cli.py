@@ -119,7 +119,7 @@ def override_error(path: str, config, *, renamed: Mapping[str, str] | None = Non
     else the close matches among the parent's fields (or all of them).
   """
   if renamed is None:
-    from attnscale import configlib  # imports JAX: only on this error path
+    from attnscale.runtime import configlib  # imports JAX: only on this error path
     renamed = configlib.RENAMED_FIELDS
   parts = path.split(".")
   for i in range(len(parts), 0, -1):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-from attnscale import scalings
+from attnscale.checks import check_choice, check_positive  # noqa: F401 (configs use them here)
+from attnscale.core import scalings
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -70,7 +71,7 @@ def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float
   m.positions = "learned"  # learned | rope (rotary on q, k) | none (NoPE; causal only)
   m.rope_base = 10000.0  # rotary frequency base
   # float32 | bfloat16 | float16 (no loss scaling) | fp8 (simulated: e4m3 product inputs,
-  # e5m2 gradients; attnscale/precision.py); params, softmax and loss stay float32.
+  # e5m2 gradients; attnscale/numerics/precision.py); params, softmax and loss stay float32.
   m.dtype = "float32"
   m.fp8_scaling = "none"  # model.dtype=fp8: none | per_tensor (power-of-2 scale, current amax)
   m.variant = "standard"  # attnscale.models.VARIANTS: standard | unit
@@ -155,25 +156,13 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   return label
 
 
-def check_choice(field: str, value, allowed) -> None:
-  if value not in allowed:
-    raise ValueError(f"{field} must be one of {list(allowed)}, got {value!r}")
-
-
-def check_positive(field: str, value, *, allow_zero: bool = False) -> None:
-  ok = value >= 0 if allow_zero else value > 0
-  if not ok:
-    raise ValueError(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
   """Checks the fields train.py relies on; raises a one-line ValueError.
 
   The generic fields here; the task's own (its dataset names, the masked LM's
   rates, ...) in its `validate_config`, which runs before any data is loaded.
   """
-  # Imported here: the tasks sit above configlib (they use its check_* helpers),
-  # and configs import configlib without needing the data pipelines.
+  # Imported here: configs import configlib without needing the data pipelines.
   from attnscale import tasks
   task_cls = tasks.task_class(config)
   check_choice("config.optimizer", config.optimizer, ("adamw", "adam"))

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attnscale import train_state as ts
+from attnscale.runtime import train_state as ts
 
 
 def dropout_key(seed: int, step):

@@ -1,0 +1,13 @@
+"""Running experiments: what train.py, eval.py, sweep.py and compile.py stand on.
+
+    configlib.py       config helpers: the config argument, checks, run_label, renames
+    cli.py             the entry points' flags: one-line errors (imports no JAX)
+    train_state.py     state, optimizer, mesh, shardings, orbax checkpoints
+    steps.py           the jitted train and eval steps
+    train_lib.py       the training loop (resume, logging, checkpoints, preemption)
+    interrupts.py      SIGTERM and Ctrl-C; run_lock.py: one writer per run directory
+    metrics_writer.py  metrics.jsonl and TensorBoard; hostmem.py: malloc tunables
+    aot.py             compiling for TPU slices and GPUs without them (targets/)
+
+May import core, numerics, models, data and tasks.
+"""
