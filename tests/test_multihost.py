@@ -1,8 +1,9 @@
 """Several JAX processes on one machine: train.py and eval.py as on a pod.
 
 Two real processes (2 fake CPU devices each, gloo collectives, a coordinator on
-a free localhost port) run the commands of the README's "GPUs, TPU pods, several
-hosts" section, parsed from it, so the README cannot drift from what is tested.
+a free localhost port) run the commands of docs/guides/pods-and-gpus.md's "Try it on
+one machine before a pod" section, parsed from it, so the docs cannot drift from
+what is tested.
 They train like one process with the same global batch (losses within 1e-5),
 write each checkpoint once, log from process 0 only, save one agreed step on a
 SIGTERM to both and resume to the uninterrupted run's end, and evaluate the
@@ -40,7 +41,8 @@ from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README_SECTION = "### GPUs, TPU pods, several hosts"
+DOC = os.path.join("docs", "guides", "pods-and-gpus.md")
+DOC_SECTION = "## Try it on one machine before a pod"
 NUM_PROCESSES = 2
 TIMEOUT_S = 300
 
@@ -54,9 +56,9 @@ def readme_commands() -> dict[str, list[str]]:
 
   The argv still holds `$i` (the process id) and the README's port.
   """
-  with open(os.path.join(ROOT, "README.md")) as f:
+  with open(os.path.join(ROOT, DOC)) as f:
     text = f.read()
-  section = text[text.index(README_SECTION):]
+  section = text[text.index(DOC_SECTION):]
   block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
   lines = block.replace("\\\n", " ").splitlines()
   out = {"env": {}}
@@ -68,7 +70,7 @@ def readme_commands() -> dict[str, list[str]]:
       if line.startswith(f"python {name}.py"):
         argv = shlex.split(line.rstrip("&").strip())
         out[name] = [sys.executable, *argv[1:]]
-  assert {"train", "eval"} <= set(out) and out["env"], f"no commands in the README: {block}"
+  assert {"train", "eval"} <= set(out) and out["env"], f"no commands in {DOC}: {block}"
   return out
 
 
