@@ -1,6 +1,6 @@
 """Forward+backward time and memory of every scaling on both attention paths.
 
-    python benchmarks/attention.py                      # the README's tables
+    python benchmarks/attention.py                      # docs/benchmarks.md's tables
     python benchmarks/attention.py --seq 256,1024 --causal=false --dtype bfloat16
     python benchmarks/attention.py --seq 1024,4096 --scalings= # the kernel options only
 

@@ -1,4 +1,5 @@
-"""The README's table of compiled programs: presets x targets, compiled on this CPU.
+"""The table of compiled programs: presets x targets, compiled on this CPU
+(docs/guides/pods-and-gpus.md; committed output in docs/results/compile/).
 
     python benchmarks/compile_targets.py                 # nanogpt, gpt2_small x 3 targets
     python benchmarks/compile_targets.py --targets tpu-v5e-8 --models nanogpt --remat none,full
