@@ -8,9 +8,10 @@ r"""Runs a learning-rate x scaling sweep and writes its results table and figure
   python sweep.py ... --jobs=2  # two points at once, each on half the CPUs
   python sweep.py ... --print_best_runs   # seed 0 at each scaling's best rate
 
-Each point is an ordinary train.py run in WORKDIR/<point>; finished points are
-skipped and interrupted ones resume. Results: WORKDIR/results.{csv,md},
-WORKDIR/loss_vs_lr.png, WORKDIR/loss_curves.png.
+The sweeps are data in configs/sweeps.py (a config's sweeps: sweeps.py next to
+it, naming it). Each point is an ordinary train.py run in WORKDIR/<point>;
+finished points are skipped and interrupted ones resume. Results:
+WORKDIR/results.{csv,md}, WORKDIR/loss_vs_lr.png, WORKDIR/loss_curves.png.
 
 A bad flag (a missing config file or sweep, a --workdir that is a file) exits
 with one `error: ...` line naming it (attnscale/runtime/cli.py).
@@ -23,8 +24,9 @@ from absl import app, flags
 
 from attnscale.runtime import cli
 
-_CONFIG = flags.DEFINE_string("config", None, "A config file that defines get_sweep().")
-_SWEEP = flags.DEFINE_string("sweep", None, "The sweep's name (the config's SWEEPS).")
+_CONFIG = flags.DEFINE_string("config", None, "A config file with sweeps (sweeps.py next to it "
+                              "names it: configs/sweeps.py).")
+_SWEEP = flags.DEFINE_string("sweep", None, "The sweep's name (SWEEPS in the config's sweeps.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The sweep's directory: one sub-directory a point.")
 _PRINT = flags.DEFINE_bool("print_commands", False, "Print each point's train.py command and exit.")
 _JOBS = flags.DEFINE_integer("jobs", 1, "Points to run at once, each pinned to its share of the "

@@ -32,6 +32,9 @@ def test_unknown_sweep_or_config_is_a_one_line_error():
     sweeps.load_sweep(os.path.join(ROOT, CONFIG), "nope")
   with pytest.raises(ValueError, match="is not a config file"):
     sweeps.load_sweep("configs/missing.py", "test")
+  # The sweeps in configs/sweeps.py are shakespeare_char's, not every config's.
+  with pytest.raises(ValueError, match="bert_small.py defines no sweeps"):
+    sweeps.load_sweep(os.path.join(ROOT, "configs/bert_small.py"), "test")
 
 
 def test_print_commands_gives_one_train_py_line_per_point(tmp_path):

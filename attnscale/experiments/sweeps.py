@@ -1,7 +1,8 @@
 """Learning-rate x scaling sweeps: points as data, ordinary train.py runs, one table.
 
 A sweep is a list of points, each a config argument plus field overrides,
-defined next to its config (`configs/*.py:get_sweep(name)`):
+defined in `sweeps.py` next to its config (configs/sweeps.py: `get_sweep(name)`
+for configs/shakespeare_char.py; see `load_sweep`):
 
     {"arg": "preset=graphcore,scaling=fully_scaled,seed=0",
      "overrides": {"learning_rate": 2**-9}}
@@ -39,7 +40,8 @@ from attnscale.experiments.sweep_results import (  # noqa: F401
     TEXT_COLUMNS, best_per_scaling, best_runs, best_table, markdown_table, plot_best,
     plot_loss_curves, plot_loss_vs_lr, standard_error, within_noise, write_results)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py is
+# Where train.py is: the repository root, above attnscale/experiments/.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,24 +83,27 @@ def _short(key: str) -> str:
   return {"learning_rate": "lr"}.get(key, key.rsplit(".", 1)[-1])
 
 
-def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[Point]:
-  """The points of sweep `name` in `config_file` (which defines `get_sweep(name)`).
+SWEEPS_FILE = "sweeps.py"  # a config's sweeps: this file in the config's directory
 
-  A staged sweep's `get_sweep(name, workdir=...)` may add points from the
-  results so far (the seeds at each scaling's best learning rate); `workdir` is
-  passed when its signature takes it.
+
+def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[Point]:
+  """The points of sweep `name` of `config_file`.
+
+  A config's sweeps are data in `sweeps.py` next to it (configs/sweeps.py), which
+  names the config file it is for (`CONFIG`, a file name in the same directory)
+  and defines `SWEEPS` (the sweeps' names) and `get_sweep(name)`. A staged
+  sweep's `get_sweep(name, workdir=...)` may add points from the results so far
+  (the seeds at each scaling's best learning rate,
+  `attnscale.experiments.lr_search`); `workdir` is passed when its signature
+  takes it.
 
   Raises:
     ValueError: the config has no sweeps, or no sweep of that name (the
       message lists the known ones).
   """
-  spec = importlib.util.spec_from_file_location("_sweep_config", config_file)
-  if spec is None or not os.path.exists(config_file):
+  if not os.path.isfile(config_file):
     raise ValueError(f"--config {config_file} is not a config file")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not hasattr(module, "get_sweep"):
-    raise ValueError(f"--config {config_file} defines no sweeps (no get_sweep)")
+  module = _sweeps_module(config_file)
   known = getattr(module, "SWEEPS", ())
   if name not in known:
     raise ValueError(f"--sweep must be one of {list(known)}, got {name!r}")
@@ -111,6 +116,21 @@ def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[
   if len(set(names)) != len(names):
     raise ValueError(f"sweep {name!r} has two points with the same directory name")
   return points
+
+
+def _sweeps_module(config_file: str):
+  """The sweeps module of `config_file` (SWEEPS_FILE in its directory, naming it)."""
+  directory, config_name = os.path.split(os.path.abspath(config_file))
+  path = os.path.join(directory, SWEEPS_FILE)
+  module = None
+  if os.path.isfile(path) and path != os.path.abspath(config_file):
+    spec = importlib.util.spec_from_file_location("_sweeps", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  if module is None or getattr(module, "CONFIG", None) != config_name:
+    raise ValueError(f"--config {config_file} defines no sweeps (no {SWEEPS_FILE} next to "
+                     f"it with CONFIG = {config_name!r})")
+  return module
 
 
 def checkpoint_steps(run_dir: str) -> list[int]:

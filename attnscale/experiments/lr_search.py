@@ -1,0 +1,126 @@
+"""A staged learning-rate search: bracket each label's best rate, then add seeds.
+
+Rates are powers of two, 2^-e, named by their exponent e (larger e, smaller rate).
+
+Stage 1 (seed 0), per label: three rates around its start, 2^-(e-1), 2^-e,
+2^-(e+1); then one rate further while the best of those tried is at an edge
+(all diverged: a smaller rate), never leaving `bounds`. The best is
+"bracketed" when it has a worse (or diverged) neighbour on both sides, or the
+next step would leave the bounds.
+
+Stage 2: `more_seeds` at the bracketed best, so a table can give mean ± s.e.
+
+The search is a pure function of what has finished: `search(starts, loss)` asks
+`loss(trial)` for each trial's final loss (None: not finished yet, NaN:
+diverged) and returns every trial the search needs so far. Called again as runs
+finish, it returns the same trials plus the next ones, so a sweep runs it until
+the list stops growing (sweep.py does). `points` wraps it for a sweep: trials
+as sweep points, losses read from the sweep's run directories.
+
+    trials = lr_search.search({"standard": 9}, loss, bounds=(3, 12), more_seeds=(1, 2))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+  """One run of the search: `label` at learning rate 2^-`exponent`, seed `seed`."""
+
+  label: str
+  exponent: int
+  seed: int = 0
+
+  @property
+  def learning_rate(self) -> float:
+    return 2.0**-self.exponent
+
+
+def best_exponent(losses: Mapping[int, float]) -> int | None:
+  """The exponent of the lowest finite loss (a tie: the smaller rate); None when
+  every rate diverged."""
+  finite = [(loss, -e) for e, loss in losses.items() if math.isfinite(loss)]
+  return -min(finite)[1] if finite else None
+
+
+def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
+           bounds: tuple[int, int] = (3, 12),
+           more_seeds: Sequence[int] = (1, 2)) -> list[Trial]:
+  """The trials needed so far: stage 1 of every label (seed 0), then stage 2.
+
+  Args:
+    starts: label -> the exponent its search starts at (in order: the trials
+      come label by label).
+    loss: a finished trial's final loss (NaN when it diverged); None while it
+      has not finished (that label's search waits for it).
+    bounds: (lo, hi): the search never steps beyond lo <= e <= hi (the first
+      three rates are the start's neighbours, whatever the bounds).
+    more_seeds: the seeds added at each label's bracketed best.
+
+  Returns:
+    Stage 1's trials (label by label, in the order they were needed), then
+    stage 2's (a label whose search is still running, or whose every rate
+    diverged, has none).
+  """
+  lo, hi = bounds
+  stage1, stage2 = [], []
+  for label, start in starts.items():
+    tried = [start - 1, start, start + 1]
+    while True:
+      trials = [Trial(label, e, 0) for e in tried]
+      stage1 += [t for t in trials if t not in stage1]
+      losses = {t.exponent: loss(t) for t in trials}
+      if any(v is None for v in losses.values()):
+        break  # this label's search is still running
+      best = best_exponent(losses)
+      # All diverged: a smaller rate; best at an edge: one step beyond it.
+      if best is None or best == max(tried):
+        beyond = max(tried) + 1
+      elif best == min(tried):
+        beyond = best - 1
+      else:
+        beyond = None
+      if beyond is not None and lo <= beyond <= hi and beyond not in tried:
+        tried = sorted(tried + [beyond])
+        continue
+      if best is not None:
+        stage2 += [Trial(label, best, seed) for seed in more_seeds]
+      break
+  return stage1 + stage2
+
+
+def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[str, int],
+           workdir: str | None, *, bounds: tuple[int, int] = (3, 12),
+           more_seeds: Sequence[int] = (1, 2)) -> list[dict]:
+  """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
+  finished runs in `workdir` (None: nothing has run, stage 1's first trials).
+
+  Args:
+    preset: the config argument's preset.
+    labels: label -> (the config argument's scaling, field overrides).
+    starts: label -> the exponent its search starts at.
+  """
+  from attnscale.experiments import sweeps
+
+  def point(t: Trial) -> dict:
+    scaling, overrides = labels[t.label]
+    return {"arg": f"preset={preset},scaling={scaling},seed={t.seed}",
+            "overrides": {"learning_rate": t.learning_rate, **overrides}}
+
+  def loss(t: Trial) -> float | None:
+    if workdir is None:
+      return None
+    p = point(t)
+    row = sweeps.read_run(os.path.join(workdir, sweeps.Point(
+        p["arg"], tuple(sorted(p["overrides"].items()))).name))
+    if row is None or row["status"] not in ("done", "diverged"):
+      return None
+    return row["final_train_loss"] if row["status"] == "done" else math.nan
+
+  return [point(t) for t in search({label: starts[label] for label in labels}, loss,
+                                   bounds=bounds, more_seeds=more_seeds)]

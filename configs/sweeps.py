@@ -1,0 +1,150 @@
+r"""The sweeps of configs/shakespeare_char.py: data, each point an ordinary train.py run.
+
+  python sweep.py --config=configs/shakespeare_char.py --sweep=NAME --workdir=DIR
+
+How sweep.py finds them: a config's sweeps live in `sweeps.py` next to it, which
+names the config it is for (`CONFIG`) and defines `SWEEPS` (the names sweep.py
+accepts) and `get_sweep(name, workdir=None)`: a list of points, each a config
+argument plus field overrides (and eval.py flags to run after training):
+
+    {"arg": "preset=graphcore,scaling=fully_scaled,seed=0",
+     "overrides": {"learning_rate": 2**-9}}
+
+(attnscale/experiments/sweeps.py, `load_sweep`). The staged learning-rate search
+of the practice sweeps is library code: attnscale/experiments/lr_search.py.
+"""
+
+from attnscale.checks import check_choice
+
+CONFIG = "shakespeare_char.py"  # the config file (next to this one) these sweeps run
+
+# Learning-rate x scaling grids: name -> (preset, scalings, learning rates, seeds).
+SWEEP_SCALINGS = ("standard", "fully_scaled", "unit_scaled", "key_norm_sum", "cosine")
+SWEEPS = {
+    # Graphcore's almost-scaled attention sweep at full size (a GPU job):
+    # Adam at constant LR 2^-7 ... 2^-12, 5000 steps.
+    "graphcore": ("graphcore", SWEEP_SCALINGS, [2.0**-e for e in range(7, 13)], (0,)),
+    # The same at CPU size (preset graphcore_cpu): 50 runs, about an hour on 2
+    # cores. The grid is wider than Graphcore's: the unit-scaled model's and
+    # key_norm_sum's best learning rates sit far above the standard model's.
+    "graphcore_cpu": ("graphcore_cpu", SWEEP_SCALINGS, [2.0**-e for e in range(3, 13)], (0,)),
+    # Seconds: the test suite's.
+    "test": ("test", ("standard", "fully_scaled"), [2.0**-8, 2.0**-6], (0,)),
+}
+# Today's practice against the seeds' scalings (README, "Today's practice"): every
+# registered scaling and attention option at the graphcore_cpu size. Label ->
+# (the config argument's scaling, field overrides).
+PRACTICE = {
+    "standard": ("standard", {}),
+    "none": ("none", {}),
+    "key_norm_sum": ("key_norm_sum", {}),
+    "key_norm_mean": ("key_norm_mean", {}),
+    "key_norm_power": ("key_norm_power", {}),  # p = 2
+    "cosine": ("cosine", {}),  # learned temperature from g0 = log2(L^2 - L) = 12
+    "cosine_fixed": ("cosine,temperature=12", {}),
+    "qk_layernorm": ("qk_layernorm", {}),
+    "qk_rmsnorm": ("qk_rmsnorm", {}),
+    "inverse_d": ("inverse_d", {}),
+    "log_n": ("log_n", {}),
+    "log_n_ratio": ("log_n_ratio", {}),
+    "fully_scaled": ("fully_scaled", {}),
+    "umup": ("umup", {}),
+    "unit_scaled": ("unit_scaled", {}),
+    "softcap": ("standard", {"model.logit_softcap": 50.0}),  # Gemma 2's attention cap
+    "sink_zero": ("standard", {"model.sink": "zero"}),
+    "sink_learned": ("standard", {"model.sink": "learned"}),
+    "gate_headwise": ("standard", {"model.attn_gate": "headwise"}),
+    "gate_elementwise": ("standard", {"model.attn_gate": "elementwise"}),
+    "sigmoid": ("standard", {"model.normalizer": "sigmoid"}),
+}
+# Where each label's learning-rate search starts: e for 2^-e, the best of the
+# graphcore_cpu sweep (docs/results/graphcore_cpu) where it ran, else a guess from
+# the logits' scale at init (smaller logits, larger rate). The search brackets it.
+PRACTICE_LR_START = dict.fromkeys(PRACTICE, 9) | {
+    "key_norm_sum": 5, "key_norm_power": 5, "unit_scaled": 5, "umup": 5,
+    "fully_scaled": 10, "none": 10, "inverse_d": 8}
+PRACTICE_LR_RANGE = (3, 12)  # the search never leaves 2^-3 ... 2^-12
+# Stage 1 (seed 0): each label at 2^-(e-1), 2^-e, 2^-(e+1), then one rate
+# further while the best is at an edge of those tried ("bracketed"). Stage 2:
+# seeds 1 and 2 at the bracketed best, so the table gives mean ± s.e. over 3 seeds
+# (attnscale/experiments/lr_search.py).
+# (preset, {label: (scaling, overrides)}, {label: start exponent}, stage 2's seeds)
+SWEEPS["practice"] = ("graphcore_cpu", PRACTICE, PRACTICE_LR_START, (1, 2))
+SWEEPS["practice_test"] = ("test", {k: PRACTICE[k] for k in ("standard", "sink_zero")},
+                           {"standard": 7, "sink_zero": 7}, (1,))
+
+# The length study's learning rates: each scaling's best in the graphcore_cpu sweep
+# (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
+# take standard's (log_n and log_n_ratio equal standard at the training length,
+# qk_layernorm is as close to it at initialisation).
+LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
+              "key_norm_sum": 2.0**-5, "fully_scaled": 2.0**-10, "cosine": 2.0**-9,
+              "qk_layernorm": 2.0**-9, "unit_scaled": 2.0**-5}
+# The length study (README, "Length generalisation"): trained at 64 (preset
+# graphcore_cpu), evaluated at 1x ... 16x; rotary and no positions, two seeds,
+# each scaling at its LENGTH_LRS rate. 32 runs, about an hour.
+# (preset, {scaling: learning rate}, positions, eval.py --lengths flag, seeds)
+SWEEPS["length"] = ("graphcore_cpu", LENGTH_LRS, ("rope", "none"),
+                    "--lengths=64,128,256,512,1024", (0, 1))
+# Seconds: the test suite's length sweep.
+SWEEPS["length_test"] = ("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),
+                         "--lengths=32,64", (0,))
+
+
+# The precision study (README, "Low precision"; docs/science.md, "Low precision"):
+# each scaling at its graphcore_cpu learning rate (LENGTH_LRS), in every model.dtype
+# with no loss scaling, and fp8 also with per-tensor scaling (the conventional
+# baseline). About an hour and a half on 2 idle cores.
+PRECISION_SCALINGS = ("standard", "fully_scaled", "cosine", "qk_layernorm", "key_norm_sum",
+                      "unit_scaled")
+PRECISION_FORMATS = {  # label -> field overrides (float32: none)
+    "float32": {},
+    "bfloat16": {"model.dtype": "bfloat16"},
+    "float16": {"model.dtype": "float16"},
+    "fp8": {"model.dtype": "fp8"},
+    "fp8_per_tensor": {"model.dtype": "fp8", "model.fp8_scaling": "per_tensor"},
+}
+# Seed 0 in every format; seed 1 in float32 and unscaled fp8 (the two ends), for
+# the seed spread: 6 x (5 + 2) = 42 runs.
+# (preset, scalings, {label: overrides}, {seed: its formats})
+SWEEPS["precision"] = ("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
+                       {0: tuple(PRECISION_FORMATS), 1: ("float32", "fp8")})
+# The same at the cpu preset (about 6 hours), each scaling at the preset's 2e-3.
+SWEEPS["precision_cpu"] = ("cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
+                           {0: tuple(PRECISION_FORMATS)})
+# Seconds: the test suite's.
+SWEEPS["precision_test"] = ("test", ("standard", "unit_scaled"),
+                            {k: PRECISION_FORMATS[k] for k in ("float32", "float16", "fp8")},
+                            {0: ("float32", "float16", "fp8")})
+
+
+def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
+  """The points of sweep `name`: scaling x learning rate x seed (the length
+  sweeps: scaling at its LENGTH_LRS rate x positions x seed, then eval.py
+  --lengths; the precision sweeps: scaling x format x seed; the practice sweeps:
+  staged, see PRACTICE, reading the finished runs in `workdir`)."""
+  check_choice("sweep", name, SWEEPS)
+  if name.startswith("practice"):
+    from attnscale.experiments import lr_search  # only the staged sweep reads results
+    preset, labels, starts, more_seeds = SWEEPS[name]
+    return lr_search.points(preset, labels, starts, workdir, bounds=PRACTICE_LR_RANGE,
+                            more_seeds=more_seeds)
+  if name.startswith("precision"):
+    preset, scalings, formats, seeds = SWEEPS[name]
+    # The full-size sweep at each scaling's LENGTH_LRS rate; the others at the preset's.
+    lr = lambda scaling: {"learning_rate": LENGTH_LRS[scaling]} if name == "precision" else {}
+    return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
+             "overrides": lr(scaling) | formats[f]}
+            for seed, seed_formats in seeds.items() for scaling in scalings
+            for f in seed_formats]
+  if name.startswith("length"):
+    preset, lrs, positions, lengths, seeds = SWEEPS[name]
+    # Seed-major: after the first half, every (scaling, positions) has one run.
+    return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
+             "overrides": {"learning_rate": lr, "model.positions": pos},
+             "eval": [lengths, "--length=100"]}
+            for seed in seeds for pos in positions for scaling, lr in lrs.items()]
+  preset, scalings, learning_rates, seeds = SWEEPS[name]
+  return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
+           "overrides": {"learning_rate": lr}}
+          for scaling in scalings for lr in learning_rates for seed in seeds]

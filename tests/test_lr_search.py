@@ -1,0 +1,119 @@
+"""The staged learning-rate search (attnscale/experiments/lr_search.py) on synthetic
+losses: no training, milliseconds."""
+
+import math
+
+import pytest
+
+from attnscale.experiments import lr_search
+from attnscale.experiments.lr_search import Trial
+
+
+def run_to_end(starts, loss_of_exponent, **kwargs):
+  """Drives the search as sweep.py does: run what it asks for, ask again, until
+  the list stops growing. Returns the final trials and every intermediate list."""
+  finished: dict[Trial, float] = {}
+  history = []
+  while True:
+    trials = lr_search.search(starts, lambda t: finished.get(t), **kwargs)
+    history.append(trials)
+    new = [t for t in trials if t not in finished]
+    if not new:
+      return trials, history
+    for t in new:  # each finished run's loss depends on its rate (and a little on its seed)
+      finished[t] = loss_of_exponent(t.exponent) + 0.001 * t.seed
+
+
+def exponents(trials, label="a", seed=0):
+  return [t.exponent for t in trials if t.label == label and t.seed == seed]
+
+
+def test_first_call_asks_for_three_rates_around_each_start():
+  trials = lr_search.search({"a": 9, "b": 5}, lambda t: None)
+  assert trials == [Trial("a", 8), Trial("a", 9), Trial("a", 10),
+                    Trial("b", 4), Trial("b", 5), Trial("b", 6)]
+  assert trials[0].learning_rate == 2.0**-8 and trials[0].seed == 0
+
+
+def test_best_at_an_edge_walks_one_rate_at_a_time_until_bracketed_then_adds_seeds():
+  # The best rate is 2^-6, three steps above the start 2^-9.
+  trials, _ = run_to_end({"a": 9}, lambda e: 1.0 + (e - 6) ** 2, more_seeds=(1, 2))
+  assert exponents(trials) == [8, 9, 10, 7, 6, 5]  # 2^-5 is worse: bracketed at 2^-6
+  assert trials[-2:] == [Trial("a", 6, 1), Trial("a", 6, 2)]
+
+
+def test_best_inside_the_first_three_needs_nothing_more():
+  trials, history = run_to_end({"a": 9}, lambda e: abs(e - 9.2), more_seeds=(1,))
+  assert exponents(trials) == [8, 9, 10]
+  assert trials[-1] == Trial("a", 9, 1)
+  assert len(history) == 3  # stage 1, stage 2, nothing new
+
+
+def test_all_diverged_tries_smaller_rates():
+  # NaN (diverged) above 2^-10; the best finite is 2^-11.
+  loss = lambda e: math.nan if e < 10 else 1.0 + (e - 11) ** 2
+  trials, _ = run_to_end({"a": 5}, loss, bounds=(3, 12), more_seeds=(1,))
+  assert exponents(trials) == [4, 5, 6, 7, 8, 9, 10, 11, 12]
+  assert trials[-1] == Trial("a", 11, 1)
+
+
+def test_the_search_stays_within_its_bounds():
+  # Smaller is always better: the search stops at the bound 2^-12, seeds there.
+  trials, _ = run_to_end({"a": 11}, lambda e: -e, bounds=(3, 12), more_seeds=(1,))
+  assert exponents(trials) == [10, 11, 12] and trials[-1] == Trial("a", 12, 1)
+  # Larger is always better: stops at 2^-3.
+  trials, _ = run_to_end({"a": 5}, lambda e: e, bounds=(3, 12), more_seeds=(1,))
+  assert exponents(trials) == [4, 5, 6, 3] and trials[-1] == Trial("a", 3, 1)
+  # Every rate within the bounds diverges: no seeds, nothing to report.
+  trials, _ = run_to_end({"a": 10}, lambda e: math.nan, bounds=(3, 12), more_seeds=(1,))
+  assert exponents(trials) == [9, 10, 11, 12] and all(t.seed == 0 for t in trials)
+
+
+def test_a_tie_goes_to_the_smaller_rate():
+  assert lr_search.best_exponent({8: 2.0, 9: 1.5, 10: 1.5}) == 10
+  assert lr_search.best_exponent({8: math.nan, 9: math.nan}) is None
+
+
+def test_a_label_waits_for_its_runs_while_the_others_go_on():
+  # a's 2^-9 has not finished; b's three have, best at the edge 2^-4.
+  done = {Trial("a", 8): 2.0, Trial("a", 10): 2.1,
+          Trial("b", 4): 1.0, Trial("b", 5): 1.1, Trial("b", 6): 1.2}
+  trials = lr_search.search({"a": 9, "b": 5}, done.get, more_seeds=(1,))
+  assert exponents(trials, "a") == [8, 9, 10]
+  assert exponents(trials, "b") == [4, 5, 6, 3]
+  assert all(t.seed == 0 for t in trials)  # no label is bracketed yet
+
+
+def test_stage_two_comes_after_every_labels_stage_one_and_the_list_only_grows():
+  loss = {"a": lambda e: abs(e - 6.2), "b": lambda e: abs(e - 9.1)}
+  finished = {}
+  history = []
+  while True:
+    trials = lr_search.search({"a": 9, "b": 9}, finished.get, more_seeds=(1, 2))
+    history.append(trials)
+    new = [t for t in trials if t not in finished]
+    if not new:
+      break
+    for t in new[:1]:  # one run finishes at a time
+      finished[t] = loss[t.label](t.exponent)
+  for before, after in zip(history, history[1:]):
+    assert set(before) <= set(after)
+  seeds = [t for t in trials if t.seed]
+  assert seeds == [Trial("a", 6, 1), Trial("a", 6, 2), Trial("b", 9, 1), Trial("b", 9, 2)]
+  assert trials[-len(seeds):] == seeds
+
+
+def test_points_are_sweep_points_of_the_labels_scalings_and_overrides():
+  labels = {"standard": ("standard", {}), "sink_zero": ("standard", {"model.sink": "zero"})}
+  points = lr_search.points("test", labels, {"standard": 7, "sink_zero": 7}, None)
+  assert points[0] == {"arg": "preset=test,scaling=standard,seed=0",
+                       "overrides": {"learning_rate": 2.0**-6}}
+  assert points[3] == {"arg": "preset=test,scaling=standard,seed=0",
+                       "overrides": {"learning_rate": 2.0**-6, "model.sink": "zero"}}
+  assert len(points) == 6
+
+
+@pytest.mark.parametrize("start", [4, 8, 11])
+def test_any_start_finds_the_same_best(start):
+  trials, _ = run_to_end({"a": start}, lambda e: (e - 7.4) ** 2, more_seeds=(1,))
+  assert trials[-1] == Trial("a", 7, 1)
