@@ -90,21 +90,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
   c.remat = "none"
 
-  # Model (fields of attnscale.models.ModelConfig).
-  c.model = ml_collections.ConfigDict()
+  # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md) with the
+  # config argument's scaling. What differs from its defaults (a GPT):
+  c.model = configlib.model(arg.scaling, p=arg.p)
   m = c.model
   m.vocab_size = 8192  # the subword vocabulary (checked against the tokenizer)
   m.block_size = 128  # learned positions = longest row
-  m.num_layers = 4
-  m.num_heads = 4
-  m.num_kv_heads = config_dict.placeholder(int)  # None = num_heads; fewer = GQA
-  m.width = 256  # d_model
-  m.mlp_ratio = 4  # MLP hidden = mlp_ratio * width
+  m.num_layers, m.num_heads, m.width = 4, 4, 256  # BERT-mini's shape (Turc et al. 2019)
   m.dropout = 0.1  # BERT's, on embeddings and residual branches
   m.causal = False  # bidirectional: every real token sees every real token
   m.ln_position = arg.ln  # post: LN(x + f(x)) as BERT | pre: x + f(LN(x))
   m.head = "mlm"  # BERT's MLM head: dense + GELU + LN, tied embedding, output bias
-  configlib.add_attention_fields(m, arg.scaling, p=arg.p)  # scaling, variant, ...
   if m.variant == "unit":
     # The unit-scaled transformer is pre-LN with a tied readout; its attention
     # weight uses n = block_size (bidirectional).

@@ -82,18 +82,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
   c.remat = "none"
 
-  # Model (fields of attnscale.models.ModelConfig).
-  c.model = ml_collections.ConfigDict()
+  # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md), whose
+  # defaults are nanoGPT's shakespeare_char model (65 characters, 6 layers, 6 heads,
+  # width 384, block 256), with the config argument's scaling. What differs here:
+  c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature)
   m = c.model
-  m.vocab_size = 65  # tiny Shakespeare's characters (checked against the data)
-  m.block_size = 256  # learned positions = longest sequence
-  m.num_layers = 6
-  m.num_heads = 6
-  m.num_kv_heads = config_dict.placeholder(int)  # None = num_heads; fewer = GQA
-  m.width = 384  # d_model
-  m.mlp_ratio = 4  # MLP hidden = mlp_ratio * width
-  m.dropout = 0.2  # embeddings and residual branches (the fused kernel has no attention dropout)
-  configlib.add_attention_fields(m, arg.scaling, p=arg.p, temperature=arg.temperature)  # scaling, variant, ...
+  m.dropout = 0.2  # nanoGPT's shakespeare_char (the smaller presets below set their own)
 
   if arg.preset == "graphcore":
     c.batch_size, c.seq_len = 16, 256

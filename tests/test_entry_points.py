@@ -48,8 +48,8 @@ TRAIN_CASES = {  # id: (flags after --workdir, names the error must hold)
     "wrong_type_int": ([CONFIG, "--config.batch_size=abc"], ["--config.batch_size", "int"]),
     "wrong_type_float": ([CONFIG, "--config.learning_rate=fast"],
                          ["--config.learning_rate", "float"]),
-    "wrong_type_bool": ([CONFIG, "--config.model.qk_layernorm=maybe"],
-                        ["--config.model.qk_layernorm", "bool"]),
+    "wrong_type_bool": ([CONFIG, "--config.model.shared_kv=maybe"],
+                        ["--config.model.shared_kv", "bool"]),
 }
 
 

@@ -125,12 +125,9 @@ def test_old_saved_configs_migrate():
   config = shakespeare_char.get_config("preset=test,scaling=unit_scaled")
   old = json.loads(config.to_json())
   unit = old["model"].pop("unit")
-  del unit["scaled_loss"]  # added after the move (its default applies when absent)
+  del unit["scaled_loss"]  # added after the move: migrate fills in ModelConfig's default
   old["model"].update(unit, variant="unit_scaled")  # the flat layout saved before
-  migrated = configlib.migrate(old)
-  expected = json.loads(config.to_json())
-  del expected["model"]["unit"]["scaled_loss"]
-  assert migrated == expected
+  assert configlib.migrate(old) == json.loads(config.to_json())
 
 
 def test_one_label_per_run():
@@ -138,8 +135,10 @@ def test_one_label_per_run():
   assert label("scaling=unit_scaled") == "unit_scaled"  # not "fully_scaled"
   assert label("scaling=fully_scaled") == "fully_scaled"
   config = shakespeare_char.get_config("preset=test,scaling=standard")
-  config.model.qk_layernorm = True
+  config.model.qk_norm = "layernorm"  # the label of model.qk_layernorm=True before the rename
   assert configlib.run_label(config) == "standard+qk_layernorm"
+  config.model.qk_norm = "rmsnorm"
+  assert configlib.run_label(config) == "standard+qk_rmsnorm"
   config = shakespeare_char.get_config("preset=test,scaling=unit_scaled")
   config.model.scaling = "umup"
   assert configlib.run_label(config) == "unit/umup"

@@ -296,7 +296,8 @@ def test_eight_devices_match_one_device(run_a, tmp_path):
 # 4. Every scaling (and the model options) trains without NaN.
 
 MODEL_OPTIONS = {
-    "qk_layernorm_standard": {"model.qk_layernorm": True},
+    "qk_layernorm_standard": {"model.qk_norm": "layernorm"},
+    "qk_rmsnorm_standard": {"model.qk_norm": "rmsnorm"},
     "shared_kv": {"model.shared_kv": True},
     "sigmoid": {"model.normalizer": "sigmoid"},
     "mqa": {"model.num_kv_heads": 1},

@@ -138,7 +138,7 @@ def register(name: str, *, learned: dict[str, Learned] | None = None,
       creates them in every attention layer and passes them to `f` as keywords.
       Every keyword needs a default in `f`, so `get(name)` works without them.
     normalizes_qk: the scaling normalises q and k itself (the model then refuses
-      `model.qk_layernorm`, which would normalise them twice).
+      `model.qk_norm`, which would normalise them twice).
     from_dims: keywords the model fills from its sizes, keyword -> f(`Dims`),
       fixed rather than learned (log_n_ratio's `train_len`); a value in
       `model.scaling_params` wins. Each needs a default in `f` as well.
@@ -156,13 +156,14 @@ def names() -> list[str]:
   return list(_REGISTRY)
 
 
-def entry(name: str) -> Entry:
-  """The registration of `name`; ValueError (listing the valid names) if unknown."""
+def entry(name: str, *, field: str = "scaling") -> Entry:
+  """The registration of `name`; ValueError (listing the valid names, naming
+  `field`) if unknown."""
   if name in RENAMED:
-    raise ValueError(f"scaling {name!r} was renamed {RENAMED[name]!r} (the config argument "
+    raise ValueError(f"{field} {name!r} was renamed {RENAMED[name]!r} (the config argument "
                      f"scaling=unit_scaled still selects Graphcore's unit-scaled experiment)")
   if name not in _REGISTRY:
-    raise ValueError(f"scaling must be one of {names()}, got {name!r}")
+    raise ValueError(f"{field} must be one of {names()}, got {name!r}")
   return _REGISTRY[name]
 
 
@@ -303,12 +304,14 @@ class QKLayerNorm:
   eps: float = 1e-6
 
   def __call__(self, q, k, keys):
-    return Scaled(_layer_norm(q, self.q_scale, self.eps),
-                  _layer_norm(k, self.k_scale, self.eps),
+    return Scaled(layer_norm(q, self.q_scale, self.eps),
+                  layer_norm(k, self.k_scale, self.eps),
                   logit_scale=q.shape[-1] ** -0.5)
 
 
-def _layer_norm(x_XH, scale_H, eps):
+def layer_norm(x_XH, scale_H=None, eps=1e-6):
+  """LayerNorm over the last axis (no bias; gain `scale_H` [H] or [N|K, H], None = 1),
+  in float32 at least: QKLayerNorm's, and the model's `qk_norm="layernorm"`."""
   x_XH = upcast(x_XH)
   mean_X1 = x_XH.mean(-1, keepdims=True)
   var_X1 = jnp.square(x_XH - mean_X1).mean(-1, keepdims=True)
@@ -334,11 +337,13 @@ class QKRMSNorm:
   eps: float = 1e-6
 
   def __call__(self, q, k, keys):
-    return Scaled(_rms_norm(q, self.q_scale, self.eps), _rms_norm(k, self.k_scale, self.eps),
+    return Scaled(rms_norm(q, self.q_scale, self.eps), rms_norm(k, self.k_scale, self.eps),
                   logit_scale=q.shape[-1] ** -0.5)
 
 
-def _rms_norm(x_XH, scale_H, eps):
+def rms_norm(x_XH, scale_H=None, eps=1e-6):
+  """RMSNorm over the last axis (gain as `layer_norm`'s): QKRMSNorm's, and the
+  model's `qk_norm="rmsnorm"`."""
   x_XH = upcast(x_XH)
   y_XH = x_XH * jax.lax.rsqrt(jnp.square(x_XH).mean(-1, keepdims=True) + eps)
   if scale_H is None:

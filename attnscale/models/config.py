@@ -25,6 +25,7 @@ LN_POSITIONS = ("pre", "post")
 SINKS = ("none", "zero", "learned")
 GATES = ("none", "headwise", "elementwise")
 HEADS = ("lm", "mlm")
+QK_NORMS = ("none", "layernorm", "rmsnorm")  # model.qk_norm: the model's own, no scaling
 REMATS = ("none", "full", "dots")  # config.remat: see models.base.REMAT_POLICIES
 # The model variants by name, filled by attnscale/models/__init__.py (the variants
 # import this module, so it cannot import them).
@@ -33,51 +34,81 @@ VARIANTS: dict[str, type] = {}
 RENAMED_VALUES = {("model.variant", "unit_scaled"): "unit"}
 
 
+def field(default: Any = dataclasses.MISSING, doc: str = "", **kw) -> Any:
+  """A config field: its default and its one-line doc (`metadata["doc"]`), the
+  single source of `config.model` (configlib.model_fields) and of
+  docs/reference/config.md. `top_level`: set from that top-level config field,
+  not from `config.model`."""
+  top_level = kw.pop("top_level", None)
+  return dataclasses.field(default=default, metadata={"doc": doc, "top_level": top_level},
+                           **kw)
+
+
 @dataclasses.dataclass(frozen=True)
 class UnitConfig:
   """The unit-scaled, residual-weighted transformer's fields (`config.model.unit`)."""
 
-  residual_mult: float = 1.0  # u-muP: branches' total weight against the embedding
-  residual_attn_ratio: float = 1.0  # u-muP: attention / MLP branch weight ratio
-  residual_rule: str = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
-  attn_residual: str = "rule"  # rule (depth rule only) | relative (x sqrt(e/n): Graphcore's fix)
-  scaled_loss: bool = True  # logits' gradient to unit scale (unit_scaling's cross_entropy)
+  residual_mult: float = field(1.0, "u-muP: all branches' weight against the embedding")
+  residual_attn_ratio: float = field(1.0, "u-muP: attention / MLP branch weight ratio")
+  residual_rule: str = field(
+      "umup", "umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f")
+  attn_residual: str = field(
+      "rule", "rule (the depth rule only) | relative: attention tau x sqrt(e/n) (Graphcore's fix)")
+  scaled_loss: bool = field(
+      True, "the logits' gradient scaled to unit std, as unit_scaling's cross_entropy "
+      "(False: the plain mean's ~1/(B T sqrt(V)), which low precision flushes)")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyperparameters of a model (mirrors `config.model`)."""
 
-  vocab_size: int = 65
-  block_size: int = 256  # training context length; the longest sequence with learned positions
-  num_layers: int = 6
-  num_heads: int = 6
-  num_kv_heads: int | None = None  # None = num_heads; fewer = grouped-query
-  width: int = 384
-  mlp_ratio: int = 4
-  dropout: float = 0.0  # embeddings and residual branches; none on attention weights
-  scaling: str = "standard"  # a name from attnscale.scalings.names()
-  scaling_params: Any = None  # the scaling's params, e.g. {"p": 2.0}; fixes a learned one
-  qk_layernorm: bool = False  # learned LayerNorm on q and k before the scaling
-  shared_kv: bool = False  # one projection for keys and values (W_K = W_V)
-  normalizer: str = "softmax"  # or "sigmoid" (reference path only)
-  attention_impl: str | None = None  # None/"xla"/"cudnn" fused, or "reference"
-  causal: bool = True  # False: bidirectional (an encoder); padding goes in `mask`
-  ln_position: str = "pre"  # pre: x + f(LN(x)) (GPT-2) | post: LN(x + f(x)) (BERT)
-  head: str = "lm"  # lm: tied embedding | mlm: BERT's dense+GELU+LN, tied embedding, bias
-  dtype: str = "float32"  # compute dtype ("bfloat16": mixed precision); params stay float32
-  fp8_scaling: str = "none"  # dtype="fp8": none | per_tensor (power-of-2 scale from current amax)
-  init_std: float = 0.02
-  logit_softcap: float = 0.0  # c > 0: logits -> c tanh(logits / c) (Gemma 2: 50); 0 = off
-  sink: str = "none"  # none | zero (off-by-one softmax) | learned (a sink logit per head)
-  attn_gate: str = "none"  # none | headwise | elementwise: z * sigmoid(x W_g) (gated attention)
-  positions: str = "learned"  # learned (absolute table) | rope (rotary on q, k) | none (NoPE)
-  rope_base: float = 10000.0  # rotary frequency base (positions="rope")
-  variant: str = "standard"  # a name from attnscale.models.VARIANTS
-  unit: UnitConfig = UnitConfig()  # the "unit" variant's fields
-  # Rematerialisation of each block (jax.checkpoint): none | full | dots. Set from
-  # the top-level config.remat (a memory choice, not part of the model's maths).
-  remat: str = "none"
+  vocab_size: int = field(65, "tokens (checked against the data)")
+  block_size: int = field(
+      256, "training context length; the longest sequence with learned positions")
+  num_layers: int = field(6, "transformer blocks")
+  num_heads: int = field(6, "attention heads (must divide width)")
+  num_kv_heads: int | None = field(None, "key/value heads; None = num_heads; fewer = grouped-query")
+  width: int = field(384, "d_model")
+  mlp_ratio: int = field(4, "MLP hidden = mlp_ratio * width")
+  dropout: float = field(
+      0.0, "on embeddings and residual branches; none on attention weights (the fused kernel "
+      "has none)")
+  scaling: str = field("standard", "the attention scaling: a name from attnscale.scalings.names()")
+  scaling_params: dict = field(
+      doc="the scaling's params (e.g. key_norm_power's p); a learned one set here is fixed",
+      default_factory=dict)
+  qk_norm: str = field(
+      "none", "none | layernorm | rmsnorm: a learned norm of q and k over the head dim "
+      "before the scaling (was model.qk_layernorm=True: layernorm)")
+  shared_kv: bool = field(False, "one projection for keys and values (W_K = W_V)")
+  normalizer: str = field("softmax", "softmax | sigmoid (the softmax alternative; slow path)")
+  attention_impl: str | None = field(
+      None, "None/xla/cudnn: the fused kernel (None picks one) | reference")
+  causal: bool = field(True, "False: bidirectional (an encoder); padding goes in the mask")
+  ln_position: str = field("pre", "pre: x + f(LN(x)) (GPT-2) | post: LN(x + f(x)) (BERT)")
+  head: str = field(
+      "lm", "lm: the tied embedding | mlm: BERT's dense + GELU + LN, tied embedding, bias")
+  dtype: str = field(
+      "float32", "float32 | bfloat16 | float16 (no loss scaling) | fp8 (simulated: e4m3 "
+      "product inputs, e5m2 gradients); params, softmax and loss stay float32")
+  fp8_scaling: str = field(
+      "none", "dtype=fp8: none | per_tensor (power-of-2 scale from the current amax)")
+  init_std: float = field(0.02, "std of the weights' normal init (residual outputs / sqrt(2 L))")
+  logit_softcap: float = field(
+      0.0, "c > 0: logits -> c tanh(logits / c) (Gemma 2: 50); 0 = off")
+  sink: str = field(
+      "none", "none | zero (off-by-one softmax) | learned (a sink logit per head)")
+  attn_gate: str = field(
+      "none", "none | headwise | elementwise: output * sigmoid(x W_g) (gated attention)")
+  positions: str = field(
+      "learned", "learned (absolute table) | rope (rotary on q, k) | none (NoPE; causal only)")
+  rope_base: float = field(10000.0, "rotary frequency base (positions=rope)")
+  variant: str = field("standard", "the model: attnscale.models.VARIANTS (standard | unit)")
+  unit: UnitConfig = field(UnitConfig(), "the unit variant's own fields")
+  remat: str = field(
+      "none", "rematerialisation of each block (a memory choice, not the model's maths)",
+      top_level="remat")
 
   def __post_init__(self):
     if isinstance(self.unit, dict):  # from config.model.to_dict()
@@ -88,7 +119,8 @@ class ModelConfig:
     if self.variant not in VARIANTS:
       raise ValueError(f"model.variant must be one of {list(VARIANTS)}, "
                        f"got {self.variant!r}")
-    entry = scalings.entry(self.scaling)  # unknown names fail here, listing the valid ones
+    # Unknown names fail here, listing the valid ones (the one check of model.scaling).
+    entry = scalings.entry(self.scaling, field="model.scaling")
     scalings.get(self.scaling, **dict(self.scaling_params or {}))  # bad params fail now
     if self.width % self.num_heads:
       raise ValueError(f"model.num_heads ({self.num_heads}) must divide model.width "
@@ -96,8 +128,10 @@ class ModelConfig:
     if self.num_heads % self.kv_heads:
       raise ValueError(f"model.num_kv_heads ({self.kv_heads}) must divide model.num_heads "
                        f"({self.num_heads})")
-    if self.qk_layernorm and entry.normalizes_qk:
-      raise ValueError(f"model.qk_layernorm=True with scaling={self.scaling!r} would "
+    if self.qk_norm not in QK_NORMS:
+      raise ValueError(f"model.qk_norm must be one of {list(QK_NORMS)}, got {self.qk_norm!r}")
+    if self.qk_norm != "none" and entry.normalizes_qk:
+      raise ValueError(f"model.qk_norm={self.qk_norm!r} with scaling={self.scaling!r} would "
                        "normalise q and k twice: use one of them")
     if self.normalizer not in NORMALIZERS:
       raise ValueError(f"model.normalizer must be one of {NORMALIZERS}, "

@@ -4,8 +4,8 @@ nanoGPT's architecture: pre-LN blocks, learned positions (or rotary, or none:
 `model.positions`, attnscale/core/positions.py), tied input/output
 embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections at
 0.02 / sqrt(2 L). The attention's scaling is a config value (`scaling`), plus the
-model-level options compared against the same baselines: QK-LayerNorm before any
-scaling, a shared key/value projection (W_K = W_V), and the sigmoid alternative
+model-level options compared against the same baselines: a QK norm (LayerNorm
+or RMSNorm, `model.qk_norm`) before any scaling, a shared key/value projection (W_K = W_V), and the sigmoid alternative
 to softmax.
 
 The BERT encoder (Devlin et al. 2019) is the same model with `causal=False`, a
@@ -28,19 +28,32 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnscale.numerics import layers, precision
-from attnscale.core import sharding
+from attnscale.core import scalings, sharding
 from attnscale.models import base
-from attnscale.models.base import ScalingParams
 from attnscale.models.config import ModelConfig
 
 Array = jax.Array
-# The QK-LayerNorm option: the "qk_layernorm" scaling's normalisation of q and k,
-# applied before the configured scaling (Dehghani et al. 2023).
-QK_NORM = "qk_layernorm"
+# model.qk_norm: q and k normalised over the head dim before the configured
+# scaling (QK-LayerNorm: Dehghani et al. 2023; RMS: OLMo 2), with learned gains.
+QK_NORMS = {"layernorm": scalings.layer_norm, "rmsnorm": scalings.rms_norm}
 
 
 def _normal(std):
   return nnx.initializers.normal(stddev=std)
+
+
+class QKNorm(nnx.Module):
+  """`model.qk_norm`: LayerNorm or RMSNorm of q and k over the head dim, each with
+  a learned gain [H] shared by the heads (init 1), no bias."""
+
+  def __init__(self, cfg: ModelConfig):
+    self.norm = QK_NORMS[cfg.qk_norm]
+    self.q_scale = nnx.Param(jnp.ones((cfg.head_dim,), jnp.float32))
+    self.k_scale = nnx.Param(jnp.ones((cfg.head_dim,), jnp.float32))
+
+  def __call__(self, q_BTNH: Array, k_BTKH: Array) -> tuple[Array, Array]:
+    return (self.norm(q_BTNH, self.q_scale[...]).astype(q_BTNH.dtype),
+            self.norm(k_BTKH, self.k_scale[...]).astype(k_BTKH.dtype))
 
 
 class Attention(base.AttentionLayer):
@@ -55,7 +68,7 @@ class Attention(base.AttentionLayer):
     self.k_proj = dense(K * H, cfg.init_std)
     self.v_proj = None if cfg.shared_kv else dense(K * H, cfg.init_std)
     self.out_proj = dense(D, cfg.init_std / math.sqrt(2 * cfg.num_layers))
-    self.qk_norm = ScalingParams(QK_NORM, None, cfg.scaling_dims) if cfg.qk_layernorm else None
+    self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
     # The output gate's projection: one logit per head or per output element.
     gate_out = {"none": 0, "headwise": N, "elementwise": N * H}[cfg.attn_gate]
     self.gate_proj = dense(gate_out, cfg.init_std) if gate_out else None
@@ -68,8 +81,7 @@ class Attention(base.AttentionLayer):
     k_BTKH = self.k_proj(x_BTD).reshape(B, T, cfg.kv_heads, cfg.head_dim)
     v_BTKH = k_BTKH if cfg.shared_kv else self.v_proj(x_BTD).reshape(k_BTKH.shape)
     if self.qk_norm is not None:
-      normed = self.qk_norm()(q_BTNH, k_BTKH, None)  # a per-vector op: needs no visibility
-      q_BTNH, k_BTKH = normed.q.astype(q_BTNH.dtype), normed.k.astype(k_BTKH.dtype)
+      q_BTNH, k_BTKH = self.qk_norm(q_BTNH, k_BTKH)
     return q_BTNH, k_BTKH, v_BTKH
 
   def project_out(self, z_BTD: Array) -> Array:

@@ -264,10 +264,10 @@ class UnitScaledTransformer(base.Model):
 
   @classmethod
   def validate_config(cls, cfg: ModelConfig) -> None:
-    if cfg.qk_layernorm or scalings.entry(cfg.scaling).normalizes_qk:
+    if cfg.qk_norm != "none" or scalings.entry(cfg.scaling).normalizes_qk:
       raise ValueError(f"model.variant='unit' takes a scaling that leaves q and k as they "
                        f"are (e.g. fully_scaled, umup), got scaling={cfg.scaling!r}, "
-                       f"qk_layernorm={cfg.qk_layernorm}")
+                       f"qk_norm={cfg.qk_norm!r}")
     if cfg.attn_gate != "none":
       raise ValueError(f"model.attn_gate={cfg.attn_gate!r} is not available in "
                        "model.variant='unit' (a sigmoid gate halves the unit-scale output "

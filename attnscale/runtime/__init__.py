@@ -1,6 +1,8 @@
 """Running experiments: what train.py, eval.py, sweep.py and compile.py stand on.
 
-    configlib.py       config helpers: the config argument, checks, run_label, renames
+    configlib.py       config helpers: config.model from ModelConfig, the config argument,
+                       checks, run_label, renames
+    config_reference.py  docs/reference/config.md, generated from ModelConfig and the configs
     cli.py             the entry points' flags: one-line errors (imports no JAX)
     train_state.py     state, optimizer, mesh, shardings, orbax checkpoints
     steps.py           the jitted train and eval steps

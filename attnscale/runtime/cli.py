@@ -118,15 +118,17 @@ def override_error(path: str, config, *, renamed: Mapping[str, str] | None = Non
     The message: the replacement when the field (or a parent of it) was renamed,
     else the close matches among the parent's fields (or all of them).
   """
+  hint = lambda old: ""
   if renamed is None:
     from attnscale.runtime import configlib  # imports JAX: only on this error path
-    renamed = configlib.RENAMED_FIELDS
+    renamed, hint = configlib.RENAMED_FIELDS, configlib.value_hint
   parts = path.split(".")
   for i in range(len(parts), 0, -1):
     old = ".".join(parts[:i])
     if old in renamed:
       new = ".".join([renamed[old], *parts[i:]])
-      return f"--{flag}.{path}: field {old} was renamed to {renamed[old]}: use --{flag}.{new}"
+      return (f"--{flag}.{path}: field {old} was renamed to {renamed[old]}: use --{flag}.{new}"
+              f"{hint(old)}")
   parent, depth = config, 0
   while depth < len(parts) - 1 and _has_key(parent, parts[depth]):
     parent, depth = parent[parts[depth]], depth + 1

@@ -1,4 +1,6 @@
-"""Config helpers: the `key=value,...` argument of `get_config(arg)`, and validation.
+"""Config helpers: `config.model` from `ModelConfig` (its one schema: each field's
+default and doc), the `key=value,...` argument of `get_config(arg)`, validation,
+renames and the migration of saved configs.
 
 Configs are ml_collections ConfigDicts built by `configs/*.py:get_config(arg)`
 (big_vision style: `--config=configs/shakespeare_char.py:preset=cpu,scaling=cosine`).
@@ -8,11 +10,15 @@ what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from typing import Any
+
 import ml_collections
 from ml_collections import config_dict
 
 from attnscale.checks import check_choice, check_positive  # noqa: F401 (configs use them here)
-from attnscale.core import scalings
+from attnscale.models.config import ModelConfig
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -45,48 +51,76 @@ def _coerce(key, value, default):
                      f"{type(default).__name__}") from None
 
 
-def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float = 2.0,
-                         temperature: float = 0.0) -> None:
-  """The attention fields every model config shares, set on `config.model`.
+def schema_fields(schema: type, *, top_level: bool = False) -> list[dataclasses.Field]:
+  """The fields of a schema dataclass (`ModelConfig`) that its config holds; with
+  `top_level`, those set from a top-level config field instead (`remat`)."""
+  return [f for f in dataclasses.fields(schema)
+          if bool(f.metadata.get("top_level")) == top_level]
 
-  `scaling` is the config argument's: a registered name, or "unit_scaled",
-  Graphcore's experiment (docs/science.md, "Unit scaling and the residual rule"):
-  fully scaled attention inside the unit-scaled transformer (`model.variant=unit`),
-  its branch weighted to sqrt(e/n) of the skip. (`--config.model.scaling=umup`
-  instead picks u-muP's 1/d attention.)
+
+def schema_default(f: dataclasses.Field) -> Any:
+  """A schema field's default."""
+  return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def model_fields(schema: type = ModelConfig) -> ml_collections.ConfigDict:
+  """A ConfigDict of `schema`'s fields at their defaults: `config.model` before a
+  config overrides what differs. A nested schema (`unit`) becomes a sub-config, a
+  None default a typed placeholder (so `--config.model.num_kv_heads=2` type-checks)."""
+  hints = typing.get_type_hints(schema)
+  out = ml_collections.ConfigDict()
+  for f in schema_fields(schema):
+    default = schema_default(f)
+    if dataclasses.is_dataclass(default):
+      out[f.name] = model_fields(type(default))
+    elif default is None:
+      kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)]
+      out[f.name] = config_dict.placeholder(kinds[0])
+    else:
+      out[f.name] = default
+  return out
+
+
+def model(scaling: str = "standard", *, p: float = 2.0,
+          temperature: float = 0.0) -> ml_collections.ConfigDict:
+  """`config.model` for the config argument's `scaling`, `p` and `temperature`:
+  ModelConfig's defaults plus what the argument selects. A config then overrides
+  what differs for it (sizes, dropout, ...).
+
+  `scaling` is a registered name, or "unit_scaled", Graphcore's experiment
+  (docs/science.md, "Unit scaling and the residual rule"): fully scaled attention
+  inside the unit-scaled transformer (`model.variant=unit`), its branch weighted to
+  sqrt(e/n) of the skip. (`--config.model.scaling=umup` instead picks u-muP's 1/d
+  attention.) `p`: key_norm_power's power; `temperature` > 0: cosine's fixed
+  temperature instead of the learned one.
   """
-  m.scaling = scaling  # attention scaling: attnscale.scalings.names()
-  m.scaling_params = {}  # its params (e.g. key_norm_power's p); a learned one set here is fixed
+  m = model_fields()
+  m.scaling = scaling
   if scaling == "key_norm_power":
     m.scaling_params = {"p": p}
-  elif scaling == "cosine" and temperature > 0:  # a fixed temperature instead of the learned one
+  elif scaling == "cosine" and temperature > 0:
     m.scaling_params = {"temperature": temperature}
-  m.qk_layernorm = False  # learned LayerNorm on q, k before the scaling
-  m.shared_kv = False  # W_K = W_V
-  m.normalizer = "softmax"  # softmax | sigmoid (the softmax alternative; slow path)
-  m.attention_impl = config_dict.placeholder(str)  # None/xla/cudnn fused, or reference
-  m.logit_softcap = 0.0  # c > 0: logits -> c tanh(logits / c) (Gemma 2: 50); 0 = off
-  m.sink = "none"  # none | zero (off-by-one softmax) | learned (a sink logit per head)
-  m.attn_gate = "none"  # none | headwise | elementwise: output * sigmoid(x W_g)
-  m.positions = "learned"  # learned | rope (rotary on q, k) | none (NoPE; causal only)
-  m.rope_base = 10000.0  # rotary frequency base
-  # float32 | bfloat16 | float16 (no loss scaling) | fp8 (simulated: e4m3 product inputs,
-  # e5m2 gradients; attnscale/numerics/precision.py); params, softmax and loss stay float32.
-  m.dtype = "float32"
-  m.fp8_scaling = "none"  # model.dtype=fp8: none | per_tensor (power-of-2 scale, current amax)
-  m.variant = "standard"  # attnscale.models.VARIANTS: standard | unit
-  # The unit-scaled, residual-weighted transformer's own fields
-  # (attnscale/models/unit_transformer.py).
-  m.unit = ml_collections.ConfigDict()
-  m.unit.residual_mult = 1.0  # u-muP: all branches' weight against the embedding
-  m.unit.residual_attn_ratio = 1.0  # u-muP: attention / MLP branch weight ratio
-  m.unit.residual_rule = "umup"  # umup: (tau f + x)/sqrt(1+tau^2) | 2023: sqrt(1-tau) x + sqrt(tau) f
-  m.unit.attn_residual = "rule"  # rule | relative: attention tau x sqrt(e/n) (Graphcore's fix)
-  # The gradient reaching the logits scaled to unit std, as unit_scaling's
-  # cross_entropy does (False: the plain mean's ~1/(B T sqrt(V)), which low precision flushes).
-  m.unit.scaled_loss = True
   if scaling == "unit_scaled":
     m.variant, m.scaling, m.unit.attn_residual = "unit", "fully_scaled", "relative"
+  return m
+
+
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+  """`config.model` as a `ModelConfig`, with the top-level fields it takes
+  (`config.remat`, default none). A field ModelConfig lacks fails in one line
+  (naming the new name of a renamed one)."""
+  fields = config.model.to_dict()
+  known = {f.name for f in schema_fields(ModelConfig)}
+  for name in fields:
+    if name in known:
+      continue
+    old = f"model.{name}"
+    if old in RENAMED_FIELDS:
+      raise ValueError(f"{old} was renamed to {RENAMED_FIELDS[old]}{value_hint(old)}")
+    raise ValueError(f"{old} is not a model field (one of {sorted(known)})")
+  top = {f.name: config.get(f.metadata["top_level"], schema_default(f))
+         for f in schema_fields(ModelConfig, top_level=True)}
+  return ModelConfig(**fields, **top)
 
 
 # Config fields that moved or were renamed: old path -> new path. Overriding an
@@ -94,15 +128,41 @@ def add_attention_fields(m: ml_collections.ConfigDict, scaling: str, *, p: float
 RENAMED_FIELDS: dict[str, str] = {
     f"model.{name}": f"model.unit.{name}"
     for name in ("residual_mult", "residual_attn_ratio", "residual_rule", "attn_residual")
+} | {"model.qk_layernorm": "model.qk_norm"}
+# A renamed field whose values changed too: old path -> {old value: new value}.
+RENAMED_FIELD_VALUES: dict[str, dict] = {
+    "model.qk_layernorm": {True: "layernorm", False: "none"},
 }
+# Top-level fields added since runs were saved: name -> the value that reproduces
+# an older run (`migrate` fills them in, and model fields from ModelConfig's
+# defaults, so an old config.json loads and resumes).
+ADDED_FIELDS: dict[str, Any] = {}
+
+
+def _fill_defaults(config: dict, defaults: dict) -> None:
+  for key, value in defaults.items():
+    if isinstance(value, dict) and isinstance(config.get(key), dict):
+      _fill_defaults(config[key], value)
+    else:
+      config.setdefault(key, value)
+
+
+def value_hint(old: str) -> str:
+  """" (model.qk_norm=layernorm for True, ...)" for a renamed field whose values changed."""
+  values = RENAMED_FIELD_VALUES.get(old)
+  if not values:
+    return ""
+  return " (" + ", ".join(f"{RENAMED_FIELDS[old]}={new} for {old_value}"
+                          for old_value, new in values.items()) + ")"
 
 
 def migrate(config: dict) -> dict:
   """A saved config.json (a dict) from before a rename, in today's field names.
 
-  Moves every `RENAMED_FIELDS` entry and renamed value (`model.variant`
-  "unit_scaled" -> "unit"), so runs trained before the rename still evaluate and
-  resume.
+  Moves every `RENAMED_FIELDS` entry (mapping its values by
+  `RENAMED_FIELD_VALUES`: model.qk_layernorm=True -> model.qk_norm="layernorm"),
+  renames values (`model.variant` "unit_scaled" -> "unit") and fills in
+  `ADDED_FIELDS`, so runs trained before still evaluate and resume.
   """
   for old, new in RENAMED_FIELDS.items():
     *old_path, old_key = old.split(".")
@@ -115,7 +175,12 @@ def migrate(config: dict) -> dict:
     dst = config
     for key in new_path:
       dst = dst.setdefault(key, {})
-    dst[new_key] = src.pop(old_key)
+    value = src.pop(old_key)
+    dst[new_key] = RENAMED_FIELD_VALUES.get(old, {}).get(value, value)
+  for key, value in ADDED_FIELDS.items():
+    config.setdefault(key, value)
+  if "model" in config:  # a model field it predates: ModelConfig's default, as it then was
+    _fill_defaults(config["model"], model_fields().to_dict())
   model = config.get("model", {})
   if model.get("variant") == "unit_scaled":
     model["variant"] = "unit"
@@ -142,9 +207,12 @@ def run_label(config: ml_collections.ConfigDict) -> str:
       label = "unit_scaled"
     else:
       label = f"unit/{m.scaling}"
-  for option in ("qk_layernorm", "shared_kv"):
-    if m.get(option):
-      label += f"+{option}"
+  # model.qk_norm: "+qk_layernorm" as when it was model.qk_layernorm=True.
+  qk_norm = m.get("qk_norm", "layernorm" if m.get("qk_layernorm") else "none")
+  if qk_norm != "none":
+    label += f"+qk_{qk_norm}"
+  if m.get("shared_kv"):
+    label += "+shared_kv"
   if m.get("normalizer", "softmax") != "softmax":
     label += f"+{m.normalizer}"
   if m.get("logit_softcap"):
@@ -167,7 +235,6 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
   task_cls = tasks.task_class(config)
   check_choice("config.optimizer", config.optimizer, ("adamw", "adam"))
   check_choice("config.lr_schedule", config.lr_schedule, ("constant", "cosine"))
-  check_choice("model.scaling", config.model.scaling, scalings.names())
   for field in ("batch_size", "seq_len", "num_train_steps", "log_every", "eval_every",
                 "checkpoint_every", "keep_checkpoints", "eval_batches"):
     check_positive(f"config.{field}", config[field])
@@ -182,6 +249,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
                      f"number of devices ({num_devices}): the batch is sharded on "
                      "config.mesh.data x config.mesh.fsdp, every device")
   task_cls.validate_config(config)
+  model_config(config)  # every model field: ModelConfig's checks
   if config.seq_len > config.model.block_size:
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
                      f"({config.model.block_size}), the training context length (and "

@@ -89,7 +89,7 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   new = json.loads(config.to_json())
   if os.path.exists(path):
     with open(path) as f:
-      old = json.load(f)
+      old = configlib.migrate(json.load(f))  # a run saved before a rename or a new field
     resumable = RESUMABLE_CHANGES + (
         ("num_train_steps",) if config.lr_schedule == "constant" else ())
     diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _flat_diff(old, new)

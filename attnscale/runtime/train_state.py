@@ -58,7 +58,7 @@ ADDED_STATE_ENTRIES = ("last_losses",)
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
   """`config.model` as a `ModelConfig`, with the top-level `config.remat` (default none)."""
-  return ModelConfig(**config.model.to_dict(), remat=config.get("remat", "none"))
+  return configlib.model_config(config)
 
 
 MESH_AXES = sharding.MESH_AXES  # ("data", "fsdp")
