@@ -13,10 +13,15 @@ it, naming it). Each point is an ordinary train.py run in WORKDIR/<point>;
 finished points are skipped and interrupted ones resume. Results:
 WORKDIR/results.{csv,md}, WORKDIR/loss_vs_lr.png, WORKDIR/loss_curves.png.
 
+A point's config.imports (the config's, or a point's override) reach its train.py
+and eval.py through its config; this script imports them first, so a module that
+cannot be imported fails the sweep in one line before any point runs.
+
 A bad flag (a missing config file or sweep, a --workdir that is a file) exits
 with one `error: ...` line naming it (attnscale/runtime/cli.py).
 """
 
+import importlib.util
 import os
 import sys
 
@@ -56,6 +61,10 @@ def main(argv):
     return
   failures = []
   if not _COLLECT.value:
+    try:
+      _import_modules(_CONFIG.value, points)
+    except ValueError as e:
+      cli.fail(str(e))
     failures = sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value)
     # A staged sweep adds points from its results (seeds at the best learning
     # rates): run until a reload adds nothing.
@@ -71,6 +80,18 @@ def main(argv):
   print("wrote " + ", ".join(paths.values()))
   for point, code in failures:
     print(f"failed (exit {code}): {point.name}", file=sys.stderr)
+
+
+def _import_modules(config_file: str, points) -> None:
+  """Imports every point's config.imports (`configlib.import_modules`)."""
+  from attnscale.runtime import configlib
+  spec = importlib.util.spec_from_file_location("_sweep_config", config_file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for point in points:
+    config = module.get_config(point.arg)
+    config.imports = dict(point.overrides).get("imports", config.get("imports", ()))
+    configlib.import_modules(config)
 
 
 if __name__ == "__main__":

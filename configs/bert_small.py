@@ -53,6 +53,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.dataset = "wikitext2"  # wikitext2 | wikitext103 (attnscale.tasks.MLMTask.DATASETS)
   c.data_dir = config_dict.placeholder(str)  # TFDS data dir; None = TFDS's default
   c.seed = arg.seed  # one seed for init, data order, masking and dropout
+  # Your own scalings, model variants or tasks: module names or .py paths imported
+  # before the config is checked, e.g. --config.imports='("my_scalings",)'. Saved in
+  # config.json, so eval.py and the studies import them too.
+  c.imports = ()
 
   # Masked LM (Devlin et al. 2019), redrawn each step from (seed, step).
   c.mask_rate = 0.15  # fraction of each row's real tokens selected for prediction

@@ -50,6 +50,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.dataset = "tiny_shakespeare_char"
   c.data_dir = config_dict.placeholder(str)  # TFDS data dir; None = TFDS's default
   c.seed = arg.seed  # one seed for init, data order and dropout: a run is (config, seed)
+  # Your own scalings, model variants or tasks: module names or .py paths imported
+  # before the config is checked, e.g. --config.imports='("my_scalings",)'. Saved in
+  # config.json, so eval.py and the studies import them too.
+  c.imports = ()
 
   # Optimisation.
   c.batch_size = 64  # global batch (sequences), split over all devices

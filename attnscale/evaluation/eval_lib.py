@@ -26,12 +26,16 @@ from attnscale.runtime import train_state as ts
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run's saved config, in today's field names (`configlib.migrate`)."""
+  """The run's saved config, in today's field names (`configlib.migrate`), with
+  the modules it names in `imports` imported (`configlib.import_modules`), as
+  train.py imported them."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir} has no config.json: is it a train.py run directory?")
   with open(path) as f:
-    return ml_collections.ConfigDict(configlib.migrate(json.load(f)))
+    config = ml_collections.ConfigDict(configlib.migrate(json.load(f)))
+  configlib.import_modules(config)
+  return config
 
 
 def restore(config, workdir, step=None):

@@ -11,6 +11,10 @@ what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
 import typing
 from typing import Any
 
@@ -136,7 +140,7 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 # Top-level fields added since runs were saved: name -> the value that reproduces
 # an older run (`migrate` fills them in, and model fields from ModelConfig's
 # defaults, so an old config.json loads and resumes).
-ADDED_FIELDS: dict[str, Any] = {}
+ADDED_FIELDS: dict[str, Any] = {"imports": []}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -189,6 +193,70 @@ def migrate(config: dict) -> dict:
   return config
 
 
+def import_modules(config) -> list[str]:
+  """Imports `config.imports` (absent: none): the user's own scalings, model
+  variants or tasks, registered when imported. Call before the config is checked;
+  train.py, compile.py (`validate`), eval.py and the studies (`load_config` of a
+  run's config.json) do.
+
+  Each entry is a module name (`importlib.import_module`: on sys.path or in the
+  current directory) or the path of a .py file (its directory becomes importable,
+  so it may import its neighbours; a relative path is from the current
+  directory). A module already imported is not run again.
+
+  Returns:
+    The modules' names, in order.
+
+  Raises:
+    ValueError: an entry that cannot be found or fails to import; one line,
+      naming config.imports and the entry.
+  """
+  entries = config.get("imports") or ()
+  if isinstance(entries, str) or not all(isinstance(e, str) and e for e in entries):
+    raise ValueError(f"config.imports must be a tuple of module names or .py paths, e.g. "
+                     f"--config.imports='(\"my_scalings\",)', got {entries!r}")
+  return [_import_one(entry) for entry in entries]
+
+
+def _import_one(entry: str) -> str:
+  if entry.endswith(".py") or os.sep in entry:
+    path = os.path.abspath(os.path.expanduser(entry))
+    if not os.path.isfile(path):
+      raise ValueError(f"config.imports: no such file {entry!r} (from {os.getcwd()})")
+    name = os.path.splitext(os.path.basename(path))[0]
+    loaded = sys.modules.get(name)
+    if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") == path:
+      return name
+    if os.path.dirname(path) not in sys.path:
+      sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+      spec.loader.exec_module(module)
+    except Exception as e:
+      del sys.modules[name]
+      raise ValueError(f"config.imports: {entry!r} failed to import: {_first_line(e)}") from e
+    return name
+  if os.getcwd() not in sys.path:
+    sys.path.append(os.getcwd())
+  try:
+    importlib.import_module(entry)
+  except ModuleNotFoundError as e:
+    if e.name and (entry == e.name or entry.startswith(e.name + ".")):
+      raise ValueError(f"config.imports: no module named {entry!r} (not on sys.path nor in "
+                       f"{os.getcwd()}; or give the path of a .py file)") from e
+    raise ValueError(f"config.imports: {entry!r} failed to import: {_first_line(e)}") from e
+  except Exception as e:
+    raise ValueError(f"config.imports: {entry!r} failed to import: {_first_line(e)}") from e
+  return entry
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
 def run_label(config: ml_collections.ConfigDict) -> str:
   """The one name of a run's attention setup (log line, eval.json, sweeps, studies).
 
@@ -227,11 +295,13 @@ def run_label(config: ml_collections.ConfigDict) -> str:
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
   """Checks the fields train.py relies on; raises a one-line ValueError.
 
-  The generic fields here; the task's own (its dataset names, the masked LM's
-  rates, ...) in its `validate_config`, which runs before any data is loaded.
+  First imports `config.imports` (`import_modules`). The generic fields here; the
+  task's own (its dataset names, the masked LM's rates, ...) in its
+  `validate_config`, which runs before any data is loaded.
   """
   # Imported here: configs import configlib without needing the data pipelines.
   from attnscale import tasks
+  import_modules(config)  # the user's scalings, variants, tasks: before they are checked
   task_cls = tasks.task_class(config)
   check_choice("config.optimizer", config.optimizer, ("adamw", "adam"))
   check_choice("config.lr_schedule", config.lr_schedule, ("constant", "cosine"))

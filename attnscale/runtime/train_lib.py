@@ -51,11 +51,12 @@ from attnscale.runtime.steps import (dropout_key, evaluate, evaluate_sums, globa
 
 # Fields that may change when a run resumes: bookkeeping, not the experiment
 # ("mesh": all its fields; the devices change, the losses agree within float
-# rounding and orbax restores across mesh shapes). num_train_steps joins them
+# rounding and orbax restores across mesh shapes; "imports": where the user's
+# modules live). num_train_steps joins them
 # only under a constant learning rate: it is the length of the cosine decay, so
 # changing it would change the finished steps' run.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                     "keep_checkpoints", "data_dir", "mesh", "remat")
+                     "keep_checkpoints", "data_dir", "mesh", "remat", "imports")
 
 
 LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the last 20 steps
