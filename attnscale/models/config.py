@@ -13,8 +13,8 @@ from typing import Any
 
 from attnscale.core import scalings
 from attnscale.core.attention import IMPLEMENTATIONS, NORMALIZERS
-from attnscale.numerics.precision import FP8_SCALINGS
 from attnscale.core.positions import POSITIONS
+from attnscale.numerics.precision import FP8_SCALINGS
 
 # bfloat16 / float16: products and activations in bf16 / fp16; params, residual
 # stream, LayerNorm statistics, softmax, logits and loss in float32 (float16 with no

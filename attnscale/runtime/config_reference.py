@@ -128,7 +128,7 @@ def render() -> str:
       "|---|---|" + "---|" * len(names) + "---|",
       *_model_rows(ModelConfig, [c.model.to_dict() for c in configs], "model."),
   ]
-  for path, module, config, name in zip(CONFIGS, modules, configs, names):
+  for path, module, config in zip(CONFIGS, modules, configs, strict=True):
     with open(os.path.join(ROOT, path)) as f:
       docs = comment_docs(f.read())
     presets = getattr(module, "PRESETS", ())
@@ -136,7 +136,7 @@ def render() -> str:
         "",
         f"## Top-level fields of `{path}`",
         "",
-        f"The values of `get_config()` (its default config argument"
+        "The values of `get_config()` (its default config argument"
         + (f"; presets: {', '.join(presets)}" if presets else "") + ").",
         "",
         "| field | default | doc |",
