@@ -3,7 +3,7 @@
 Random q, k, v; padding masks; every registered scaling with test parameters; a
 localhost file server for the data builders' download branches; the environment
 of a subprocess with fake CPU devices; train.py in a subprocess, waiting on it,
-and a fingerprint of a run directory.
+and a fingerprint of a run directory; a tiny run trained in-process (`train_tiny_run`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import contextlib
 import functools
 import hashlib
 import http.server
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -188,6 +190,51 @@ def restore_checkpoint(config, workdir: str, step: int | None = None):
     return jax.device_get(checkpoints.restore(state, shardings, step=step))
   finally:
     checkpoints.close()
+
+
+class TinyRun(NamedTuple):
+  """A trained run: its config, its directory, the training's final metrics
+  (`train_and_evaluate`'s) and its eval.json (None: not evaluated)."""
+
+  config: object
+  workdir: str
+  metrics: dict
+  eval: dict | None
+
+
+def train_tiny_run(tmp_path_factory, arg: str = "preset=test", *, steps: int | None = None,
+                   name: str = "run", config=None, overrides: dict | None = None,
+                   evaluate: bool = False) -> TinyRun:
+  """A tiny run through the library (`train_lib.train_and_evaluate`), as the
+  tests' module fixtures train it: configs/shakespeare_char.py's `arg` (or
+  `config`, built by the caller) with `overrides` by dotted name, `steps` steps
+  (None: the config's), in a new directory `name` of `tmp_path_factory` (pytest's, or anything with
+  `mktemp`). `evaluate`: then eval.py's `evaluate_run` (a 1-character sample),
+  so the run has both a checkpoint and an eval.json.
+
+  The character LM reads tiny Shakespeare from $ATTNSCALE_DATA: without it the
+  test is skipped (prepared in a new TFDS directory of `tmp_path_factory`).
+  """
+  from attnscale.runtime import train_lib
+  if config is None:
+    if not os.environ.get("ATTNSCALE_DATA"):
+      import pytest  # a test dependency, not the library's
+      pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
+    from configs import shakespeare_char
+    config = shakespeare_char.get_config(arg)
+    config.data_dir = str(tmp_path_factory.mktemp("tfds"))
+  if steps is not None:
+    config.num_train_steps = steps
+  config.update_from_flattened_dict(overrides or {})
+  workdir = str(tmp_path_factory.mktemp(name))
+  metrics = train_lib.train_and_evaluate(config, workdir)
+  result = None
+  if evaluate:
+    from attnscale.evaluation import eval_lib
+    eval_lib.evaluate_run(workdir, sample_length=1)
+    with open(os.path.join(workdir, "eval.json")) as f:
+      result = json.load(f)
+  return TinyRun(config, workdir, metrics, result)
 
 
 # ---------------------------------------------------------------------------

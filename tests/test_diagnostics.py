@@ -7,19 +7,16 @@ synthetic WikiText (tests/conftest.py); the char LM run needs $ATTNSCALE_DATA.
 """
 
 import csv
-import json
-import os
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from attnscale.evaluation import diagnostics, eval_lib
-from attnscale import studies, tasks
-from attnscale.runtime import train_lib
+from attnscale import studies, tasks, testing
 from attnscale.data import mlm, tokenizer
 from attnscale.studies import __main__ as cli
-from configs import bert_small, shakespeare_char
+from configs import bert_small
 
 # A persistent XLA cache (conftest); strict rank promotion guards the masks' shapes.
 pytestmark = pytest.mark.usefixtures("compilation_cache_dir", "strict_rank_promotion")
@@ -27,32 +24,20 @@ pytestmark = pytest.mark.usefixtures("compilation_cache_dir", "strict_rank_promo
 STEPS = 3
 
 
-def evaluated_run(config, workdir):
-  train_lib.train_and_evaluate(config, workdir)
-  eval_lib.evaluate_run(workdir, sample_length=1)
-  with open(os.path.join(workdir, "eval.json")) as f:
-    return json.load(f)
-
-
 @pytest.fixture(scope="module")
 def bert_run(synthetic_wikitext, tmp_path_factory):
   config = bert_small.get_config("preset=test")
   config.data_dir = synthetic_wikitext[1]
   config.model.vocab_size = mlm.load_wikitext(config.data_dir, splits=()).tokenizer.vocab_size
-  config.num_train_steps = STEPS
-  workdir = str(tmp_path_factory.mktemp("bert"))
-  return config, workdir, evaluated_run(config, workdir)
+  run = testing.train_tiny_run(tmp_path_factory, config=config, steps=STEPS, name="bert",
+                               evaluate=True)
+  return run.config, run.workdir, run.eval
 
 
 @pytest.fixture(scope="module")
 def char_run(tmp_path_factory):
-  if not os.environ.get("ATTNSCALE_DATA"):
-    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  config = shakespeare_char.get_config("preset=test")
-  config.data_dir = str(tmp_path_factory.mktemp("tfds"))
-  config.num_train_steps = STEPS
-  workdir = str(tmp_path_factory.mktemp("char"))
-  return config, workdir, evaluated_run(config, workdir)
+  run = testing.train_tiny_run(tmp_path_factory, steps=STEPS, name="char", evaluate=True)
+  return run.config, run.workdir, run.eval
 
 
 def study_csv(workdir, out):

@@ -11,24 +11,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attnscale import testing
 from attnscale.evaluation import diagnostics, eval_lib
-from attnscale.runtime import train_lib
 from attnscale.data import char_lm
-from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-  if not os.environ.get("ATTNSCALE_DATA"):
-    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  config = shakespeare_char.get_config("preset=test")
-  config.data_dir = str(tmp_path_factory.mktemp("tfds"))
-  config.num_train_steps = 10
-  workdir = str(tmp_path_factory.mktemp("run"))
-  train_lib.train_and_evaluate(config, workdir)
-  return config, workdir
+  run = testing.train_tiny_run(tmp_path_factory, steps=10)
+  return run.config, run.workdir
 
 
 def test_eval_on_checkpoint(trained):

@@ -12,24 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attnscale import testing
 from attnscale.evaluation import eval_lib, length_eval
-from attnscale.runtime import train_lib
 from attnscale.data import char_lm
-from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _train(tmp_path_factory, positions):
-  if not os.environ.get("ATTNSCALE_DATA"):
-    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  config = shakespeare_char.get_config("preset=test,scaling=log_n")
-  config.data_dir = str(tmp_path_factory.mktemp("tfds"))
-  config.num_train_steps = 10
-  config.model.positions = positions
-  workdir = str(tmp_path_factory.mktemp(positions))
-  train_lib.train_and_evaluate(config, workdir)
-  return config, workdir
+  run = testing.train_tiny_run(tmp_path_factory, "preset=test,scaling=log_n", steps=10,
+                               overrides={"model.positions": positions}, name=positions)
+  return run.config, run.workdir
 
 
 @pytest.fixture(scope="module")

@@ -291,9 +291,10 @@ def train_losses(workdir):
 
 @pytest.fixture(scope="module")
 def run_a(synthetic_wikitext, tmp_path_factory):
-  config = make_config(synthetic_wikitext[1], log_every=1)
-  workdir = str(tmp_path_factory.mktemp("mlm_run_a"))
-  return config, workdir, train_lib.train_and_evaluate(config, workdir)
+  run = testing.train_tiny_run(tmp_path_factory, config=make_config(synthetic_wikitext[1],
+                                                                    log_every=1),
+                               name="mlm_run_a")
+  return run.config, run.workdir, run.metrics
 
 
 def test_tiny_run_learns_and_eval_json(run_a):

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from attnscale import studies
+from attnscale import studies, testing
 from attnscale.studies import __main__ as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,18 +143,8 @@ def test_tables_format():
 def trained_run(tmp_path_factory):
   """A tiny train.py run (test preset, 5 steps) evaluated by eval.py's
   `evaluate_run`, so it has both a checkpoint and an eval.json."""
-  if not os.environ.get("ATTNSCALE_DATA"):
-    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
-  from attnscale.evaluation import eval_lib
-  from attnscale.runtime import train_lib
-  from configs import shakespeare_char
-  config = shakespeare_char.get_config("preset=test,scaling=key_norm_sum")
-  config.data_dir = str(tmp_path_factory.mktemp("tfds"))
-  config.num_train_steps = 5
-  workdir = str(tmp_path_factory.mktemp("key_norm_sum"))
-  train_lib.train_and_evaluate(config, workdir)
-  eval_lib.evaluate_run(workdir, sample_length=1)
-  return workdir
+  return testing.train_tiny_run(tmp_path_factory, "preset=test,scaling=key_norm_sum", steps=5,
+                                name="key_norm_sum", evaluate=True).workdir
 
 
 def test_trained_diagnostics_from_eval_json_and_checkpoint(trained_run):
