@@ -107,7 +107,7 @@ def main():
     run(2)  # compile and warm up
     runners[label] = (run, [])
   for _ in range(args.rounds):
-    for label, (run, times) in runners.items():
+    for run, times in runners.values():
       start = time.perf_counter()
       run(args.steps)
       times.append((time.perf_counter() - start) / args.steps)

@@ -137,11 +137,11 @@ def test_fully_masked_row_gives_zeros(name, params):
   q, k, v = random_qkv(B=1)
   mask = jnp.ones((1, 1, 12, 12), bool).at[..., 3, :].set(False)  # query 3 sees nothing
   for impl in (None, "reference"):
-    f = lambda q, k, v: attnscale.attention(q, k, v, scale_fn=scalings.get(name, **params),
-                                            mask=mask, implementation=impl)
+    f = lambda q, k, v, impl=impl: attnscale.attention(
+        q, k, v, scale_fn=scalings.get(name, **params), mask=mask, implementation=impl)
     out = f(q, k, v)
     assert np.all(np.asarray(out[:, 3]) == 0)
-    grads = jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2))(q, k, v)
+    grads = jax.grad(lambda *a, f=f: f(*a).sum(), argnums=(0, 1, 2))(q, k, v)
     assert all(np.all(np.isfinite(g)) for g in grads)
 
 

@@ -105,8 +105,8 @@ def test_no_padding_leak(options, is_causal):
   q, k, v = random_qkv(T=10, S=10, N=N, K=K)
   mask = padding_mask([10, 6], 10)
   for name in scalings.names():
-    attend = lambda k, v: _attend(options, name, q, k, v, SINK_N, None, mask=mask,
-                                  is_causal=is_causal)
+    attend = lambda k, v, name=name: _attend(options, name, q, k, v, SINK_N, None, mask=mask,
+                                             is_causal=is_causal)
     base = np.asarray(attend(k, v))
     for k_pad, v_pad in ((100.0, -50.0), (0.0, 0.0)):
       out = np.asarray(attend(k.at[1, 6:].set(k_pad), v.at[1, 6:].set(v_pad)))
@@ -119,9 +119,10 @@ def test_fully_masked_row_gives_zeros(options):
   mask = jnp.ones((1, 1, 10, 10), bool).at[..., 3, :].set(False)  # query 3 sees nothing
   for name in ("standard", "fully_scaled"):  # fully_scaled: an output factor c_i too
     for impl in (None, "reference"):
-      f = lambda q, k, v, s: _attend(options, name, q, k, v, s, impl, mask=mask, is_causal=True)
+      f = lambda q, k, v, s, name=name, impl=impl: _attend(options, name, q, k, v, s, impl,
+                                                           mask=mask, is_causal=True)
       assert np.all(np.asarray(f(q, k, v, SINK_N)[:, 3]) == 0), (name, impl)
-      grads = jax.grad(lambda *a: f(*a).sum(), argnums=(0, 1, 2, 3))(q, k, v, SINK_N)
+      grads = jax.grad(lambda *a, f=f: f(*a).sum(), argnums=(0, 1, 2, 3))(q, k, v, SINK_N)
       assert all(np.all(np.isfinite(g)) for g in grads), (name, impl)
 
 

@@ -63,7 +63,7 @@ class WikitextConfig(tfds.core.BuilderConfig):
 
 
 def source_texts(cfg: WikitextConfig, dl_manager,
-                 stems=tuple(SPLITS.values())) -> dict[str, str]:
+                 stems: tuple[str, ...] = tuple(SPLITS.values())) -> dict[str, str]:  # noqa: B008 (a constant)
   """{file stem: text} of the given splits of `cfg`, local or downloaded, checked.
 
   Shared by the paragraph builder here and the character-level one

@@ -153,7 +153,7 @@ def summary_table(rows: Sequence[dict]) -> list[dict]:
       runs = [r for r in mine if r["dtype"] == dtype]
       losses = [r["final_train_loss"] for r in runs if math.isfinite(r["final_train_loss"])]
       mean = float(np.mean(losses)) if losses else math.nan
-      lost = lambda k: float(np.nanmean([r.get(k, math.nan) for r in runs])) if any(
+      lost = lambda k, runs=runs: float(np.nanmean([r.get(k, math.nan) for r in runs])) if any(
           math.isfinite(r.get(k, math.nan)) for r in runs) else math.nan
       out.append({"scaling": scaling, "dtype": dtype, "seeds": len(runs),
                   "diverged": len(runs) - len(losses), "final_train_loss": mean,

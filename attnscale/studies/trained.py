@@ -134,7 +134,7 @@ def plot_trained(result: TrainedResult):
       ax.plot(layers, [layer.get(name, np.nan) for layer in run.layers], lw=1.5, ms=6,
               label=f"{run.label}, step {run.step}", **reporting.style(i))
   num_layers = max(len(run.layers) for run in result.runs)
-  for ax, (name, title) in zip(axes, STATS):
+  for ax, (_, title) in zip(axes, STATS):
     ax.set_xlabel("layer")
     ax.set_xticks(range(num_layers))
     ax.set_title(title)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Sequence, Union
 
 Row = dict[str, Any]
 # How a float becomes text: a format spec such as ".4f", or a function.
-FloatFormat = Union[str, Callable[[float], str]]
+FloatFormat = str | Callable[[float], str]
 
 
 def power_of_two(x: Any) -> str:
