@@ -10,7 +10,7 @@ the collectives, FLOPs, a roofline lower bound on the step time) and writes the
 same as JSON to --out. TPU targets need `pip install -e ".[tpu]"`, GPU targets
 `".[cuda12]"` (JAX 0.12, Python >= 3.12); run with JAX_PLATFORMS=cpu on a machine
 without the accelerator (this script sets it when unset). What is compiled is
-not run: docs say what that does and does not verify (README, "TPU pods and GPUs").
+not run: docs say what that does and does not verify (docs/guides/pods-and-gpus.md).
 """
 
 import os

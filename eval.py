@@ -8,8 +8,8 @@ perplexity and masked-token accuracy (the sampling flags do not apply to it).
   python eval.py --workdir=runs/bert_cpu
   python eval.py --workdir=runs/char_rope --lengths=128,256,512,1024,2048
 
-In several processes, add train.py's --multihost flags to each (README, "GPUs,
-TPU pods, several hosts"); process 0 writes eval.json and prints the summary.
+In several processes, add train.py's --multihost flags to each
+(docs/guides/pods-and-gpus.md); process 0 writes eval.json and prints the summary.
 
 A bad flag exits with one `error: ...` line naming it (attnscale/runtime/cli.py).
 """

@@ -10,7 +10,7 @@ coordinator listens, how many processes there are and which one this is:
 
   python train.py --config=configs/shakespeare_char.py:preset=test --workdir=runs/two \
       --multihost --coordinator_address=localhost:12355 --num_processes=2 --process_id=0
-  (and the same with --process_id=1; README, "GPUs, TPU pods, several hosts")
+  (and the same with --process_id=1; docs/guides/pods-and-gpus.md)
 
 A bad flag (a missing config file, an override of a field the config lacks or
 of the wrong type, a --workdir that is a file) or a bad config value exits with
@@ -34,7 +34,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics).")
 _FORCE_LOCK = flags.DEFINE_bool(
     "force_lock", False, "Take WORKDIR/LOCK whoever holds it: for the lock of a run on "
-    "another host that is known to be over (README, \"Stopping and resuming\").")
+    "another host that is known to be over (docs/guides/training.md, \"Stopping and resuming\").")
 _MULTIHOST = cli.define_multihost_flags()  # --multihost, --coordinator_address, ...
 flags.mark_flags_as_required(["config", "workdir"])
 

@@ -31,7 +31,7 @@ Presets and what to expect:
         dropout: 11 to 21 minutes on 2 CPU cores (quiet to shared). Measured
         (post-LN, standard): eval.py val MLM loss 6.10, perplexity 446,
         masked-token accuracy 0.146, against 6.60 / 0.058 for the unigram
-        distribution (README, "Small BERT").
+        distribution (docs/guides/masked-lm.md).
   test  seconds: for the test suite.
 """
 
@@ -84,8 +84,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  # Devices: a data x fsdp mesh over every device of every process (README,
-  # "GPUs, TPU pods, several hosts"). The batch is sharded on both axes; params
+  # Devices: a data x fsdp mesh over every device of every process
+  # (docs/guides/pods-and-gpus.md). The batch is sharded on both axes; params
   # and optimizer state on fsdp (FSDP), replicated over data. -1 = all the rest.
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel replicas

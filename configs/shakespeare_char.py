@@ -26,7 +26,7 @@ Presets and what to expect:
   graphcore_cpu  Graphcore's recipe at 4 layers, width 64, seq 64, batch 16,
             1500 steps: the CPU learning-rate sweep ("graphcore_cpu" in configs/sweeps.py).
   cpu       4 layers, width 128, 4 heads, seq 128, batch 32, 1000 steps: a
-            useful model in about 10 minutes on 2 CPU cores (see README).
+            useful model in minutes on 2 CPU cores (docs/getting-started.md).
   test      seconds: for the test suite.
 """
 
@@ -76,8 +76,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 500  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  # Devices: a data x fsdp mesh over every device of every process (README,
-  # "GPUs, TPU pods, several hosts"). The batch is sharded on both axes; params
+  # Devices: a data x fsdp mesh over every device of every process
+  # (docs/guides/pods-and-gpus.md). The batch is sharded on both axes; params
   # and optimizer state on fsdp (FSDP), replicated over data. -1 = all the rest.
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel replicas

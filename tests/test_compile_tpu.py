@@ -27,7 +27,8 @@ TARGET = "tpu-v5e-8"
 
 
 def test_compile_py_nanogpt(tmp_path):
-  """The README's command: r.json names the kernel, the bytes per device and fits."""
+  """The documented command (docs/guides/pods-and-gpus.md): r.json names the kernel,
+  the bytes per device and fits."""
   out = tmp_path / "r.json"
   result = subprocess.run(
       [sys.executable, "compile.py", "--config=configs/shakespeare_char.py:preset=nanogpt",
