@@ -3,7 +3,8 @@
 Random q, k, v; padding masks; every registered scaling with test parameters; a
 localhost file server for the data builders' download branches; the environment
 of a subprocess with fake CPU devices; train.py in a subprocess, waiting on it,
-and a fingerprint of a run directory; a tiny run trained in-process (`train_tiny_run`).
+and a fingerprint of a run directory; a tiny run trained in-process (`train_tiny_run`);
+a notebook executed at its small size (`execute_notebook`).
 """
 
 from __future__ import annotations
@@ -235,6 +236,38 @@ def train_tiny_run(tmp_path_factory, arg: str = "preset=test", *, steps: int | N
     with open(os.path.join(workdir, "eval.json")) as f:
       result = json.load(f)
   return TinyRun(config, workdir, metrics, result)
+
+
+def execute_notebook(path: str, cwd, *, timeout_s: float = 180.0, **env: str):
+  """Runs the notebook at `path` in a new kernel and returns it with its outputs.
+
+  The kernel runs in `cwd` on the CPU, with this checkout first on PYTHONPATH
+  (whatever attnscale is installed; configs/ too), ATTNSCALE_NOTEBOOK_SMALL=1
+  (the notebooks' tiny sizes) and `env`. Skips the test without nbformat and
+  nbclient; fails if the notebook is stored with outputs.
+  """
+  import pytest  # a test dependency, not the library's
+  nbformat = pytest.importorskip("nbformat")
+  nbclient = pytest.importorskip("nbclient")
+  nb = nbformat.read(path, as_version=4)
+  assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
+      f"store {os.path.basename(path)} without outputs")
+  kernel_env = {**os.environ, "ATTNSCALE_NOTEBOOK_SMALL": "1", "JAX_PLATFORMS": "cpu",
+                "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+                **env}
+  client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                   resources={"metadata": {"path": str(cwd)}})
+  client.execute(env=kernel_env)
+  return nb
+
+
+def notebook_outputs(nb, kind: str) -> list:
+  """Every code cell's outputs of `kind`: "text" (printed) or a MIME type of the
+  displayed ones ("image/png", "text/markdown")."""
+  outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+  if kind == "text":
+    return [out["text"] for out in outputs if "text" in out]
+  return [out["data"][kind] for out in outputs if kind in out.get("data", {})]
 
 
 # ---------------------------------------------------------------------------

@@ -226,23 +226,9 @@ def test_cli_rejects_bad_arguments(capsys):
     cli.main(["trained", "--out", "unused"])
 
 
-def test_notebook_executes(tmp_path, trained_run, monkeypatch):
-  nbformat = pytest.importorskip("nbformat")
-  nbclient = pytest.importorskip("nbclient")
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
-      "store the notebook without outputs")
-  monkeypatch.setenv("ATTNSCALE_NOTEBOOK_SMALL", "1")
+def test_notebook_executes(tmp_path, trained_run):
   # The run has an eval.json: the trained section runs without restoring a
   # checkpoint (test_trained_diagnostics_* covers that), so the kernel stays light.
-  monkeypatch.setenv("ATTNSCALE_WORKDIRS", trained_run)
-  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  # The kernel runs in tmp_path: import this checkout's attnscale, whatever is installed.
-  monkeypatch.setenv("PYTHONPATH",
-                     os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-  client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                   resources={"metadata": {"path": str(tmp_path)}})
-  client.execute()
-  images = [out for cell in nb.cells if cell.cell_type == "code"
-            for out in cell.outputs if "image/png" in out.get("data", {})]
+  nb = testing.execute_notebook(NOTEBOOK, tmp_path, ATTNSCALE_WORKDIRS=trained_run)
+  images = testing.notebook_outputs(nb, "image/png")
   assert len(images) >= 4  # one figure per study
