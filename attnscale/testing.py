@@ -296,6 +296,7 @@ def check_fsdp_report(report, config, kernel: str) -> None:
   """A compile report of `config` at fsdp=8 (`aot.compile_report`) is FSDP: it fits,
   uses `kernel`, moves no activation, and holds an eighth of every matrix."""
   import numpy as np
+
   from attnscale.runtime import train_state as ts
   shapes = ts.state_shapes(config)
   params = sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes["params"]))

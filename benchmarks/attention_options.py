@@ -25,6 +25,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_throughput
 import train_throughput  # noqa: E402
+
 from attnscale.runtime import configlib, hostmem  # noqa: E402
 
 OPTIONS = (

@@ -88,8 +88,8 @@ def scaling_table(model: str, target: str):
   """Each registered scaling's train step against standard's, on one target."""
   import jax
 
-  from attnscale.runtime import aot
   from attnscale.core import scalings
+  from attnscale.runtime import aot
   from configs import shakespeare_char
 
   print(f"# {model} on {target}, compiled on {jax.devices()[0].platform} (JAX "

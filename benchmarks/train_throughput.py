@@ -44,11 +44,12 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
-from attnscale.runtime import hostmem, train_lib  # noqa: E402
 from attnscale import tasks
+from attnscale.runtime import hostmem, train_lib  # noqa: E402
 from attnscale.runtime import train_state as ts  # noqa: E402
 from configs import shakespeare_char  # noqa: E402
 

@@ -10,8 +10,8 @@ skipped without them. tests/test_compile_tpu.py does the TPU slice.
 
 import pytest
 
-from attnscale.runtime import aot
 from attnscale.core import scalings
+from attnscale.runtime import aot
 from attnscale.testing import check_fsdp_report, compile_config, installed
 
 pytestmark = [pytest.mark.accelerator,

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from attnscale.runtime import aot
 from attnscale.core import scalings
+from attnscale.runtime import aot
 from attnscale.testing import check_fsdp_report, compile_config, installed
 
 pytestmark = [pytest.mark.accelerator,

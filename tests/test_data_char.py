@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from attnscale import data
-from attnscale.data import paths
-from attnscale.data import tiny_shakespeare
+from attnscale.data import paths, tiny_shakespeare
 from attnscale.testing import serve_directory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnscale.evaluation import diagnostics, eval_lib
 from attnscale import studies, tasks, testing
 from attnscale.data import mlm, tokenizer
+from attnscale.evaluation import diagnostics, eval_lib
 from attnscale.studies import __main__ as cli
 from configs import bert_small
 

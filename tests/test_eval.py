@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from attnscale import testing
-from attnscale.evaluation import diagnostics, eval_lib
 from attnscale.data import char_lm
+from attnscale.evaluation import diagnostics, eval_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

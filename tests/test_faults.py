@@ -19,12 +19,12 @@ import sys
 
 import pytest
 
-from attnscale.evaluation import eval_lib
-from attnscale.runtime import metrics_writer, run_lock, train_lib
 from attnscale import testing
+from attnscale.evaluation import eval_lib
+from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import metrics_writer, run_lock, train_lib
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.interrupts import SECOND_CTRL_C
-from attnscale.experiments.sweeps import checkpoint_steps
 
 # Checkpoints at 100, 200 and 300 (the preset keeps 3); ~100 steps/s with a row each.
 NUM_STEPS, CHECKPOINT_EVERY = 300, 100

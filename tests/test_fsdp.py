@@ -20,8 +20,8 @@ import ml_collections
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from attnscale.runtime import configlib
 from attnscale import testing
+from attnscale.runtime import configlib
 from attnscale.runtime import train_state as ts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

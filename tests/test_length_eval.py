@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from attnscale import testing
-from attnscale.evaluation import eval_lib, length_eval
 from attnscale.data import char_lm
+from attnscale.evaluation import eval_lib, length_eval
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,15 +16,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnscale.runtime import configlib, train_lib
-from attnscale.evaluation import eval_lib
-from attnscale import tasks, testing
-from attnscale.runtime import train_state as ts
+from attnscale import models, tasks, testing
 from attnscale.data import mlm, tokenizer
-from attnscale import models
+from attnscale.evaluation import eval_lib
 from attnscale.models import ModelConfig
-from configs import bert_small
+from attnscale.runtime import configlib, train_lib
+from attnscale.runtime import train_state as ts
 from attnscale.testing import SCALING_CASES
+from configs import bert_small
 
 # A persistent XLA cache for this module (conftest): reruns of one config compile once.
 pytestmark = pytest.mark.usefixtures("compilation_cache_dir", "strict_rank_promotion")

@@ -12,11 +12,11 @@ import pytest
 from flax import nnx
 
 import attnscale
-from attnscale.runtime import configlib, train_lib
 from attnscale import models
 from attnscale.core import scalings
-from attnscale.runtime import train_state as ts
 from attnscale.core.scalings import Learned, Scaled
+from attnscale.runtime import configlib, train_lib
+from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")

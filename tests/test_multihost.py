@@ -33,10 +33,10 @@ import jax
 import numpy as np
 import pytest
 
-from attnscale.evaluation import eval_lib
-from attnscale.runtime import metrics_writer, train_lib
 from attnscale import testing
+from attnscale.evaluation import eval_lib
 from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import metrics_writer, train_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 

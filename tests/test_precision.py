@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attnscale.numerics import layers, precision, scale_tracking
-from attnscale.numerics import unit_scaling as us
 from attnscale.models import ModelConfig, Transformer, UnitScaledTransformer
 from attnscale.models import base as models_base
+from attnscale.numerics import layers, precision, scale_tracking
+from attnscale.numerics import unit_scaling as us
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
@@ -180,7 +180,7 @@ def _tokens(batch):
   return jnp.asarray(np.random.default_rng(0).integers(0, 40, (batch, 16)), jnp.int32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _report(variant, dtype, batch=4):
   """`scale_tracking.track` of a tiny model (shared by the tests: each costs a compile)."""
   cls, kw = VARIANTS[variant]

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from attnscale.runtime import steps
 from attnscale import tasks
+from attnscale.runtime import steps
 from attnscale.runtime import train_state as ts
 from configs import bert_small, shakespeare_char
 

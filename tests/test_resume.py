@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from tensorboardX.proto import event_pb2
 
-from attnscale.runtime import metrics_writer
 from attnscale import testing
 from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import metrics_writer
 from attnscale.runtime import train_state as ts
 
 NUM_STEPS, CHECKPOINT_EVERY = 600, 100  # ~100 steps/s on 2 CPU cores: seconds to kill in

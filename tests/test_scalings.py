@@ -214,6 +214,7 @@ def test_log_n_ratio_is_standard_up_to_the_training_length_and_sharper_past_it()
 
 def test_model_fills_log_n_ratio_train_len_and_learns_log_n_per_head():
   from flax import nnx
+
   from attnscale import models
   from attnscale.models import ModelConfig
   cfg = dict(vocab_size=11, block_size=32, num_layers=1, num_heads=2, width=16)

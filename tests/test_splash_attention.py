@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import attnscale
-from attnscale.core import scalings
-from attnscale.core import splash_attention
+from attnscale.core import scalings, splash_attention
 from attnscale.testing import cpu_devices_env, random_qkv
 
 # Interpret mode is slow: these run in the newest-JAX CI leg (.ci/run).

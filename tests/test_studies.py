@@ -69,8 +69,9 @@ def test_temperature_sweep_matches_theory_for_t_at_least_1():
 
 
 def test_with_temperature_divides_logits():
-  import attnscale
   import jax
+
+  import attnscale
   q, k = (jax.random.normal(key, (1, 4, 2, 8)) for key in jax.random.split(jax.random.key(0)))
   base = attnscale.scalings.get("standard")
   hot, _ = attnscale.attention_weights(q, k, scale_fn=studies.with_temperature(base, 2.0))

@@ -13,10 +13,10 @@ import re
 import numpy as np
 import pytest
 
-from attnscale.runtime import configlib
-from attnscale.evaluation import eval_lib
 from attnscale import tasks
 from attnscale.data import char_lm, paths, wikitext
+from attnscale.evaluation import eval_lib
+from attnscale.runtime import configlib
 from attnscale.tasks import base
 from configs import bert_small, shakespeare_char
 

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from attnscale.core import scalings
 from attnscale import tasks, testing
-from attnscale.runtime import train_lib
+from attnscale.core import scalings
 from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import train_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 

@@ -10,10 +10,10 @@ import optax
 import pytest
 from flax import nnx
 
-from attnscale.numerics import unit_scaling as us
 from attnscale.models import ModelConfig, UnitConfig
 from attnscale.models import unit_transformer as unit_model
 from attnscale.models.unit_transformer import UnitScaledTransformer, branch_taus
+from attnscale.numerics import unit_scaling as us
 from configs import shakespeare_char
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
@@ -158,8 +158,8 @@ def test_scaled_loss_is_a_constant_factor_on_every_gradient():
 def test_train_step_hands_the_optimizer_the_true_gradient():
   """One float32 train step gives the same update with model.unit.scaled_loss on
   or off: the step divides the scale back (with clipping on, which would show it)."""
-  from attnscale.runtime import steps
   from attnscale import tasks
+  from attnscale.runtime import steps
   from attnscale.runtime import train_state as ts
 
   results = []

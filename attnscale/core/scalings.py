@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp

@@ -79,8 +79,10 @@ HEAD_DIM_MULTIPLE = LANES
 
 def _splash():
   """(kernel module, mask module), or raises ImportError (a JAX without Pallas TPU ops)."""
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel,
+    splash_attention_mask,
+  )
   return splash_attention_kernel, splash_attention_mask
 
 

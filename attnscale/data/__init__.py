@@ -4,14 +4,15 @@
 source files instead of downloading them.
 """
 
-from attnscale.data.char_lm import CharDataset
-from attnscale.data.char_lm import eval_batches
-from attnscale.data.char_lm import get_batch
-from attnscale.data.char_lm import load_tiny_shakespeare
-from attnscale.data.char_lm import load_wikitext2_char
+from attnscale.data.char_lm import (
+    CharDataset,
+    eval_batches,
+    get_batch,
+    load_tiny_shakespeare,
+    load_wikitext2_char,
+)
 from attnscale.data.mlm import load_wikitext
-from attnscale.data.paths import data_root
-from attnscale.data.paths import local_file
+from attnscale.data.paths import data_root, local_file
 from attnscale.data.tiny_shakespeare import TinyShakespeareChar
 from attnscale.data.wikitext import WikitextParagraphs
 from attnscale.data.wikitext_char import Wikitext2Char

@@ -35,9 +35,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from attnscale.data import paths
+from attnscale.data import paths, wikitext
 from attnscale.data import tokenizer as tokenizer_lib
-from attnscale.data import wikitext
 from attnscale.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 
 EVAL_MASK_SEED = 12345  # fixed: every run is evaluated on the same masked tokens

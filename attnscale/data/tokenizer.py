@@ -31,7 +31,7 @@ MAX_TRAIN_SENTENCES = 2_000_000  # more paragraphs than this: a seeded sample
 _MAX_PARAGRAPH_BYTES = 1 << 16  # SentencePiece skips longer inputs (default 4192)
 
 
-def train(texts: Sequence[str], vocab_size: int = 8192, seed: int = 0) -> "Tokenizer":
+def train(texts: Sequence[str], vocab_size: int = 8192, seed: int = 0) -> Tokenizer:
   """Trains a BPE vocabulary of `vocab_size` pieces (specials included).
 
   Deterministic: the same texts, size and seed give the same model file in any
@@ -78,7 +78,7 @@ class Tokenizer:
       f.write(self.model_proto)
 
   @classmethod
-  def load(cls, path) -> "Tokenizer":
+  def load(cls, path) -> Tokenizer:
     with open(path, "rb") as f:
       return cls(f.read())
 

@@ -36,7 +36,8 @@ import zipfile
 import numpy as np
 import tensorflow_datasets as tfds
 
-from attnscale.data import paths, tokenizer as tokenizer_lib
+from attnscale.data import paths
+from attnscale.data import tokenizer as tokenizer_lib
 
 TOKENIZER_FILE = "tokenizer.model"  # the SentencePiece model, beside the splits
 SPLITS = {"train": "train", "validation": "valid", "test": "test"}  # TFDS name -> file stem

@@ -18,10 +18,9 @@ import jax
 import ml_collections
 from flax import nnx
 
-from attnscale.runtime import configlib
-from attnscale.evaluation import diagnostics, length_eval
 from attnscale import tasks
-from attnscale.runtime import steps
+from attnscale.evaluation import diagnostics, length_eval
+from attnscale.runtime import configlib, steps
 from attnscale.runtime import train_state as ts
 
 

@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from attnscale.runtime import steps
-from attnscale.runtime import train_state as ts
+
 from attnscale.data import char_lm
 from attnscale.models.base import check_length
+from attnscale.runtime import steps
+from attnscale.runtime import train_state as ts
 from attnscale.tasks.base import this_process_rows
 
 TOKENS_PER_BATCH = 16384

@@ -16,7 +16,9 @@ import math
 import os
 from collections.abc import Sequence
 
-from attnscale.experiments import reporting  # tables and figures, written as the studies write theirs
+from attnscale.experiments import (
+  reporting,  # tables and figures, written as the studies write theirs
+)
 
 # A row per run (`sweeps.read_run`): these columns, plus "curve".
 COLUMNS = ("scaling", "variant", "learning_rate", "seed", "steps", "final_train_loss",

@@ -33,12 +33,22 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from attnscale.runtime import configlib
-from attnscale.experiments.sweep_results import COLUMNS
 # The results' tables and figures, also reachable as sweeps.<name> (notebooks).
 from attnscale.experiments.sweep_results import (  # noqa: F401
-    TEXT_COLUMNS, best_per_scaling, best_runs, best_table, markdown_table, plot_best,
-    plot_loss_curves, plot_loss_vs_lr, standard_error, within_noise, write_results)
+  COLUMNS,
+  TEXT_COLUMNS,
+  best_per_scaling,
+  best_runs,
+  best_table,
+  markdown_table,
+  plot_best,
+  plot_loss_curves,
+  plot_loss_vs_lr,
+  standard_error,
+  within_noise,
+  write_results,
+)
+from attnscale.runtime import configlib
 
 # Where train.py is: the repository root, above attnscale/experiments/.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

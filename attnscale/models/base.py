@@ -22,11 +22,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnscale.core import positions as positions_lib
-from attnscale.numerics import precision
 from attnscale.core import scalings, sharding
+
 # The module's name is shadowed by the function in attnscale/__init__.py.
 from attnscale.core.attention import attention
 from attnscale.models.config import ModelConfig
+from attnscale.numerics import precision
 
 Array = jax.Array
 
@@ -199,7 +200,7 @@ REMAT_POLICIES = {
 }
 
 
-def _remat(block: "Block", remat: str):
+def _remat(block: Block, remat: str):
   """`block` itself ("none"), or the block rematerialised under `REMAT_POLICIES[remat]`."""
   if remat == "none":
     return block

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale.numerics import layers, precision
 from attnscale.core import scalings, sharding
 from attnscale.models import base
 from attnscale.models.config import ModelConfig
+from attnscale.numerics import layers, precision
 
 Array = jax.Array
 # model.qk_norm: q and k normalised over the head dim before the configured

@@ -51,11 +51,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attnscale.numerics import precision
 from attnscale.core import scalings, sharding
-from attnscale.numerics import unit_scaling as us
 from attnscale.models import base
 from attnscale.models.config import ModelConfig
+from attnscale.numerics import precision
+from attnscale.numerics import unit_scaling as us
 
 Array = jax.Array
 RESIDUAL_RULES = ("umup", "2023")

@@ -50,7 +50,8 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -47,7 +47,8 @@ import collections
 import dataclasses
 import math
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -31,18 +31,17 @@ V vocabulary, D model/feature width; for attention as in `attnscale.core.attenti
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnscale.numerics import layers, precision
 from attnscale.core import scalings
 from attnscale.core.visibility import upcast
+from attnscale.numerics import layers, precision
 
 Array = jax.Array
 
@@ -268,7 +267,7 @@ def _over_last_axis(w_D: Array, ndim: int) -> Array:
   return w_D.reshape((1,) * (ndim - 1) + w_D.shape)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gelu_scales(mult: float = 1.0) -> tuple[float, float]:
   """(std of g(x), rms of g'(x)) for x ~ N(0, 1), g(x) = gelu(mult x) / mult.
 

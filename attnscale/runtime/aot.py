@@ -34,8 +34,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from attnscale.runtime import configlib, steps
 from attnscale import tasks
+from attnscale.runtime import configlib, steps
 from attnscale.runtime import train_state as ts
 
 GiB = 2**30

@@ -41,13 +41,20 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from attnscale.runtime import configlib, interrupts, metrics_writer, run_lock
 from attnscale import tasks
+from attnscale.runtime import configlib, interrupts, metrics_writer, run_lock
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
+
 # Re-exported: tests, notebooks and benchmarks reach the steps through train_lib.
-from attnscale.runtime.steps import (dropout_key, evaluate, evaluate_sums, global_batch,  # noqa: F401
-                             make_eval_step, make_train_step)
+from attnscale.runtime.steps import (  # noqa: F401
+  dropout_key,
+  evaluate,
+  evaluate_sums,
+  global_batch,
+  make_eval_step,
+  make_train_step,
+)
 
 # Fields that may change when a run resumes: bookkeeping, not the experiment
 # ("mesh": all its fields; the devices change, the losses agree within float

@@ -39,12 +39,13 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from attnscale.runtime import configlib
 from attnscale import models
 from attnscale.core import sharding
 from attnscale.models import ModelConfig
+from attnscale.runtime import configlib
 
 State = dict[str, Any]
 

@@ -19,15 +19,36 @@ notebooks, and shared with the sweeps.
 """
 
 from attnscale.experiments.reporting import save_figure, to_csv, to_markdown, write_tables
-from attnscale.studies.key_norm_kde import (DEFAULT_METHODS, DISTRIBUTIONS, KeyNormResult,
-                                          Method, gaussian_kde, key_norms, plot_key_norms,
-                                          sample_qk, silverman_bandwidth, summary)
-from attnscale.studies.output_std import (OutputScaleResult, TemperatureResult,
-                                        default_scalings, graphcore_theory, output_scale,
-                                        plot_output_scale, plot_temperature,
-                                        temperature_sweep, with_temperature)
-from attnscale.studies.trained import (RunDiagnostics, TrainedResult, plot_trained,
-                                       run_diagnostics, trained_diagnostics)
+from attnscale.studies.key_norm_kde import (
+                                          DEFAULT_METHODS,
+                                          DISTRIBUTIONS,
+                                          KeyNormResult,
+                                          Method,
+                                          gaussian_kde,
+                                          key_norms,
+                                          plot_key_norms,
+                                          sample_qk,
+                                          silverman_bandwidth,
+                                          summary,
+)
+from attnscale.studies.output_std import (
+                                          OutputScaleResult,
+                                          TemperatureResult,
+                                          default_scalings,
+                                          graphcore_theory,
+                                          output_scale,
+                                          plot_output_scale,
+                                          plot_temperature,
+                                          temperature_sweep,
+                                          with_temperature,
+)
+from attnscale.studies.trained import (
+                                          RunDiagnostics,
+                                          TrainedResult,
+                                          plot_trained,
+                                          run_diagnostics,
+                                          trained_diagnostics,
+)
 
 __all__ = [
     "DEFAULT_METHODS", "DISTRIBUTIONS", "KeyNormResult", "Method", "OutputScaleResult",

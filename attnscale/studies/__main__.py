@@ -15,9 +15,9 @@ import argparse
 import math
 import sys
 
-from attnscale.experiments import reporting
-from attnscale.core import scalings
 from attnscale import studies
+from attnscale.core import scalings
+from attnscale.experiments import reporting
 from attnscale.studies import key_norm_kde
 from attnscale.studies import length as length_study
 from attnscale.studies import precision as precision_study

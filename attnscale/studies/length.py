@@ -17,12 +17,12 @@ import dataclasses
 import json
 import math
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.runtime import configlib
 from attnscale.experiments import reporting
+from attnscale.runtime import configlib
 
 
 @dataclasses.dataclass(frozen=True)

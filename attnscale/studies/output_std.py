@@ -25,15 +25,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnscale.experiments import reporting
 from attnscale.core import scalings
 from attnscale.core.attention import attention, attention_weights
+from attnscale.experiments import reporting
 
 DEFAULT_N = tuple(2**i for i in range(4, 13))  # 16 ... 4096
 DEFAULT_TEMPERATURES = tuple(float(2.0**(i / 2)) for i in range(-8, 9))  # 2^-4 ... 2^4

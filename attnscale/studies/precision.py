@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.numerics import precision, scale_tracking
 from attnscale.experiments import reporting
+from attnscale.numerics import precision, scale_tracking
 
 PLOT_FORMATS = ("float16", "e4m3", "e5m2")
 DTYPE_ORDER = ("float32", "bfloat16", "float16", "fp8", "fp8/per_tensor")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -68,9 +68,9 @@ def run_diagnostics(workdir: str, *, recompute: bool = False) -> RunDiagnostics:
     return RunDiagnostics(workdir, result["scaling"], int(result["step"]),
                           result["attention"], "eval.json")
   # Imported here: the synthetic studies need neither orbax nor the data sets.
-  from attnscale.runtime import configlib
-  from attnscale.evaluation import diagnostics, eval_lib
   from attnscale import tasks
+  from attnscale.evaluation import diagnostics, eval_lib
+  from attnscale.runtime import configlib
 
   config = eval_lib.load_config(workdir)
   task = tasks.get_task(config)

@@ -79,7 +79,7 @@ class Task(abc.ABC):
     checks.check_choice("config.dataset", config.dataset, cls.DATASETS)
 
   @classmethod
-  def without_data(cls, config) -> "Task":
+  def without_data(cls, config) -> Task:
     """This task with no data loaded: it traces `loss` (all compile.py needs)
     but cannot make batches."""
     task = cls.__new__(cls)

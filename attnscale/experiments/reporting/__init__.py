@@ -14,10 +14,23 @@ Sweeps (`attnscale.experiments.sweeps`) and studies (`attnscale.studies`) both w
 through this package and neither imports the other.
 """
 
-from attnscale.experiments.reporting.figures import (DPI, PNG_METADATA, label_axes, new_figure, save_figure,
-                                         style)
-from attnscale.experiments.reporting.tables import (FloatFormat, Row, format_value, power_of_two, to_csv,
-                                        to_markdown, write_tables)
+from attnscale.experiments.reporting.figures import (
+                                         DPI,
+                                         PNG_METADATA,
+                                         label_axes,
+                                         new_figure,
+                                         save_figure,
+                                         style,
+)
+from attnscale.experiments.reporting.tables import (
+                                         FloatFormat,
+                                         Row,
+                                         format_value,
+                                         power_of_two,
+                                         to_csv,
+                                         to_markdown,
+                                         write_tables,
+)
 
 __all__ = [
     "DPI", "FloatFormat", "PNG_METADATA", "Row", "format_value", "label_axes", "new_figure",

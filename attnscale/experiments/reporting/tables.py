@@ -24,7 +24,8 @@ import csv
 import io
 import math
 import os
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence, Union
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 Row = dict[str, Any]
 # How a float becomes text: a format spec such as ".4f", or a function.
