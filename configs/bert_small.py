@@ -84,15 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  # Devices: a data x fsdp mesh over every device of every process
-  # (docs/guides/pods-and-gpus.md). The batch is sharded on both axes; params
-  # and optimizer state on fsdp (FSDP), replicated over data. -1 = all the rest.
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1  # data-parallel replicas
-  c.mesh.fsdp = 1  # devices each parameter is split over (1 = replicated)
-  # Rematerialisation of each block, for models that do not fit: none | full (keep
-  # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
-  c.remat = "none"
+  configlib.add_devices(c)  # config.mesh (data x fsdp) and config.remat
 
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md) with the
   # config argument's scaling. What differs from its defaults (a GPT):

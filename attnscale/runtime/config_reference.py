@@ -131,6 +131,9 @@ def render() -> str:
   for path, module, config in zip(CONFIGS, modules, configs, strict=True):
     with open(os.path.join(ROOT, path)) as f:
       docs = comment_docs(f.read())
+    # The fields configs share are set, with their comments, by configlib's helpers.
+    with open(configlib.__file__) as f:
+      docs = comment_docs(f.read()) | docs
     presets = getattr(module, "PRESETS", ())
     out += [
         "",

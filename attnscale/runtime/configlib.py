@@ -292,6 +292,19 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   return label
 
 
+def add_devices(c: ml_collections.ConfigDict) -> None:
+  """The fields every config shares for where and how it runs: mesh and remat."""
+  # Devices: a data x fsdp mesh over every device of every process
+  # (docs/guides/pods-and-gpus.md). The batch is sharded on both axes; params
+  # and optimizer state on fsdp (FSDP), replicated over data. -1 = all the rest.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # data-parallel replicas
+  c.mesh.fsdp = 1  # devices each parameter is split over (1 = replicated)
+  # Rematerialisation of each block, for models that do not fit: none | full (keep
+  # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
+  c.remat = "none"
+
+
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
   """Checks the fields train.py relies on; raises a one-line ValueError.
 
