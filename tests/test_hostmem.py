@@ -52,7 +52,7 @@ def test_bad_mode_is_a_one_line_error(linux_glibc):
 
 
 def test_reexec_runs_the_same_command_with_the_tunables():
-  script = ("import os, sys; from attnscale import hostmem; hostmem.reexec_with_tunables(); "
+  script = ("import os, sys; from attnscale.runtime import hostmem; hostmem.reexec_with_tunables(); "
             "print(os.environ.get('GLIBC_TUNABLES'), sys.argv[1:], sys.flags.dont_write_bytecode)")
   env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "ATTNSCALE_MALLOC")}
   proc = subprocess.run([sys.executable, "-B", "-c", script, "a", "--b=1"], cwd=ROOT, env=env,
