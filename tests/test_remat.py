@@ -1,6 +1,6 @@
 """config.remat (none | full | dots): rematerialising each block changes what the
 backward pass keeps, never what it computes. What it saves is measured on a
-compiled TPU program (tests/test_compile.py; the XLA:CPU program's peak here is not
+compiled TPU program (tests/test_compile_tpu.py; the XLA:CPU program's peak here is not
 the activations')."""
 
 import jax
