@@ -109,7 +109,12 @@ def test_jobs_split_the_cpus_and_must_be_positive(tmp_path):
     assert shares[0].isdisjoint(shares[1])
     assert shares[0] | shares[1] == os.sched_getaffinity(0)
     out = tmp_path / "affinity"
-    code = f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+    # The parent pins the child right after it starts (sweeps._call): a child that
+    # reads its CPUs at once may still see all of them, so it waits (up to 5 s).
+    code = ("import os, time\n"
+            f"for _ in range(500):\n  if os.sched_getaffinity(0) != {set(os.sched_getaffinity(0))!r}:"
+            " break\n  time.sleep(0.01)\n"
+            f"open({str(out)!r}, 'w').write(repr(sorted(os.sched_getaffinity(0))))")
     assert sweeps._call([sys.executable, "-c", code], shares[1]) == 0
     assert out.read_text() == repr(sorted(shares[1]))  # the child runs pinned
   assert sweeps._cpu_shares(1) == [None]
