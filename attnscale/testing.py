@@ -42,6 +42,8 @@ SCALING_CASES = [
     ("log_n", "log_n", {}),
     ("log_n_per_head", "log_n", {"s": (0.3, 0.5, 0.7, 0.9)}),  # random_qkv's N = 4
     ("log_n_ratio", "log_n_ratio", {"train_len": 4}),  # sharper past 4 keys
+    ("temperature_tuning", "temperature_tuning", {"floor_scale": 3, "beta": 0.5}),
+    ("yarn", "yarn", {"train_len": 4}),  # sharper past 4 keys
 ]
 
 

@@ -443,6 +443,67 @@ class LogNRatio:
 
 
 @dataclasses.dataclass(frozen=True)
+class TemperatureTuning:
+  """s_i = (1 + beta log(floor((i + 1) / floor_scale) + 1)) / sqrt(d), i the query's position.
+
+  Llama 4's attention temperature tuning (Meta 2025, "The Llama 4 herd"; Hugging
+  Face transformers' Llama4TextAttention, `attn_temperature_tuning`: the
+  queries of its no-position layers multiplied by this factor, beta =
+  `attn_scale` = 0.1, floor_scale = 8192). Exactly standard for the first
+  floor_scale - 1 positions, then log-growing sharper logits in steps of
+  floor_scale: log-n-like, by the query's position rather than its key count.
+
+  Causal rule: the factor depends on the query's own position only (0 ... T-1,
+  top-left aligned as the causal mask), never on later keys, so a prefix gets
+  the full sequence's factors. `floor_scale` defaults to Llama 4's 8192 for
+  analysis; a model passes its training length `model.block_size` (`from_dims`),
+  so training is standard and the factor acts past it.
+  """
+
+  beta: float = 0.1
+  floor_scale: int = 8192
+
+  def __post_init__(self):
+    if not self.floor_scale >= 1:
+      raise ValueError(f"temperature_tuning's floor_scale must be >= 1, got {self.floor_scale}")
+
+  def __call__(self, q, k, keys):
+    i_1T1 = jnp.arange(keys.q_len, dtype=jnp.float32)[None, :, None]
+    factor_1T1 = 1.0 + self.beta * jnp.log(jnp.floor((i_1T1 + 1.0) / self.floor_scale) + 1.0)
+    return Scaled(q, k, logit_scale=factor_1T1 * q.shape[-1] ** -0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class Yarn:
+  """s_i = (0.1 ln(r_i) + 1)^2 / sqrt(d), r_i = max(1, n_i / train_len).
+
+  YaRN's attention temperature (Peng et al. 2023, "YaRN: Efficient Context Window
+  Extension of Large Language Models", arXiv 2309.00071, section 3.4, "dynamic
+  scaling" and eq. 22): sqrt(1/t) = 0.1 ln(r) + 1 multiplies both q and k, so
+  the logits by its square, r being the context extension factor. Here r is per
+  query, the keys it sees over the training length, floored at 1: exactly
+  standard within the training length, sharper past it.
+
+  Causal rule: r_i counts query i's visible keys (causal prefix, not padding),
+  as log_n_ratio's n_i; YaRN's own r is one number for the whole context, which
+  a causal model must not take from keys a query cannot see. `train_len`
+  defaults to 2048 for analysis; a model passes its `model.block_size`
+  (`from_dims`).
+  """
+
+  train_len: int = 2048
+
+  def __post_init__(self):
+    if not self.train_len >= 1:
+      raise ValueError(f"yarn's train_len must be >= 1, got {self.train_len}")
+
+  def __call__(self, q, k, keys):
+    r_BTN = jnp.maximum(keys.count() / self.train_len, 1.0)
+    mscale_BTN = 0.1 * jnp.log(r_BTN) + 1.0
+    return Scaled(q, k, logit_scale=jnp.square(mscale_BTN) * q.shape[-1] ** -0.5)
+
+
+@dataclasses.dataclass(frozen=True)
 class FullyScaled:
   """s = 1/sqrt(d), output factor c_i = max(1, sqrt(n_i / e)).
 
@@ -490,6 +551,10 @@ register("inverse_d")(InverseD)
 # Scalable-Softmax: s learned per head, s0 = 1/log(L) (standard at the training length).
 register("log_n", learned={"s": Learned(("heads",), init=log_n_init)})(LogN)
 register("log_n_ratio", from_dims={"train_len": lambda dims: dims.train_len})(LogNRatio)
+# The 2025 temperature scalings: standard within the training length (from_dims).
+register("temperature_tuning",
+         from_dims={"floor_scale": lambda dims: dims.train_len})(TemperatureTuning)
+register("yarn", from_dims={"train_len": lambda dims: dims.train_len})(Yarn)
 
 
 # u-muP's attention (the unit-scaling library's), as a scaling; attnscale/numerics/unit_scaling.py
