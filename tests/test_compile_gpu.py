@@ -12,7 +12,7 @@ import pytest
 
 from attnscale.core import scalings
 from attnscale.runtime import aot
-from attnscale.testing import check_fsdp_report, compile_config, installed
+from attnscale.testing import GPT2_SMALL, check_fsdp_report, compile_config, installed
 
 pytestmark = [pytest.mark.accelerator,
               pytest.mark.skipif(not installed("jax_plugins.xla_cuda12"),
@@ -31,9 +31,7 @@ def test_nanogpt_is_fsdp_and_cudnn():
 
 
 def test_gpt2_small_fits_with_fsdp():
-  c = compile_config(batch_size=8, seq_len=1024, **{
-      "model.num_layers": 12, "model.num_heads": 12, "model.width": 768,
-      "model.block_size": 1024, "model.vocab_size": 50257, "model.dropout": 0.0})
+  c = compile_config(**GPT2_SMALL)
   check_fsdp_report(aot.compile_report(c, TARGET), c, "cudnn")
 
 

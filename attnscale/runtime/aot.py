@@ -131,11 +131,6 @@ def _sharded_bytes(tree) -> int:
   return total
 
 
-def _abstract(tree, shardings):
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
-
-
 def lower_steps(config, target_name: str):
   """(train, eval) lowered for `target_name`, and what the report needs of the state.
 
@@ -150,13 +145,13 @@ def lower_steps(config, target_name: str):
   tx = ts.make_optimizer(config)
   shapes = ts.state_shapes(config, tx)
   shardings = ts.state_shardings(shapes, mesh)
-  state = _abstract(shapes, shardings)
+  state = ts.abstract_state(shapes, shardings)
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: ts.init_model(config)), nnx.Param)
   batch_sharding = ts.batch_sharding(mesh)
-  train_batch = _abstract(type(task).batch_spec(config),
+  train_batch = ts.abstract_state(type(task).batch_spec(config),
                           {k: batch_sharding for k in type(task).batch_spec(config)})
   eval_spec = type(task).batch_spec(config, train=False)
-  eval_batch = _abstract(eval_spec, {k: batch_sharding for k in eval_spec})
+  eval_batch = ts.abstract_state(eval_spec, {k: batch_sharding for k in eval_spec})
   train_step = steps.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
   eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)
   lowered = {"train_step": train_step.lower(state, train_batch),
