@@ -73,6 +73,28 @@ SWEEPS["practice"] = ("graphcore_cpu", PRACTICE, PRACTICE_LR_START, (1, 2))
 SWEEPS["practice_test"] = ("test", {k: PRACTICE[k] for k in ("standard", "sink_zero")},
                            {"standard": 7, "sink_zero": 7}, (1,))
 
+# Shared keys and values (docs/experiments/shared_kv.md): model.shared_kv=True (W_K =
+# W_V) beside the same scalings with separate projections, re-run here so both sit in
+# one sweep with checkpoints for the diagnostics, plus a parameter-matched control:
+# grouped-query attention with 2 key/value heads of 4 has exactly shared K/V's
+# attention parameters (q d^2, k and v d^2/2 each, out d^2 = 3 d^2) with keys and
+# values untied. Staged like the practice sweep (the same search and seeds).
+SHARED_KV = {}
+for _name in ("standard", "cosine", "qk_rmsnorm", "key_norm_sum"):
+  SHARED_KV[_name] = PRACTICE[_name]
+  SHARED_KV[_name + "_shared"] = (PRACTICE[_name][0], {"model.shared_kv": True})
+SHARED_KV["standard_kv2"] = ("standard", {"model.num_kv_heads": 2})
+# Starts: the practice sweep's best (docs/results/practice), the same for shared.
+SHARED_KV_LR_START = {k: 4 if k.startswith("key_norm_sum") else 9 for k in SHARED_KV}
+SWEEPS["shared_kv"] = ("graphcore_cpu", SHARED_KV, SHARED_KV_LR_START, (1, 2))
+SWEEPS["shared_kv_test"] = ("test", {k: SHARED_KV[k] for k in ("standard", "standard_shared")},
+                            {"standard": 7, "standard_shared": 7}, (1,))
+# The larger model: the cpu preset (width 128, 1000 steps) at its own rate, standard
+# scaling, separate vs shared vs the parameter-matched control, three seeds.
+# (preset, {label: overrides}, seeds)
+SWEEPS["shared_kv_cpu"] = ("cpu", {"separate": {}, "shared": {"model.shared_kv": True},
+                                   "kv2": {"model.num_kv_heads": 2}}, (0, 1, 2))
+
 # The length study's learning rates: each scaling's best in the graphcore_cpu sweep
 # (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
 # take standard's (log_n and log_n_ratio equal standard at the training length,
@@ -124,11 +146,15 @@ def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
   --lengths; the precision sweeps: scaling x format x seed; the practice sweeps:
   staged, see PRACTICE, reading the finished runs in `workdir`)."""
   check_choice("sweep", name, SWEEPS)
-  if name.startswith("practice"):
+  if name.startswith(("practice", "shared_kv")) and name != "shared_kv_cpu":
     from attnscale.experiments import lr_search  # only the staged sweep reads results
     preset, labels, starts, more_seeds = SWEEPS[name]
     return lr_search.points(preset, labels, starts, workdir, bounds=PRACTICE_LR_RANGE,
                             more_seeds=more_seeds)
+  if name == "shared_kv_cpu":
+    preset, labels, seeds = SWEEPS[name]
+    return [{"arg": f"preset={preset},scaling=standard,seed={seed}", "overrides": overrides}
+            for seed in seeds for overrides in labels.values()]
   if name.startswith("precision"):
     preset, scalings, formats, seeds = SWEEPS[name]
     # The full-size sweep at each scaling's LENGTH_LRS rate; the others at the preset's.

@@ -281,6 +281,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += f"+qk_{qk_norm}"
   if m.get("shared_kv"):
     label += "+shared_kv"
+  if m.get("num_kv_heads") and m.num_kv_heads != m.num_heads:
+    label += f"+kv_heads{m.num_kv_heads}"  # grouped-query attention
   if m.get("normalizer", "softmax") != "softmax":
     label += f"+{m.normalizer}"
   if m.get("logit_softcap"):
