@@ -7,6 +7,7 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies key_norms --out out --dist student_t --df 3
   python -m attnscale.studies output_scale --out out --max-n 1024 --causal-len 256
   python -m attnscale.studies length --out out --workdirs runs/length/*
+  python -m attnscale.studies shared_kv --out out --workdirs runs/shared_kv runs/shared_kv_cpu
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from attnscale.experiments import reporting
 from attnscale.studies import key_norm_kde
 from attnscale.studies import length as length_study
 from attnscale.studies import precision as precision_study
+from attnscale.studies import shared_kv as shared_kv_study
 
-STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision")
-RUN_STUDIES = ("trained", "length", "precision")  # need --workdirs
+STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision",
+           "shared_kv")
+RUN_STUDIES = ("trained", "length", "precision", "shared_kv")  # need --workdirs
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -122,7 +125,7 @@ def run_length(a):
 
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
            "key_norms": run_key_norms, "trained": run_trained, "length": run_length,
-           "precision": precision_study.run_cli}
+           "precision": precision_study.run_cli, "shared_kv": shared_kv_study.run_cli}
 
 
 def parse_args(argv):
@@ -178,8 +181,9 @@ def main(argv=None):
   if "length" in names and args.study == "all" and not all(
       map(length_study.has_lengths, args.workdirs)):
     names.remove("length")  # the runs were evaluated without --lengths
-  if args.study == "all" and "precision" in names:
-    names.remove("precision")  # tracks every checkpoint: only when asked for
+  for name in ("precision", "shared_kv"):
+    if args.study == "all" and name in names:
+      names.remove(name)  # read one sweep's layout: only when asked for
   for name in names:
     paths, notes = RUNNERS[name](args)
     print("\n  ".join([f"{name}:"] + notes + paths))

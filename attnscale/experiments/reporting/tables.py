@@ -106,8 +106,9 @@ def to_markdown(rows: Sequence[Row], columns: Sequence[str] | None = None, *,
 
 
 def write_tables(rows: Sequence[Row], out_dir: str, name: str, *,
-                 title: str = "", notes: Iterable[str] = ()) -> list[str]:
-  """Writes OUT_DIR/NAME.csv and OUT_DIR/NAME.md (title, notes, table); returns the paths."""
+                 title: str = "", notes: Iterable[str] = (), **markdown) -> list[str]:
+  """Writes OUT_DIR/NAME.csv and OUT_DIR/NAME.md (title, notes, table); returns the
+  paths. `markdown`: `to_markdown`'s options (formats, floats) for the .md table."""
   os.makedirs(out_dir, exist_ok=True)
   csv_path = os.path.join(out_dir, f"{name}.csv")
   md_path = os.path.join(out_dir, f"{name}.md")
@@ -116,5 +117,5 @@ def write_tables(rows: Sequence[Row], out_dir: str, name: str, *,
   header = [f"# {title}", ""] if title else []
   header += [f"{note}  " for note in notes]  # two spaces: a Markdown line break
   with open(md_path, "w") as f:
-    f.write("\n".join(header) + ("\n\n" if header else "") + to_markdown(rows))
+    f.write("\n".join(header) + ("\n\n" if header else "") + to_markdown(rows, **markdown))
   return [csv_path, md_path]
