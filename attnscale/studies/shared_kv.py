@@ -129,7 +129,7 @@ def plot(rows: Sequence[dict], diag: Sequence[dict]):
     if r["status"] in ("done", "diverged"):
       by_label.setdefault(r["scaling"], {}).setdefault(r["learning_rate"], []).append(
           r["final_train_loss"])
-  for i, (label, losses) in enumerate(sorted(by_label.items())):
+  for label, losses in sorted(by_label.items()):
     lrs = sorted(losses)
     style = reporting.style(sorted({base_label(x) for x in by_label}).index(base_label(label)))
     style["ls"] = "--" if SHARED in label else ":" if CONTROL.search(label) else "-"
