@@ -14,6 +14,8 @@ argument plus field overrides (and eval.py flags to run after training):
 of the practice sweeps is library code: attnscale/experiments/lr_search.py.
 """
 
+import math
+
 from attnscale.checks import check_choice
 
 CONFIG = "shakespeare_char.py"  # the config file (next to this one) these sweeps run
@@ -95,6 +97,46 @@ SWEEPS["shared_kv_test"] = ("test", {k: SHARED_KV[k] for k in ("standard", "stan
 SWEEPS["shared_kv_cpu"] = ("cpu", {"separate": {}, "shared": {"model.shared_kv": True},
                                    "kv2": {"model.num_kv_heads": 2}}, (0, 1, 2))
 
+# The width study (docs/experiments/width.md): does the best learning rate transfer
+# across width? Graphcore's recipe (graphcore_cpu: 4 layers, 4 heads, Adam at a
+# constant rate, 1500 steps) at widths 32 ... 256, so the head dim grows 8 ... 64
+# and 1/sqrt(d) and 1/d differ. Label -> (scaling, overrides); each runs at every
+# width as "label@width".
+WIDTHS = (32, 64, 128, 256)
+WIDTH_LABELS = {
+    "sp": ("standard", {}),
+    "sp_qk_rmsnorm": ("qk_rmsnorm", {}),
+    "sp_inverse_d": ("inverse_d", {}),
+    "unit_scaled": ("unit_scaled", {}),
+    "cosine": ("cosine", {}),
+}
+# Starts at width 64: the practice sweep's best. Standard parameterisation's best
+# rate is expected to fall as 1/width (one exponent per doubling); the unit-scaled
+# model's (and muP's) to stay put. The search brackets whatever it is.
+WIDTH_START_64 = {"sp": 9, "sp_qk_rmsnorm": 9, "sp_inverse_d": 8, "unit_scaled": 5,
+                  "cosine": 9, "mup": 9}
+WIDTH_FIXED = ("unit_scaled", "mup")  # labels whose start does not move with width
+
+
+def _width_sweep(preset, labels, widths, seeds):
+  """The staged search over (label, width), with the smallest width's best rate
+  transferred to every other width (lr_search's `transfer`)."""
+  points = {f"{label}@{w}": (scaling, overrides | {"model.width": w})
+            for w in widths for label, (scaling, overrides) in labels.items()}
+  starts = {f"{label}@{w}": WIDTH_START_64[label]
+            + (0 if label in WIDTH_FIXED else round(math.log2(w / 64)))
+            for w in widths for label in labels}
+  transfer = {f"{label}@{widths[0]}": [f"{label}@{w}" for w in widths[1:]] for label in labels}
+  return (preset, points, starts, seeds, transfer)
+
+
+# Width-major (every label at 32, then 64, ...), seed 1 at each best, then the transfer
+# runs: about 24 labels x 5-6 runs, 6-8 hours on 2 cores with --jobs=2.
+SWEEPS["width"] = _width_sweep("graphcore_cpu", WIDTH_LABELS, WIDTHS, (1,))
+SWEEPS["width_test"] = _width_sweep("test", {k: WIDTH_LABELS[k] for k in ("sp", "unit_scaled")},
+                                    (16, 32), (1,))
+WIDTH_BOUNDS = (2, 15)  # the search never leaves 2^-2 ... 2^-15
+
 # The length study's learning rates: each scaling's best in the graphcore_cpu sweep
 # (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
 # take standard's (log_n and log_n_ratio equal standard at the training length,
@@ -146,6 +188,11 @@ def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
   --lengths; the precision sweeps: scaling x format x seed; the practice sweeps:
   staged, see PRACTICE, reading the finished runs in `workdir`)."""
   check_choice("sweep", name, SWEEPS)
+  if name.startswith("width"):
+    from attnscale.experiments import lr_search
+    preset, labels, starts, more_seeds, transfer = SWEEPS[name]
+    return lr_search.points(preset, labels, starts, workdir, bounds=WIDTH_BOUNDS,
+                            more_seeds=more_seeds, transfer=transfer)
   if name.startswith(("practice", "shared_kv")) and name != "shared_kv_cpu":
     from attnscale.experiments import lr_search  # only the staged sweep reads results
     preset, labels, starts, more_seeds = SWEEPS[name]

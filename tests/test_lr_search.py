@@ -117,3 +117,22 @@ def test_points_are_sweep_points_of_the_labels_scalings_and_overrides():
 def test_any_start_finds_the_same_best(start):
   trials, _ = run_to_end({"a": start}, lambda e: (e - 7.4) ** 2, more_seeds=(1,))
   assert trials[-1] == Trial("a", 7, 1)
+
+
+def test_transfer_runs_targets_at_the_sources_best():
+  """Width study: once the small model's best is bracketed, the big one also
+  runs at that rate (seed 0) even though its own search never goes there."""
+  loss = {"small": lambda e: abs(e - 7.1), "big": lambda e: abs(e - 11.1)}
+  finished = {}
+  while True:
+    trials = lr_search.search({"small": 7, "big": 11}, finished.get,
+                              more_seeds=(1,), transfer={"small": ["big"]})
+    new = [t for t in trials if t not in finished]
+    if not new:
+      break
+    finished |= {t: loss[t.label](t.exponent) for t in new}
+  assert exponents(trials, "big") == [10, 11, 12, 7]
+  assert trials[-1] == Trial("big", 7, 0)
+  # A rate the target's own search tried is not run twice.
+  again = lr_search.search({"small": 7, "big": 7}, lambda t: 1.0, transfer={"small": ["big"]})
+  assert len(again) == len(set(again))

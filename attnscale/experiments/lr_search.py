@@ -10,6 +10,11 @@ next step would leave the bounds.
 
 Stage 2: `more_seeds` at the bracketed best, so a table can give mean ± s.e.
 
+Transfer (optional): once a source label's best is bracketed, each of its
+target labels also runs (seed 0) at the source's best rate, if its own search did
+not try it: what a model tuned at one size gets at another (the width study:
+every width at the smallest width's best rate).
+
 The search is a pure function of what has finished: `search(starts, loss)` asks
 `loss(trial)` for each trial's final loss (None: not finished yet, NaN:
 diverged) and returns every trial the search needs so far. Called again as runs
@@ -50,7 +55,8 @@ def best_exponent(losses: Mapping[int, float]) -> int | None:
 
 def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
            bounds: tuple[int, int] = (3, 12),
-           more_seeds: Sequence[int] = (1, 2)) -> list[Trial]:
+           more_seeds: Sequence[int] = (1, 2),
+           transfer: Mapping[str, Sequence[str]] | None = None) -> list[Trial]:
   """The trials needed so far: stage 1 of every label (seed 0), then stage 2.
 
   Args:
@@ -61,14 +67,15 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
     bounds: (lo, hi): the search never steps beyond lo <= e <= hi (the first
       three rates are the start's neighbours, whatever the bounds).
     more_seeds: the seeds added at each label's bracketed best.
+    transfer: source label -> target labels run (seed 0) at the source's best.
 
   Returns:
     Stage 1's trials (label by label, in the order they were needed), then
     stage 2's (a label whose search is still running, or whose every rate
-    diverged, has none).
+    diverged, has none), then the transfer trials.
   """
   lo, hi = bounds
-  stage1, stage2 = [], []
+  stage1, stage2, best_of = [], [], {}
   for label, start in starts.items():
     tried = [start - 1, start, start + 1]
     while True:
@@ -90,13 +97,18 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
         continue
       if best is not None:
         stage2 += [Trial(label, best, seed) for seed in more_seeds]
+        best_of[label] = best
       break
-  return stage1 + stage2
+  moved = [Trial(target, best_of[source], 0) for source, targets in (transfer or {}).items()
+           if source in best_of for target in targets]
+  trials = stage1 + stage2
+  return trials + [t for t in dict.fromkeys(moved) if t not in trials]
 
 
 def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[str, int],
            workdir: str | None, *, bounds: tuple[int, int] = (3, 12),
-           more_seeds: Sequence[int] = (1, 2)) -> list[dict]:
+           more_seeds: Sequence[int] = (1, 2),
+           transfer: Mapping[str, Sequence[str]] | None = None) -> list[dict]:
   """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
   finished runs in `workdir` (None: nothing has run, stage 1's first trials).
 
@@ -123,4 +135,4 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
     return row["final_train_loss"] if row["status"] == "done" else math.nan
 
   return [point(t) for t in search({label: starts[label] for label in labels}, loss,
-                                   bounds=bounds, more_seeds=more_seeds)]
+                                   bounds=bounds, more_seeds=more_seeds, transfer=transfer)]
