@@ -8,6 +8,7 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies output_scale --out out --max-n 1024 --causal-len 256
   python -m attnscale.studies length --out out --workdirs runs/length/*
   python -m attnscale.studies shared_kv --out out --workdirs runs/shared_kv runs/shared_kv_cpu
+  python -m attnscale.studies width --out out --workdirs runs/width
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from attnscale.studies import key_norm_kde
 from attnscale.studies import length as length_study
 from attnscale.studies import precision as precision_study
 from attnscale.studies import shared_kv as shared_kv_study
+from attnscale.studies import width as width_study
 
 STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision",
-           "shared_kv")
-RUN_STUDIES = ("trained", "length", "precision", "shared_kv")  # need --workdirs
+           "shared_kv", "width")
+RUN_STUDIES = ("trained", "length", "precision", "shared_kv", "width")  # need --workdirs
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -125,7 +127,8 @@ def run_length(a):
 
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
            "key_norms": run_key_norms, "trained": run_trained, "length": run_length,
-           "precision": precision_study.run_cli, "shared_kv": shared_kv_study.run_cli}
+           "precision": precision_study.run_cli, "shared_kv": shared_kv_study.run_cli,
+           "width": width_study.run_cli}
 
 
 def parse_args(argv):
@@ -181,7 +184,7 @@ def main(argv=None):
   if "length" in names and args.study == "all" and not all(
       map(length_study.has_lengths, args.workdirs)):
     names.remove("length")  # the runs were evaluated without --lengths
-  for name in ("precision", "shared_kv"):
+  for name in ("precision", "shared_kv", "width"):
     if args.study == "all" and name in names:
       names.remove(name)  # read one sweep's layout: only when asked for
   for name in names:
