@@ -150,6 +150,16 @@ LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
 # (preset, {scaling: learning rate}, positions, eval.py --lengths flag, seeds)
 SWEEPS["length"] = ("graphcore_cpu", LENGTH_LRS, ("rope", "none"),
                     "--lengths=64,128,256,512,1024", (0, 1))
+# The 2025 temperature scalings in the same study (rotary only, two seeds), with
+# standard and learned log_n again as the baselines in the same table: Llama 4's
+# temperature_tuning and YaRN's temperature (both standard within the training
+# length), and critical log-n scaling, logits x s log n_i with s fixed at 1 and 2
+# (the critical gamma 1/(1 - rho) for rho = 0 and 1/2; docs/science.md). Keys are
+# config arguments; every label at standard's rate. 12 runs, about 20 minutes.
+LENGTH_2025_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "temperature_tuning": 2.0**-9,
+                   "yarn": 2.0**-9, "log_n,s=1": 2.0**-9, "log_n,s=2": 2.0**-9}
+SWEEPS["length_2025"] = ("graphcore_cpu", LENGTH_2025_LRS, ("rope",),
+                         "--lengths=64,128,256,512,1024", (0, 1))
 # Seconds: the test suite's length sweep.
 SWEEPS["length_test"] = ("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),
                          "--lengths=32,64", (0,))

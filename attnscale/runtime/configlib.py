@@ -85,9 +85,9 @@ def model_fields(schema: type = ModelConfig) -> ml_collections.ConfigDict:
   return out
 
 
-def model(scaling: str = "standard", *, p: float = 2.0,
-          temperature: float = 0.0) -> ml_collections.ConfigDict:
-  """`config.model` for the config argument's `scaling`, `p` and `temperature`:
+def model(scaling: str = "standard", *, p: float = 2.0, temperature: float = 0.0,
+          s: float = 0.0) -> ml_collections.ConfigDict:
+  """`config.model` for the config argument's `scaling`, `p`, `temperature` and `s`:
   ModelConfig's defaults plus what the argument selects. A config then overrides
   what differs for it (sizes, dropout, ...).
 
@@ -96,7 +96,8 @@ def model(scaling: str = "standard", *, p: float = 2.0,
   inside the unit-scaled transformer (`model.variant=unit`), its branch weighted to
   sqrt(e/n) of the skip. (`--config.model.scaling=umup` instead picks u-muP's 1/d
   attention.) `p`: key_norm_power's power; `temperature` > 0: cosine's fixed
-  temperature instead of the learned one.
+  temperature instead of the learned one; `s` > 0: log_n's fixed s instead of the
+  learned one (critical log-n scaling, logits x s log n_i).
   """
   m = model_fields()
   m.scaling = scaling
@@ -104,6 +105,8 @@ def model(scaling: str = "standard", *, p: float = 2.0,
     m.scaling_params = {"p": p}
   elif scaling == "cosine" and temperature > 0:
     m.scaling_params = {"temperature": temperature}
+  elif scaling == "log_n" and s > 0:
+    m.scaling_params = {"s": s}
   if scaling == "unit_scaled":
     m.variant, m.scaling, m.unit.attn_residual = "unit", "fully_scaled", "relative"
   return m
