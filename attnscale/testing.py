@@ -240,6 +240,25 @@ def train_tiny_run(tmp_path_factory, arg: str = "preset=test", *, steps: int | N
   return TinyRun(config, workdir, metrics, result)
 
 
+def fake_run(root, name: str, arg: str, overrides: dict, records: Sequence[dict], *,
+             done: bool = True) -> str:
+  """A run directory as train.py leaves one, without training: config.json
+  (configs/shakespeare_char.py's `arg` with `overrides`), metrics.jsonl (`records`)
+  and, when `done`, a checkpoint directory at the last step (what `sweeps.status`
+  reads; a run stopped by a NaN has none), for testing what the studies compute
+  from sweeps. Returns its path."""
+  from configs import shakespeare_char
+  config = shakespeare_char.get_config(arg)
+  config.update_from_flattened_dict(overrides)
+  run = os.path.join(root, name)
+  os.makedirs(os.path.join(run, "checkpoints", str(config.num_train_steps) if done else ""))
+  with open(os.path.join(run, "config.json"), "w") as f:
+    json.dump(config.to_dict(), f)
+  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  return run
+
+
 def execute_notebook(path: str, cwd, *, timeout_s: float = 180.0, **env: str):
   """Runs the notebook at `path` in a new kernel and returns it with its outputs.
 

@@ -137,6 +137,27 @@ SWEEPS["width_test"] = _width_sweep("test", {k: WIDTH_LABELS[k] for k in ("sp", 
                                     (16, 32), (1,))
 WIDTH_BOUNDS = (2, 15)  # the search never leaves 2^-2 ... 2^-15
 
+# The learning-rate sensitivity study (docs/experiments/sensitivity.md; Wortsman et
+# al. 2023): each label from two rates below its best (the practice sweep's,
+# docs/results/practice) up to 2^-2, well past where the standard model diverges,
+# two seeds. QK-clip at 50, the soft-cap's value, so the two bounds compare.
+SENSITIVITY = {
+    "standard": ("standard", {}),
+    "qk_layernorm": ("qk_layernorm", {}),
+    "qk_rmsnorm": ("qk_rmsnorm", {}),
+    "cosine": ("cosine", {}),
+    "softcap": ("standard", {"model.logit_softcap": 50.0}),
+    "qk_clip": ("standard", {"qk_clip": 50.0}),
+    "sink_learned": ("standard", {"model.sink": "learned"}),
+    "unit_scaled": ("unit_scaled", {}),
+}
+SENSITIVITY_BEST = dict.fromkeys(SENSITIVITY, 9) | {"unit_scaled": 5}  # practice's best e
+SENSITIVITY_TOP = 2  # the largest rate: 2^-2
+# (preset, {label: (scaling, overrides)}, {label: best exponent}, seeds)
+SWEEPS["sensitivity"] = ("graphcore_cpu", SENSITIVITY, SENSITIVITY_BEST, (0, 1))
+SWEEPS["sensitivity_test"] = ("test", {k: SENSITIVITY[k] for k in ("standard", "qk_clip")},
+                              {"standard": 4, "qk_clip": 4}, (0,))
+
 # The length study's learning rates: each scaling's best in the graphcore_cpu sweep
 # (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
 # take standard's (log_n and log_n_ratio equal standard at the training length,
@@ -198,6 +219,13 @@ def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
   --lengths; the precision sweeps: scaling x format x seed; the practice sweeps:
   staged, see PRACTICE, reading the finished runs in `workdir`)."""
   check_choice("sweep", name, SWEEPS)
+  if name.startswith("sensitivity"):
+    # Seed-major: after seed 0, every (label, rate) has one run.
+    preset, labels, best, seeds = SWEEPS[name]
+    return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
+             "overrides": {"learning_rate": 2.0**-e, **overrides}}
+            for seed in seeds for label, (scaling, overrides) in labels.items()
+            for e in range(best[label] + 2, SENSITIVITY_TOP - 1, -1)]
   if name.startswith("width"):
     from attnscale.experiments import lr_search
     preset, labels, starts, more_seeds, transfer = SWEEPS[name]

@@ -3,26 +3,18 @@ directories as train.py leaves them (config.json, metrics.jsonl, a checkpoint
 directory), losses from a known optimum, no training."""
 
 import argparse
-import json
 import math
 import os
 
 import pytest
 
 from attnscale.studies import width
-from configs import shakespeare_char
+from attnscale.testing import fake_run
 
 
 def _run(root, name, arg, overrides, loss):
-  config = shakespeare_char.get_config(arg)
-  config.update_from_flattened_dict(overrides)
-  run = os.path.join(root, name)
-  os.makedirs(os.path.join(run, "checkpoints", str(config.num_train_steps)))
-  with open(os.path.join(run, "config.json"), "w") as f:
-    json.dump(config.to_dict(), f)
-  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
-    f.write(json.dumps({"step": config.num_train_steps, "train/loss": loss,
-                        "train/loss_last20": loss}) + "\n")
+  fake_run(root, name, arg, overrides,
+           [{"step": 20, "train/loss": loss, "train/loss_last20": loss}])
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies length --out out --workdirs runs/length/*
   python -m attnscale.studies shared_kv --out out --workdirs runs/shared_kv runs/shared_kv_cpu
   python -m attnscale.studies width --out out --workdirs runs/width
+  python -m attnscale.studies sensitivity --out out --workdirs runs/sensitivity
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from attnscale.experiments import reporting
 from attnscale.studies import key_norm_kde
 from attnscale.studies import length as length_study
 from attnscale.studies import precision as precision_study
+from attnscale.studies import sensitivity as sensitivity_study
 from attnscale.studies import shared_kv as shared_kv_study
 from attnscale.studies import width as width_study
 
 STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision",
-           "shared_kv", "width")
-RUN_STUDIES = ("trained", "length", "precision", "shared_kv", "width")  # need --workdirs
+           "shared_kv", "width", "sensitivity")
+RUN_STUDIES = ("trained", "length", "precision", "shared_kv", "width", "sensitivity")  # need --workdirs
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -128,7 +130,7 @@ def run_length(a):
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
            "key_norms": run_key_norms, "trained": run_trained, "length": run_length,
            "precision": precision_study.run_cli, "shared_kv": shared_kv_study.run_cli,
-           "width": width_study.run_cli}
+           "width": width_study.run_cli, "sensitivity": sensitivity_study.run_cli}
 
 
 def parse_args(argv):
@@ -184,7 +186,7 @@ def main(argv=None):
   if "length" in names and args.study == "all" and not all(
       map(length_study.has_lengths, args.workdirs)):
     names.remove("length")  # the runs were evaluated without --lengths
-  for name in ("precision", "shared_kv", "width"):
+  for name in ("precision", "shared_kv", "width", "sensitivity"):
     if args.study == "all" and name in names:
       names.remove(name)  # read one sweep's layout: only when asked for
   for name in names:

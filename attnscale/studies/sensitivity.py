@@ -1,0 +1,193 @@
+"""The learning-rate sensitivity study: which scalings and options keep attention
+logits bounded and the loss finite as the learning rate grows?
+
+    python -m attnscale.studies sensitivity --out DIR --workdirs runs/sensitivity
+
+Reads the `sensitivity` sweep (configs/sweeps.py: each label from two rates below
+its best up to 2^-2, two seeds) and writes:
+
+  sensitivity.md/csv         per label: best rate and loss, Wortsman et al.'s
+                             learning-rate sensitivity, the rates that trained, the
+                             largest logit at the end of the highest rates
+  sensitivity_logits.md/csv  per label and rate: final loss and the largest
+                             attention logit at the last logged step (seed 0)
+  sensitivity_loss.png       final loss against learning rate, one line per label
+  sensitivity_logits.png     the largest attention logit against step at three
+                             high rates, one line per label
+
+Learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for
+large-scale Transformer training instabilities", arXiv 2309.14322, section 3.1):
+
+    S = E_lr[ min(L(lr), L_0) ] - min_lr L(lr)
+
+over the rates tried, L_0 the loss at initialisation (here ln V, a uniform
+prediction; a diverged run counts as L_0). Lower = less sensitive. Each seed's S
+is computed over its own runs; the table gives the mean and half-range.
+
+The largest logit is what training logs every `log_every` steps
+(`train/attn/max_logit/layer_<i>` in metrics.jsonl: the largest scaled logit of
+the layer on that step's batch, from the fused kernel), maximised over layers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from attnscale.experiments import reporting, sweeps
+
+MAX_LOGIT = "train/attn/max_logit/layer_"  # + layer index: metrics.jsonl's keys
+HIGH_RATES = (2.0**-7, 2.0**-5, 2.0**-3)  # the logit figure's panels
+
+
+def max_logit_curve(run_dir: str) -> list[tuple[int, float]]:
+  """(step, largest attention logit over layers) at every logged step."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  curve = []
+  if os.path.exists(path):
+    with open(path) as f:
+      for line in f:
+        record = json.loads(line) if line.strip() else {}
+        values = [v for k, v in record.items() if k.startswith(MAX_LOGIT)]
+        if values:
+          curve.append((record["step"], float(max(values))))
+  return curve
+
+
+def read_rows(workdir: str) -> list[dict]:
+  """The sweep's finished runs, each with its label, vocabulary and max-logit curve."""
+
+  rows = []
+  for row in sweeps.collect(workdir):
+    if row["status"] not in ("done", "diverged"):
+      continue
+    run = os.path.join(workdir, row["run"])
+    with open(os.path.join(run, "config.json")) as f:
+      config = json.load(f)
+    label = row["scaling"]
+    if config.get("qk_clip"):  # a training option, not the model's: named here
+      label += f"+qk_clip{config['qk_clip']:g}"
+    rows.append({**row, "label": label, "vocab_size": config["model"]["vocab_size"],
+                 "logits": max_logit_curve(run)})
+  return rows
+
+
+def sensitivity(losses: Sequence[float], init_loss: float) -> float:
+  """Wortsman et al.'s S over one seed's rates: mean of min(L, L_0) minus the best."""
+  capped = [min(v, init_loss) if math.isfinite(v) else init_loss for v in losses]
+  return float(np.mean(capped) - min(capped)) if capped else math.nan
+
+
+def summary_rows(rows: Sequence[dict]) -> list[dict]:
+  """One row per label (see the module docstring), lowest sensitivity first."""
+  out = []
+  for label in sorted({r["label"] for r in rows}):
+    runs = [r for r in rows if r["label"] == label]
+    init = math.log(runs[0]["vocab_size"])
+    seeds = sorted({r["seed"] for r in runs})
+    per_seed = [sensitivity([r["final_train_loss"] for r in runs if r["seed"] == s], init)
+                for s in seeds]
+    by_rate: dict[float, list[float]] = {}
+    for r in runs:
+      by_rate.setdefault(r["learning_rate"], []).append(r["final_train_loss"])
+    means = {lr: float(np.mean(v)) for lr, v in by_rate.items()}
+    finite = {lr: v for lr, v in means.items() if math.isfinite(v)}
+    best_lr = min(finite, key=finite.get) if finite else math.nan
+    trained = [lr for lr, v in means.items() if math.isfinite(v) and v < init - 0.5]
+    top = max(by_rate)
+    top_logits = [r["logits"][-1][1] for r in runs if r["learning_rate"] == top and r["logits"]]
+    worst_logit = max((v for r in runs for _, v in r["logits"]), default=math.nan)
+    out.append({
+        "label": label, "rates": len(by_rate), "seeds": len(seeds),
+        "best_lr": best_lr, "best_loss": finite.get(best_lr, math.nan),
+        "sensitivity": float(np.mean(per_seed)),
+        "half_range": (max(per_seed) - min(per_seed)) / 2 if len(per_seed) > 1 else math.nan,
+        "largest_trained_lr": max(trained) if trained else math.nan,
+        "diverged_runs": sum(r["status"] == "diverged" for r in runs),
+        "max_logit_at_top_lr": max(top_logits) if top_logits else math.nan,
+        "max_logit_any_run": worst_logit})
+  return sorted(out, key=lambda r: r["sensitivity"])
+
+
+def logit_rows(rows: Sequence[dict]) -> list[dict]:
+  """Per label and rate (seed 0): final loss, status and the last and largest logged
+  max logit."""
+  return [{"label": r["label"], "learning_rate": r["learning_rate"], "status": r["status"],
+           "final_train_loss": r["final_train_loss"],
+           "max_logit_last": r["logits"][-1][1] if r["logits"] else math.nan,
+           "max_logit_peak": max((v for _, v in r["logits"]), default=math.nan)}
+          for r in sorted(rows, key=lambda r: (r["label"], r["learning_rate"]))
+          if r["seed"] == 0]
+
+
+def plot_loss(rows: Sequence[dict]):
+  fig = reporting.new_figure(8, 5)
+  ax = fig.subplots()
+  init = math.log(rows[0]["vocab_size"])
+  for i, label in enumerate(sorted({r["label"] for r in rows})):
+    by_rate: dict[float, list[float]] = {}
+    for r in rows:
+      if r["label"] == label:
+        v = r["final_train_loss"]
+        by_rate.setdefault(r["learning_rate"], []).append(min(v, init) if math.isfinite(v)
+                                                           else init)
+    lrs = sorted(by_rate)
+    ax.plot(lrs, [np.mean(by_rate[lr]) for lr in lrs], label=label, **reporting.style(i))
+  ax.axhline(init, color="k", ls=":", lw=1, label="loss at init (ln V); diverged")
+  ax.set_xscale("log", base=2)
+  reporting.label_axes(ax, xlabel="learning rate", ylabel="final training loss, min(L, L0)",
+                       title="Learning-rate sensitivity (mean over seeds)")
+  ax.legend(fontsize=7)
+  return fig
+
+
+def plot_logits(rows: Sequence[dict], rates: Sequence[float] = HIGH_RATES):
+  fig = reporting.new_figure(5 * len(rates), 4.5)
+  axes = np.atleast_1d(fig.subplots(1, len(rates), sharey=True))
+  labels = sorted({r["label"] for r in rows})
+  for ax, lr in zip(axes, rates):
+    for i, label in enumerate(labels):
+      run = next((r for r in rows if r["label"] == label and r["learning_rate"] == lr
+                  and r["seed"] == 0 and r["logits"]), None)
+      if run is not None:
+        steps, values = zip(*run["logits"])
+        ax.plot(steps, values, label=label, **reporting.style(i))
+    ax.set_yscale("log")
+    reporting.label_axes(ax, xlabel="step", ylabel="largest attention logit (over layers)",
+                         title=f"learning rate {reporting.power_of_two(lr)}")
+  axes[0].legend(fontsize=7)
+  return fig
+
+
+def run_cli(args) -> tuple[list[str], list[str]]:
+  """`python -m attnscale.studies sensitivity --out DIR --workdirs SWEEP_DIR`."""
+  if len(args.workdirs) != 1:
+    raise SystemExit("sensitivity: give --workdirs SWEEP_DIR (the sensitivity sweep's workdir)")
+  rows = read_rows(args.workdirs[0])
+  if not rows:
+    raise SystemExit(f"sensitivity: no finished runs in {args.workdirs[0]}")
+  notes = [f"{len(rows)} finished runs ({args.workdirs[0]}); final training loss = mean of "
+           "the last 20 steps; best_loss: mean over seeds at the best rate.",
+           "sensitivity: Wortsman et al.'s mean over rates of min(L, L0) minus the best, "
+           "L0 = ln V (diverged = L0), per seed, mean and half-range over seeds.",
+           "largest_trained_lr: the largest rate whose mean loss is 0.5 nats below L0; "
+           "max_logit_*: the largest attention logit logged in training (over layers), at "
+           "the last step of the largest rate's runs, and anywhere in any run."]
+  fmt = {"formats": {"best_lr": reporting.power_of_two,
+                     "largest_trained_lr": reporting.power_of_two, "rates": "d", "seeds": "d",
+                     "diverged_runs": "d"}, "floats": ".3f"}
+  paths = reporting.write_tables(summary_rows(rows), args.out, "sensitivity",
+                                 title="Learning-rate sensitivity", notes=notes, **fmt)
+  paths += reporting.write_tables(
+      logit_rows(rows), args.out, "sensitivity_logits", floats=".3f",
+      formats={"learning_rate": reporting.power_of_two},
+      title="Final loss and largest attention logit per rate (seed 0)",
+      notes=["max_logit_last: at the last logged step; max_logit_peak: the largest "
+             "logged in the run (a diverged run stops at its NaN)."])
+  paths.append(reporting.save_figure(plot_loss(rows), args.out, "sensitivity_loss"))
+  paths.append(reporting.save_figure(plot_logits(rows), args.out, "sensitivity_logits"))
+  return paths, notes
