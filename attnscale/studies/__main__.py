@@ -7,6 +7,8 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies key_norms --out out --dist student_t --df 3
   python -m attnscale.studies output_scale --out out --max-n 1024 --causal-len 256
   python -m attnscale.studies length --out out --workdirs runs/length/*
+  python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \
+      --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import sys
 from attnscale import studies
 from attnscale.core import scalings
 from attnscale.experiments import reporting
-from attnscale.studies import key_norm_kde
+from attnscale.studies import coord_check, key_norm_kde
 from attnscale.studies import length as length_study
 from attnscale.studies import precision as precision_study
 
-STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision")
+STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision",
+           "coord_check")
 RUN_STUDIES = ("trained", "length", "precision")  # need --workdirs
 
 
@@ -122,7 +125,7 @@ def run_length(a):
 
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
            "key_norms": run_key_norms, "trained": run_trained, "length": run_length,
-           "precision": precision_study.run_cli}
+           "precision": precision_study.run_cli, "coord_check": coord_check.run_cli}
 
 
 def parse_args(argv):
@@ -157,6 +160,12 @@ def parse_args(argv):
   g.add_argument("--mean", type=float, default=1.0, help="nonzero_mean: the mean")
   g.add_argument("--length-range", type=float, nargs=2, default=[0.5, 2.0],
                  help="unequal_lengths: key lengths ~ U(lo, hi)")
+  g = p.add_argument_group("coord_check (trains: never part of all)")
+  g.add_argument("--config", default="configs/shakespeare_char.py:preset=graphcore_cpu",
+                 help="the train.py config (FILE.py[:ARG]) trained at each width")
+  g.add_argument("--widths", default="32,64,128,256,512",
+                 help="comma-separated model widths (num_heads must divide each)")
+  g.add_argument("--steps", type=int, default=4, help="training steps recorded at each width")
   g = p.add_argument_group("trained and length")
   g.add_argument("--workdirs", nargs="+", default=[], help="train.py run directories")
   g.add_argument("--recompute", action="store_true",
@@ -180,6 +189,8 @@ def main(argv=None):
     names.remove("length")  # the runs were evaluated without --lengths
   if args.study == "all" and "precision" in names:
     names.remove("precision")  # tracks every checkpoint: only when asked for
+  if args.study == "all":
+    names.remove("coord_check")  # trains models: only when asked for
   for name in names:
     paths, notes = RUNNERS[name](args)
     print("\n  ".join([f"{name}:"] + notes + paths))
