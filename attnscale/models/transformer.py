@@ -15,6 +15,10 @@ masked-LM head: dense + GELU + LayerNorm, then the tied embedding and an output
 bias). Unlike BERT, the body has no biases, no segment embeddings and no pooler
 (no next-sentence task, as RoBERTa).
 
+`model.parameterization="mup"` rescales the hidden matrices' init, the logits and
+the attention's scale with the width (attnscale/models/mup.py); under "sp" none of
+those multiplications exists in the program.
+
 Dimension legend: B batch, T sequence, P prediction slots, D width, N heads,
 K key/value heads, H head dim, F MLP hidden, V vocabulary, L layers.
 """
