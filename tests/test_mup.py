@@ -1,6 +1,6 @@
 """model.parameterization: mup trains and resumes, sp's programs are unchanged, mup
-equals sp at the base width, bad values fail in one line, and the coordinate check
-(attnscale/studies/coord_check.py) is flat in width under mup and grows under sp.
+equals sp at the base width, its init, learning rates and decay follow muP, and bad
+values fail in one line (the coordinate check: tests/test_coord_check.py).
 
 Needs $ATTNSCALE_DATA (CI sets it).
 """
@@ -14,7 +14,6 @@ from attnscale.models import ModelConfig, mup
 from attnscale.runtime import configlib, train_lib
 from attnscale.runtime import steps as steps_lib
 from attnscale.runtime import train_state as ts
-from attnscale.studies import coord_check
 from configs import shakespeare_char
 
 pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
@@ -148,20 +147,3 @@ def test_bad_values_fail_in_one_line(fields, field):
   with pytest.raises(ValueError) as info:
     ModelConfig(**fields)
   assert field in str(info.value) and "\n" not in str(info.value), str(info.value)
-
-
-def test_coord_check_flat_under_mup_grows_under_sp(tfds_dir):
-  config = make_config(tfds_dir, "preset=graphcore_cpu", **{
-      "model.num_layers": 1, "seq_len": 16, "batch_size": 4})
-  r = coord_check.coord_check(config, (32, 512), steps=3)
-  for kind in ("logits", "attn_out"):
-    assert 0.5 < r.growth("mup", kind) < 2, (kind, r.growth("mup", kind))
-    assert r.growth("sp", kind) > 2, (kind, r.growth("sp", kind))
-  rows = r.rows()
-  assert {row["parameterization"] for row in rows} == {"sp", "mup"}
-  assert len(rows) == 2 * len(r.quantities()) * 4  # steps 0..3
-
-
-def test_coord_check_bad_widths_fail_in_one_line():
-  with pytest.raises(ValueError, match="--widths"):
-    coord_check.parse_widths("32")
