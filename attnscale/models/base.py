@@ -26,6 +26,7 @@ from attnscale.core import scalings, sharding
 
 # The module's name is shadowed by the function in attnscale/__init__.py.
 from attnscale.core.attention import attention
+from attnscale.models import mup
 from attnscale.models.config import ModelConfig
 from attnscale.numerics import precision
 
@@ -121,7 +122,8 @@ class AttentionLayer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig):
     self.cfg = cfg
-    self.scaling = ScalingParams(cfg.scaling, cfg.scaling_params, cfg.scaling_dims)
+    # Under mup, inverse_d with muP's multiplier (attnscale/models/mup.py).
+    self.scaling = ScalingParams(*mup.attention_scaling(cfg), cfg.scaling_dims)
     self.sink_logit = (nnx.Param(jnp.zeros((cfg.num_heads,), jnp.float32))
                        if cfg.sink == "learned" else None)
 

@@ -26,6 +26,7 @@ SINKS = ("none", "zero", "learned")
 GATES = ("none", "headwise", "elementwise")
 HEADS = ("lm", "mlm")
 QK_NORMS = ("none", "layernorm", "rmsnorm")  # model.qk_norm: the model's own, no scaling
+PARAMETERIZATIONS = ("sp", "mup")  # model.parameterization: attnscale/models/mup.py
 REMATS = ("none", "full", "dots")  # config.remat: see models.base.REMAT_POLICIES
 # The model variants by name, filled by attnscale/models/__init__.py (the variants
 # import this module, so it cannot import them).
@@ -95,6 +96,12 @@ class ModelConfig:
   fp8_scaling: str = field(
       "none", "dtype=fp8: none | per_tensor (power-of-2 scale from the current amax)")
   init_std: float = field(0.02, "std of the weights' normal init (residual outputs / sqrt(2 L))")
+  parameterization: str = field(
+      "sp", "sp (standard) | mup: muP for Adam, standard variant and scaling only: hidden init "
+      "x sqrt(base_width/width), hidden LR x base_width/width, logits x base_width/width, "
+      "attention sqrt(base_width/num_heads)/d (docs/experiments/width.md)")
+  base_width: int = field(
+      64, "mup: the width at which mup equals sp (64: graphcore_cpu's, where its LR was tuned)")
   logit_softcap: float = field(
       0.0, "c > 0: logits -> c tanh(logits / c) (Gemma 2: 50); 0 = off")
   sink: str = field(
@@ -173,7 +180,22 @@ class ModelConfig:
       raise ValueError(f"model.rope_base must be > 1, got {self.rope_base}")
     if not 0 <= self.dropout < 1:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+    self._validate_parameterization()
     VARIANTS[self.variant].validate_config(self)
+
+  def _validate_parameterization(self):
+    if self.parameterization not in PARAMETERIZATIONS:
+      raise ValueError(f"model.parameterization must be one of {list(PARAMETERIZATIONS)}, "
+                       f"got {self.parameterization!r}")
+    if isinstance(self.base_width, bool) or not isinstance(self.base_width, int) or (
+        self.base_width < 1):
+      raise ValueError(f"model.base_width must be an int >= 1, got {self.base_width!r}")
+    if self.parameterization == "mup" and self.variant != "standard":
+      raise ValueError(f"model.parameterization='mup' needs model.variant='standard', got "
+                       f"{self.variant!r} (the unit variant is u-muP already)")
+    if self.parameterization == "mup" and self.scaling != "standard":
+      raise ValueError(f"model.parameterization='mup' needs model.scaling='standard' (mup "
+                       f"replaces it by sqrt(base_width/num_heads)/d), got {self.scaling!r}")
 
   @property
   def kv_heads(self) -> int:

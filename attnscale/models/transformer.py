@@ -15,6 +15,10 @@ masked-LM head: dense + GELU + LayerNorm, then the tied embedding and an output
 bias). Unlike BERT, the body has no biases, no segment embeddings and no pooler
 (no next-sentence task, as RoBERTa).
 
+`model.parameterization="mup"` rescales the hidden matrices' init, the logits and
+the attention's scale with the width (attnscale/models/mup.py); under "sp" none of
+those multiplications exists in the program.
+
 Dimension legend: B batch, T sequence, P prediction slots, D width, N heads,
 K key/value heads, H head dim, F MLP hidden, V vocabulary, L layers.
 """
@@ -28,7 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnscale.core import scalings, sharding
-from attnscale.models import base
+from attnscale.models import base, mup
 from attnscale.models.config import ModelConfig
 from attnscale.numerics import layers, precision
 
@@ -64,14 +68,15 @@ class Attention(base.AttentionLayer):
     D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
     dense = lambda out, std: layers.Dense(D, out, use_bias=False, kernel_init=_normal(std),
                                           dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
-    self.q_proj = dense(N * H, cfg.init_std)
-    self.k_proj = dense(K * H, cfg.init_std)
-    self.v_proj = None if cfg.shared_kv else dense(K * H, cfg.init_std)
-    self.out_proj = dense(D, cfg.init_std / math.sqrt(2 * cfg.num_layers))
+    std = mup.hidden_init_std(cfg)  # init_std under sp
+    self.q_proj = dense(N * H, std)
+    self.k_proj = dense(K * H, std)
+    self.v_proj = None if cfg.shared_kv else dense(K * H, std)
+    self.out_proj = dense(D, std / math.sqrt(2 * cfg.num_layers))
     self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
     # The output gate's projection: one logit per head or per output element.
     gate_out = {"none": 0, "headwise": N, "elementwise": N * H}[cfg.attn_gate]
-    self.gate_proj = dense(gate_out, cfg.init_std) if gate_out else None
+    self.gate_proj = dense(gate_out, std) if gate_out else None
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
     """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm)."""
@@ -95,11 +100,11 @@ class Attention(base.AttentionLayer):
 class MLP(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    D, F = cfg.width, cfg.mlp_ratio * cfg.width
-    self.up = layers.Dense(D, F, use_bias=False, kernel_init=_normal(cfg.init_std),
+    D, F, std = cfg.width, cfg.mlp_ratio * cfg.width, mup.hidden_init_std(cfg)
+    self.up = layers.Dense(D, F, use_bias=False, kernel_init=_normal(std),
                            dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
     self.down = layers.Dense(F, D, use_bias=False,
-                             kernel_init=_normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)),
+                             kernel_init=_normal(std / math.sqrt(2 * cfg.num_layers)),
                              dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
 
   def __call__(self, x_BTD):
@@ -142,14 +147,18 @@ class MLMHead(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.fp8 = precision.fp8_of(cfg)
-    self.dense = layers.Dense(cfg.width, cfg.width, kernel_init=_normal(cfg.init_std),
+    self.readout_mult = mup.readout_mult(cfg)
+    self.dense = layers.Dense(cfg.width, cfg.width, kernel_init=_normal(mup.hidden_init_std(cfg)),
                               dtype=cfg.dtype, fp8=self.fp8, rngs=rngs)
     self.ln = nnx.LayerNorm(cfg.width, dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 
   def __call__(self, x_BPD, embed: nnx.Embed):
     h_BPD = self.ln(jax.nn.gelu(self.dense(x_BPD)))
-    return readout(h_BPD, embed, self.fp8) + self.bias[None, None, :]
+    logits_BPV = readout(h_BPD, embed, self.fp8)
+    if self.readout_mult is not None:  # mup: the bias is not multiplied (as MuReadout's)
+      logits_BPV = logits_BPV * self.readout_mult
+    return logits_BPV + self.bias[None, None, :]
 
 
 class Transformer(base.Model):
@@ -193,4 +202,6 @@ class Transformer(base.Model):
       x_BPD = self.ln_f(x_BPD)  # per position: the same before or after the gather
     if self.cfg.head == "mlm":
       return self.mlm_head(x_BPD, self.embed)
-    return readout(x_BPD, self.embed, precision.fp8_of(self.cfg))
+    logits_BPV = readout(x_BPD, self.embed, precision.fp8_of(self.cfg))
+    mult = mup.readout_mult(self.cfg)  # mup's output multiplier 1/m; None under sp
+    return logits_BPV if mult is None else logits_BPV * mult

@@ -294,6 +294,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += f"+sink_{m.sink}"
   if m.get("attn_gate", "none") != "none":
     label += f"+gate_{m.attn_gate}"
+  if m.get("parameterization", "sp") != "sp":
+    label += f"+{m.parameterization}"
   return label
 
 

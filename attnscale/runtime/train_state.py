@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from attnscale import models
 from attnscale.core import sharding
-from attnscale.models import ModelConfig
+from attnscale.models import ModelConfig, mup
 from attnscale.runtime import configlib
 
 State = dict[str, Any]
@@ -136,9 +136,27 @@ def make_optimizer(config) -> optax.GradientTransformation:
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
     opt = optax.adamw(schedule, b1=config.b1, b2=config.b2,
                       weight_decay=config.weight_decay, mask=decay_mask)
+  cfg = model_config(config)
+  if cfg.parameterization == "mup":
+    # After Adam(W): the whole step, decay included, at the group's lr (MuAdamW's).
+    opt = optax.chain(opt, scale_by_lr_multipliers(cfg))
   if config.grad_clip > 0:
     opt = optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
   return opt
+
+
+def scale_by_lr_multipliers(cfg: ModelConfig) -> optax.GradientTransformation:
+  """Multiplies each parameter's update by its learning-rate multiplier
+  (`mup.lr_multipliers`: 1/m on hidden matrices, 1 elsewhere). Stateless, so a
+  checkpoint's opt_state holds nothing more than Adam's."""
+
+  def update(updates, state, params=None):
+    del params
+    mults = mup.lr_multipliers(cfg, updates)
+    return jax.tree.map(lambda u, m: u if m == 1.0 else u * jnp.asarray(m, u.dtype),
+                        updates, mults), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def init_model(config) -> models.Model:

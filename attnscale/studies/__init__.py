@@ -12,6 +12,9 @@ for tables), a plot function returning a matplotlib Figure, and one CLI name in
                 attention weight per scaling: `key_norms`, `plot_key_norms`.
   trained       per-layer attention diagnostics of trained runs:
                 `trained_diagnostics`, `plot_trained`.
+  coord_check   muP's coordinate check: every layer's output scale against width
+                after a few training steps, sp against mup
+                (attnscale/studies/coord_check.py: `coord_check`, `plot_coord_check`).
 
 `write_tables` and `save_figure` write a study's CSV/Markdown and PNG; they (and
 `to_csv`, `to_markdown`) are `attnscale.experiments.reporting`'s, re-exported here for

@@ -10,6 +10,8 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies shared_kv --out out --workdirs runs/shared_kv runs/shared_kv_cpu
   python -m attnscale.studies width --out out --workdirs runs/width
   python -m attnscale.studies sensitivity --out out --workdirs runs/sensitivity
+  python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \
+      --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 from attnscale import studies
 from attnscale.core import scalings
 from attnscale.experiments import reporting
-from attnscale.studies import key_norm_kde
+from attnscale.studies import coord_check, key_norm_kde
 from attnscale.studies import length as length_study
 from attnscale.studies import precision as precision_study
 from attnscale.studies import sensitivity as sensitivity_study
@@ -29,7 +31,7 @@ from attnscale.studies import shared_kv as shared_kv_study
 from attnscale.studies import width as width_study
 
 STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision",
-           "shared_kv", "width", "sensitivity")
+           "shared_kv", "width", "sensitivity", "coord_check")
 RUN_STUDIES = ("trained", "length", "precision", "shared_kv", "width", "sensitivity")  # need --workdirs
 
 
@@ -130,7 +132,8 @@ def run_length(a):
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
            "key_norms": run_key_norms, "trained": run_trained, "length": run_length,
            "precision": precision_study.run_cli, "shared_kv": shared_kv_study.run_cli,
-           "width": width_study.run_cli, "sensitivity": sensitivity_study.run_cli}
+           "width": width_study.run_cli, "sensitivity": sensitivity_study.run_cli,
+           "coord_check": coord_check.run_cli}
 
 
 def parse_args(argv):
@@ -165,6 +168,12 @@ def parse_args(argv):
   g.add_argument("--mean", type=float, default=1.0, help="nonzero_mean: the mean")
   g.add_argument("--length-range", type=float, nargs=2, default=[0.5, 2.0],
                  help="unequal_lengths: key lengths ~ U(lo, hi)")
+  g = p.add_argument_group("coord_check (trains: never part of all)")
+  g.add_argument("--config", default="configs/shakespeare_char.py:preset=graphcore_cpu",
+                 help="the train.py config (FILE.py[:ARG]) trained at each width")
+  g.add_argument("--widths", default="32,64,128,256,512",
+                 help="comma-separated model widths (num_heads must divide each)")
+  g.add_argument("--steps", type=int, default=4, help="training steps recorded at each width")
   g = p.add_argument_group("trained and length")
   g.add_argument("--workdirs", nargs="+", default=[], help="train.py run directories")
   g.add_argument("--recompute", action="store_true",
@@ -186,9 +195,11 @@ def main(argv=None):
   if "length" in names and args.study == "all" and not all(
       map(length_study.has_lengths, args.workdirs)):
     names.remove("length")  # the runs were evaluated without --lengths
-  for name in ("precision", "shared_kv", "width", "sensitivity"):
+  # Only when asked for: precision tracks every checkpoint, the sweeps' studies read
+  # one sweep's layout, coord_check trains models.
+  for name in ("precision", "shared_kv", "width", "sensitivity", "coord_check"):
     if args.study == "all" and name in names:
-      names.remove(name)  # read one sweep's layout: only when asked for
+      names.remove(name)
   for name in names:
     paths, notes = RUNNERS[name](args)
     print("\n  ".join([f"{name}:"] + notes + paths))

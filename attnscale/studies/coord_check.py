@@ -1,0 +1,228 @@
+"""Coordinate check: every layer's activation scale against width, sp against mup.
+
+muP's standard diagnostic (Yang et al. 2022, "Tensor Programs V", arXiv
+2203.03466, section 7 and figure 5; microsoft/mup's `get_coord_data`): train the
+same model at several widths for a few steps (same seed, data and learning rate)
+and record, after each step, the size of each layer's output. Under a
+parameterisation that transfers (mup) every curve is flat in width; under sp the
+outputs that the optimizer moves (the logits, the attention logits) grow with it.
+
+The size is the mean absolute value of the coordinates, mean |x| over batch,
+positions and features (what mup's `get_coord_data` records as "l1"), of:
+
+    embedding    the residual stream's start (token + position embeddings)
+    attn_logits  layer l's attention logits s q.k over the visible (causal) pairs
+    attn_out     layer l's attention branch (after the output projection)
+    mlp_out      layer l's MLP branch
+    logits       the output logits (after mup's readout multiplier)
+
+measured on the first training batch after t = 0 (init), 1, ..., steps updates.
+The branches are read through the model's seams (`Block.attention_call`,
+`Block.attn_input`, the block itself), so the programs trained are train.py's
+own: pre-LN standard transformers only (the MLP branch is block(x) - x - attn).
+
+    python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \\
+        --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
+
+Dimension legend: B batch, T sequence, D width, N heads, S keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from attnscale.experiments import reporting
+
+PARAMETERIZATIONS = ("sp", "mup")
+KINDS = ("embedding", "attn_logits", "attn_out", "mlp_out", "logits")
+PER_LAYER = ("attn_logits", "attn_out", "mlp_out")
+
+
+def load_config(spec: str):
+  """`path.py[:arg]` -> that file's `get_config(arg)` (as train.py's --config reads it)."""
+  path, *arg = spec.split(":", 1)
+  module_spec = importlib.util.spec_from_file_location("_coord_check_config", path)
+  if module_spec is None:
+    raise ValueError(f"--config {path} is not a Python config file")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(*arg)
+
+
+def activation_scales(model, tokens_BT) -> dict[str, float]:
+  """mean |x| of every recorded output (`KINDS`; per-layer ones as NAME_l) on `tokens_BT`."""
+  import jax.numpy as jnp
+
+  from attnscale.core.attention import attention_weights
+
+  mean_abs = lambda x: jnp.mean(jnp.abs(x.astype(jnp.float32)))
+  x_BTD = model.embed_tokens(tokens_BT)
+  out = {"embedding": mean_abs(x_BTD)}
+  for layer, block in enumerate(model.blocks):
+    call = block.attention_call(x_BTD)
+    logits_BNTS, _ = attention_weights(call.q_BTNH, call.k_BSKH, scale_fn=call.scale_fn,
+                                       is_causal=call.is_causal)
+    visible_BNTS = jnp.isfinite(logits_BNTS)
+    out[f"attn_logits_{layer}"] = (jnp.sum(jnp.where(visible_BNTS, jnp.abs(logits_BNTS), 0.0))
+                                   / jnp.sum(visible_BNTS))
+    attn_BTD = block.attn(block.attn_input(x_BTD))
+    after_BTD = block(x_BTD)
+    out[f"attn_out_{layer}"] = mean_abs(attn_BTD)
+    out[f"mlp_out_{layer}"] = mean_abs(after_BTD - x_BTD - attn_BTD)
+    x_BTD = after_BTD
+  out["logits"] = mean_abs(model.logits(x_BTD))
+  return out
+
+
+def trajectory(config, steps: int) -> list[dict[str, float]]:
+  """`activation_scales` on the first training batch after 0, 1, ..., `steps` train.py steps."""
+  import jax
+  from flax import nnx
+
+  from attnscale import tasks
+  from attnscale.runtime import steps as steps_lib
+  from attnscale.runtime import train_state as ts
+
+  cfg = ts.model_config(config)
+  if cfg.variant != "standard" or cfg.ln_position != "pre":
+    raise ValueError("coord_check needs model.variant='standard' and model.ln_position='pre', "
+                     f"got {cfg.variant!r}, {cfg.ln_position!r}")
+  task = tasks.get_task(config)
+  mesh = ts.make_mesh(config)
+  batch_sharding = ts.batch_sharding(mesh)
+  tx = ts.make_optimizer(config)
+  graphdef, state, shardings = ts.create_state(config, mesh, tx)
+  train_step = steps_lib.make_train_step(graphdef, task, config, shardings, batch_sharding,
+                                         tx=tx)
+  measure = jax.jit(lambda params, tokens_BT: activation_scales(nnx.merge(graphdef, params),
+                                                                tokens_BT))
+  tokens_BT = steps_lib.global_batch(task.train_batch(0), batch_sharding)["inputs"]
+  scales = [measure(state["params"], tokens_BT)]
+  for step in range(steps):
+    state, _ = train_step(state, steps_lib.global_batch(task.train_batch(step), batch_sharding))
+    scales.append(measure(state["params"], tokens_BT))
+  return [{k: float(v) for k, v in jax.device_get(s).items()} for s in scales]
+
+
+@dataclasses.dataclass
+class CoordCheckResult:
+  """scales[parameterization][width] = the trajectory (one dict per step 0..steps)."""
+
+  widths: tuple[int, ...]
+  steps: int
+  num_layers: int
+  scales: dict[str, dict[int, list[dict[str, float]]]]
+
+  def quantities(self) -> list[str]:
+    first = self.scales[next(iter(self.scales))][self.widths[0]][0]
+    return list(first)
+
+  def value(self, parameterization: str, kind: str, width: int, step: int) -> float:
+    """A quantity's scale; a per-layer kind without a layer is the mean over layers."""
+    row = self.scales[parameterization][width][step]
+    if kind in row:
+      return row[kind]
+    return float(np.mean([row[f"{kind}_{i}"] for i in range(self.num_layers)]))
+
+  def growth(self, parameterization: str, kind: str, step: int | None = None) -> float:
+    """scale at the widest / at the narrowest width, after `step` (default: the last) steps."""
+    step = self.steps if step is None else step
+    return (self.value(parameterization, kind, self.widths[-1], step)
+            / self.value(parameterization, kind, self.widths[0], step))
+
+  def rows(self) -> list[dict]:
+    """One row per (parameterization, quantity, step): the scale at each width, and growth."""
+    rows = []
+    for p in self.scales:
+      for q in self.quantities():
+        for step in range(self.steps + 1):
+          row = {"parameterization": p, "quantity": q, "step": step}
+          row |= {f"w{w}": self.value(p, q, w, step) for w in self.widths}
+          row["growth"] = self.growth(p, q, step)
+          rows.append(row)
+    return rows
+
+
+def coord_check(config, widths: Sequence[int], steps: int,
+                parameterizations: Sequence[str] = PARAMETERIZATIONS) -> CoordCheckResult:
+  """Trains `config` at each width and parameterisation for `steps` steps (its learning
+  rate, seed and data) and records every layer's scale after each step."""
+  widths = tuple(sorted(widths))
+  scales = {}
+  for p in parameterizations:
+    scales[p] = {}
+    for width in widths:
+      c = config.copy_and_resolve_references()
+      c.model.width, c.model.parameterization = width, p
+      scales[p][width] = trajectory(c, steps)
+  return CoordCheckResult(widths, steps, config.model.num_layers, scales)
+
+
+def plot_coord_check(r: CoordCheckResult, *, title: str = ""):
+  """One panel per kind (columns) and parameterisation (rows): scale against width
+  (log-log), one line per step; per-layer kinds averaged over layers."""
+  fig = reporting.new_figure(3.2 * len(KINDS), 3.0 * len(r.scales))
+  axes = fig.subplots(len(r.scales), len(KINDS), squeeze=False)
+  for i, p in enumerate(r.scales):
+    for j, kind in enumerate(KINDS):
+      ax = axes[i][j]
+      for step in range(r.steps + 1):
+        ax.plot(r.widths, [r.value(p, kind, w, step) for w in r.widths],
+                label=f"t={step}", **reporting.style(step))
+      ax.set_xscale("log", base=2)
+      ax.set_yscale("log")
+      what = kind + (" (mean over layers)" if kind in PER_LAYER else "")
+      reporting.label_axes(ax, xlabel="width", ylabel="mean |x|", title=f"{p}: {what}")
+      if j:
+        ax.get_legend().remove()
+  if title:
+    fig.suptitle(title)
+  return fig
+
+
+def parse_widths(text: str) -> tuple[int, ...]:
+  """`32,64,128` -> (32, 64, 128); one-line ValueError naming --widths otherwise."""
+  try:
+    widths = tuple(int(w) for w in text.split(","))
+  except ValueError:
+    widths = ()
+  if len(widths) < 2 or min(widths) < 1:
+    raise ValueError(f"--widths must be two or more positive ints like 32,64,128, got {text!r}")
+  return widths
+
+
+def run_cli(args) -> tuple[list[str], list[str]]:
+  """Writes coord_check.png/.csv/.md; returns (paths, notes)."""
+  try:
+    config = load_config(args.config)
+    widths = parse_widths(args.widths)
+    if args.steps < 1:
+      raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    config.seed = args.seed
+    r = coord_check(config, widths, args.steps)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+  m = config.model
+  lr = f"{config.learning_rate:g}" + (f" = 2^{math.log2(config.learning_rate):g}"
+                                      if math.log2(config.learning_rate).is_integer() else "")
+  notes = [f"{args.config}: {m.num_layers} layers, {m.num_heads} heads, seq {config.seq_len}, "
+           f"batch {config.batch_size}, {config.optimizer} at lr {lr} "
+           f"({config.lr_schedule}, warm-up {config.warmup_steps}), seed {config.seed}; "
+           f"mup's base_width {m.base_width}.",
+           "Scale: mean |x| of each output on the first training batch after `step` updates "
+           "(0 = init); per-layer quantities end in the layer's index; w<width> columns; "
+           f"growth = w{widths[-1]} / w{widths[0]}.",
+           "Growth after the last step (sp, mup): " + "; ".join(
+               f"{k} {r.growth('sp', k):.2f}, {r.growth('mup', k):.2f}" for k in KINDS)
+           + " (per-layer kinds: mean over layers)."]
+  fig = plot_coord_check(r, title=f"Coordinate check ({args.config}, {args.steps} steps)")
+  paths = [reporting.save_figure(fig, args.out, "coord_check")]
+  paths += reporting.write_tables(r.rows(), args.out, "coord_check",
+                                  title="Coordinate check: activation scale against width",
+                                  notes=notes)
+  return paths, notes

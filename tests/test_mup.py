@@ -1,0 +1,149 @@
+"""model.parameterization: mup trains and resumes, sp's programs are unchanged, mup
+equals sp at the base width, its init, learning rates and decay follow muP, and bad
+values fail in one line (the coordinate check: tests/test_coord_check.py).
+
+Needs $ATTNSCALE_DATA (CI sets it).
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from attnscale import tasks, testing
+from attnscale.models import ModelConfig, mup
+from attnscale.runtime import configlib, train_lib
+from attnscale.runtime import steps as steps_lib
+from attnscale.runtime import train_state as ts
+from configs import shakespeare_char
+
+pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
+
+# The sp losses of the first 5 steps, recorded on the code before mup existed
+# (commit 1d9988b): sp's programs must not change. graphcore_cpu at 2 layers,
+# seq 32, batch 4 (`SMALL`). The sp train step's jaxprs were also compared
+# byte for byte before and after (test and graphcore_cpu presets).
+SP_LOSSES = {
+    "preset=test": [4.169201374053955, 4.176560401916504, 4.132332801818848,
+                    4.043720245361328, 3.9488155841827393],
+    "preset=graphcore_cpu": [4.170993804931641, 3.9187233448028564, 3.5825002193450928,
+                             3.3730432987213135, 3.380084991455078],
+}
+SMALL = {"model.num_layers": 2, "seq_len": 32, "batch_size": 4}
+MESSAGE = "sp's training changed: update only if the change to sp was intended"
+
+
+def make_config(tfds_dir, arg, **overrides):
+  config = shakespeare_char.get_config(arg)
+  config.data_dir = tfds_dir
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def losses(config, steps):
+  """The training losses of `steps` train steps (train.py's step, state and data)."""
+  task = tasks.get_task(config)
+  mesh = ts.make_mesh(config)
+  batch_sharding = ts.batch_sharding(mesh)
+  tx = ts.make_optimizer(config)
+  graphdef, state, shardings = ts.create_state(config, mesh, tx)
+  step_fn = steps_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
+  out = []
+  for step in range(steps):
+    state, metrics = step_fn(state, steps_lib.global_batch(task.train_batch(step),
+                                                           batch_sharding))
+    out.append(float(metrics["loss"]))
+  return out
+
+
+@pytest.mark.parametrize("arg", SP_LOSSES)
+def test_sp_losses_unchanged(tfds_dir, arg):
+  overrides = SMALL if arg == "preset=graphcore_cpu" else {}
+  assert losses(make_config(tfds_dir, arg, **overrides), 5) == SP_LOSSES[arg], MESSAGE
+
+
+def test_mup_equals_sp_at_the_base_width(tfds_dir):
+  # graphcore_cpu's width is 64 = the default base_width: every mup factor is 1.
+  config = make_config(tfds_dir, "preset=graphcore_cpu", **SMALL,
+                       **{"model.parameterization": "mup"})
+  assert config.model.width == config.model.base_width == 64
+  assert losses(config, 5) == SP_LOSSES["preset=graphcore_cpu"]
+
+
+def test_mup_rules():
+  cfg = ModelConfig(width=256, num_heads=4, base_width=64, parameterization="mup")
+  assert mup.width_mult(cfg) == 4.0
+  assert mup.hidden_init_std(cfg) == pytest.approx(0.01)  # 0.02 * sqrt(64/256)
+  assert mup.readout_mult(cfg) == 0.25
+  name, params = mup.attention_scaling(cfg)  # sqrt(16)/64 = 1/16, vs sp's 1/8
+  assert (name, params) == ("inverse_d", {"mult": 4.0})
+  sp = ModelConfig(width=256, num_heads=4)
+  assert mup.readout_mult(sp) is None and mup.hidden_init_std(sp) == sp.init_std
+  assert mup.attention_scaling(sp) == ("standard", {})
+  params = {"blocks": {"mlp": {"up": {"kernel": 0}}, "ln1": {"scale": 0}},
+            "embed": {"embedding": 0}, "pos_embed": 0}
+  assert mup.lr_multipliers(cfg, params) == {
+      "blocks": {"mlp": {"up": {"kernel": 0.25}}, "ln1": {"scale": 1.0}},
+      "embed": {"embedding": 1.0}, "pos_embed": 1.0}
+
+
+def test_mup_init_and_learning_rates(tfds_dir):
+  """The hidden matrices' std is init_std sqrt(base/width) (residual outputs / sqrt(2L));
+  their first Adam step is lr base/width, the embedding's lr."""
+  config = make_config(tfds_dir, "preset=graphcore_cpu", **SMALL,
+                       **{"model.parameterization": "mup", "model.width": 256})
+  model = ts.init_model(config)
+  std = 0.02 * 0.5
+  assert float(np.std(model.blocks[0].mlp.up.kernel[...])) == pytest.approx(std, rel=0.02)
+  assert float(np.std(model.blocks[0].attn.out_proj.kernel[...])) == pytest.approx(
+      std / 2, rel=0.02)
+  assert float(np.std(model.embed.embedding[...])) == pytest.approx(0.02, rel=0.05)
+  tx = ts.make_optimizer(config)
+  params = {"up": {"kernel": np.ones((2, 2), np.float32)}, "embedding": np.ones((2,), np.float32)}
+  grads = jax.tree.map(np.ones_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  lr = config.learning_rate  # Adam's first step is lr * sign(g)
+  np.testing.assert_allclose(updates["up"]["kernel"], -lr / 4, rtol=1e-5)
+  np.testing.assert_allclose(updates["embedding"], -lr, rtol=1e-5)
+
+
+def test_mup_weight_decay_takes_the_group_learning_rate(tfds_dir):
+  config = make_config(tfds_dir, "preset=test", **{"model.parameterization": "mup",
+                                                   "model.width": 128, "grad_clip": 0.0,
+                                                   "warmup_steps": 0, "lr_schedule": "constant"})
+  tx = ts.make_optimizer(config)
+  params = {"up": {"kernel": np.ones((2, 2), np.float32)}}
+  zero = jax.tree.map(np.zeros_like, params)
+  updates, _ = tx.update(zero, tx.init(params), params)  # no gradient: the decay alone
+  lr, wd = config.learning_rate, config.weight_decay
+  np.testing.assert_allclose(updates["up"]["kernel"], -lr / 2 * wd, rtol=1e-5)
+
+
+def test_mup_trains_and_resumes(tfds_dir, tmp_path_factory):
+  overrides = {"model.parameterization": "mup", "lr_schedule": "constant", "warmup_steps": 0,
+               "log_every": 1}
+  config = make_config(tfds_dir, "preset=test", **overrides)
+  full = testing.train_tiny_run(tmp_path_factory, config=config, name="full")
+  assert full.metrics["loss"] < 4.0  # from ln 65 = 4.17
+  stopped = make_config(tfds_dir, "preset=test", num_train_steps=10, **overrides)
+  half = testing.train_tiny_run(tmp_path_factory, config=stopped, name="half")
+  resumed = train_lib.train_and_evaluate(make_config(tfds_dir, "preset=test", **overrides),
+                                         half.workdir)
+  assert resumed["loss"] == full.metrics["loss"]
+  a = testing.restore_checkpoint(config, full.workdir)
+  b = testing.restore_checkpoint(config, half.workdir)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+  assert configlib.run_label(config) == "standard+mup"
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"parameterization": "mu_p"}, "model.parameterization"),
+    ({"base_width": 0}, "model.base_width"),
+    ({"base_width": 64.0}, "model.base_width"),
+    ({"parameterization": "mup", "variant": "unit"}, "model.parameterization"),
+    ({"parameterization": "mup", "scaling": "key_norm_sum"}, "model.parameterization"),
+])
+def test_bad_values_fail_in_one_line(fields, field):
+  with pytest.raises(ValueError) as info:
+    ModelConfig(**fields)
+  assert field in str(info.value) and "\n" not in str(info.value), str(info.value)
