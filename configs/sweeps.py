@@ -107,6 +107,7 @@ WIDTH_LABELS = {
     "sp": ("standard", {}),
     "sp_qk_rmsnorm": ("qk_rmsnorm", {}),
     "sp_inverse_d": ("inverse_d", {}),
+    "mup": ("standard", {"model.parameterization": "mup"}),  # base width 64
     "unit_scaled": ("unit_scaled", {}),
     "cosine": ("cosine", {}),
 }
@@ -133,7 +134,7 @@ def _width_sweep(preset, labels, widths, seeds):
 # Width-major (every label at 32, then 64, ...), seed 1 at each best, then the transfer
 # runs: about 24 labels x 5-6 runs, 6-8 hours on 2 cores with --jobs=2.
 SWEEPS["width"] = _width_sweep("graphcore_cpu", WIDTH_LABELS, WIDTHS, (1,))
-SWEEPS["width_test"] = _width_sweep("test", {k: WIDTH_LABELS[k] for k in ("sp", "unit_scaled")},
+SWEEPS["width_test"] = _width_sweep("test", {k: WIDTH_LABELS[k] for k in ("sp", "mup")},
                                     (16, 32), (1,))
 WIDTH_BOUNDS = (2, 15)  # the search never leaves 2^-2 ... 2^-15
 

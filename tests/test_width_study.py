@@ -24,18 +24,19 @@ def sweep_dir(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("width"))
   for w in (32, 64, 128):
     for label, arg, best in (("sp", "scaling=standard", 8 + math.log2(w / 32)),
-                             ("unit", "scaling=unit_scaled", 5.0)):
+                             ("unit", "scaling=unit_scaled", 5.0), ("mup", "", 8.0)):
       for e in range(3, 12):
         for seed in (0, 1) if e == round(best) else (0,):
           loss = math.nan if (label == "sp" and e == 3) else 1 + 0.05 * (e - best)**2 + 0.01 * seed
-          _run(root, f"{label}-{w}-{e}-{seed}", f"preset=test,{arg},seed={seed}",
-               {"model.width": w, "learning_rate": 2.0**-e}, loss)
+          mup = {"model.parameterization": "mup"} if label == "mup" else {}
+          _run(root, f"{label}-{w}-{e}-{seed}", f"preset=test,{arg},seed={seed}".replace(",,", ","),
+               {"model.width": w, "learning_rate": 2.0**-e, **mup}, loss)
   return root
 
 
 def test_best_rates_slopes_and_transfer(sweep_dir):
   rows = width.read_rows(sweep_dir)
-  assert {r["label"] for r in rows} == {"sp/standard", "unit_scaled"}
+  assert {r["label"] for r in rows} == {"sp/standard", "unit_scaled", "mup"}
   table = width.table_rows(rows)
   sp = {r["width"]: r for r in table if r["label"] == "sp/standard"}
   assert [sp[w]["best_log2_lr"] for w in (32, 64, 128)] == [-8, -9, -10]
@@ -48,6 +49,7 @@ def test_best_rates_slopes_and_transfer(sweep_dir):
   slopes = {s["label"]: s for s in width.slope_rows(table)}
   assert slopes["sp/standard"]["slope"] == pytest.approx(-1.0)
   assert slopes["unit_scaled"]["slope"] == pytest.approx(0.0, abs=1e-9)
+  assert slopes["mup"]["slope"] == pytest.approx(0.0, abs=1e-9)
   assert slopes["unit_scaled"]["worst_transfer_gap"] == pytest.approx(0.0)
 
 

@@ -45,8 +45,8 @@ def width_label(config: dict) -> str:
   from attnscale.runtime import configlib
   label = configlib.run_label(ml_collections.ConfigDict(config))
   model = config["model"]
-  if model.get("parameterization", "sp") == "mup":
-    return "mup" if label == "standard" else f"mup/{label}"
+  if model.get("parameterization", "sp") == "mup":  # run_label ends "+mup"
+    return "mup" if label == "standard+mup" else label
   return label if model.get("variant", "standard") != "standard" else f"sp/{label}"
 
 
