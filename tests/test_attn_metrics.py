@@ -3,11 +3,15 @@ the reference's for every scaling and option, and a real train.py-path run logs 
 eval.py's diagnostics compute on the same parameters and batch."""
 
 import functools
+import glob
+import os
+import struct
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tensorboardX.proto import event_pb2
 
 import attnscale
 from attnscale.core import scalings, xla_attention
@@ -79,3 +83,66 @@ def test_query_without_keys_gets_minus_inf_and_zero():
                                    return_stats=True)
     assert np.all(stats.max_logit_BTN[1] == -np.inf)
     np.testing.assert_array_equal(stats.entropy_BTN[1], 0.0)
+
+
+def test_health_excludes_padded_queries_as_the_diagnostics():
+  from attnscale.evaluation import diagnostics
+  from attnscale.runtime import steps
+  q, k, v, mask = _inputs()
+  query_mask_BT = mask[:, 0, 0, :]
+  kw = dict(mask=mask, is_causal=False, sink=jnp.array([0.5, -1.0, 2.0, 0.0]))
+  _, stats = attnscale.attention(q, k, v, return_stats=True, **kw)
+  health = steps.attention_health([stats], query_mask_BT)
+  ref = diagnostics.attention_stats(q, k, v, query_mask_BT=query_mask_BT, **kw)["heads"]
+  np.testing.assert_allclose(health["attn_max_logit"][0], ref["max_logit"], rtol=1e-5)
+  np.testing.assert_allclose(health["attn_entropy"][0], ref["entropy"], rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory):
+  """3 steps at the test preset, logged and checkpointed every step, no dropout
+  (the diagnostics run the model deterministically)."""
+  from attnscale.testing import train_tiny_run
+  overrides = {"num_train_steps": 3, "log_every": 1, "checkpoint_every": 1,
+               "keep_checkpoints": 5, "eval_every": 100, "model.dropout": 0.0}
+  return train_tiny_run(tmp_path_factory, overrides=overrides)
+
+
+def test_logged_health_equals_eval_diagnostics(logged_run):
+  """The row logged at step s is the forward pass of step s: the parameters after
+  step s - 1 on the batch of step s - 1 (`task.train_batch(s - 1)`)."""
+  from attnscale import tasks
+  from attnscale.evaluation import diagnostics, eval_lib
+  from attnscale.runtime import metrics_writer
+  workdir = logged_run.workdir
+  config = eval_lib.load_config(workdir)
+  task = tasks.get_task(config)
+  rows = {r["step"]: r for r in metrics_writer.read_rows(workdir) if "train/loss" in r}
+  for step in (2, 3):
+    model, _, _ = eval_lib.restore(config, workdir, step - 1)
+    layers = diagnostics.task_attention_stats(model, task, task.train_batch(step - 1))
+    row = rows[step]
+    for i, layer in enumerate(layers):
+      np.testing.assert_allclose(row[f"train/attn/max_logit/layer_{i}"], layer["max_logit"],
+                                 rtol=1e-4)
+      np.testing.assert_allclose(row[f"train/attn/entropy/layer_{i}"], layer["entropy"],
+                                 rtol=1e-4)
+      np.testing.assert_allclose(row[f"train/attn/max_logit_heads/layer_{i}"],
+                                 layer["heads"]["max_logit"], rtol=1e-4)
+      np.testing.assert_allclose(row[f"train/attn/entropy_heads/layer_{i}"],
+                                 layer["heads"]["entropy"], rtol=1e-4)
+
+
+def test_tensorboard_holds_the_layer_scalars_not_the_lists(logged_run):
+  tags = set()
+  for path in glob.glob(os.path.join(logged_run.workdir, "tensorboard", "events.*")):
+    with open(path, "rb") as f:
+      data = f.read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      tags.update(v.tag for v in event.summary.value)
+      pos += 12 + length + 4
+  assert {"train/attn/max_logit/layer_0", "train/attn/entropy/layer_1"} <= tags
+  assert not any("_heads" in t for t in tags)
