@@ -146,3 +146,29 @@ def test_tensorboard_holds_the_layer_scalars_not_the_lists(logged_run):
       pos += 12 + length + 4
   assert {"train/attn/max_logit/layer_0", "train/attn/entropy/layer_1"} <= tags
   assert not any("_heads" in t for t in tags)
+
+
+@pytest.mark.parametrize("remat", ["full"])
+def test_remat_logs_the_same_stats(remat):
+  """The stats are sown inside the rematerialised blocks and still come out."""
+  from attnscale import tasks
+  from attnscale.runtime import steps
+  from attnscale.runtime import train_state as ts
+  from configs import shakespeare_char
+
+  def metrics_of(remat):
+    config = shakespeare_char.get_config("preset=test")
+    config.update_from_flattened_dict({"model.dropout": 0.0, "remat": remat})
+    mesh = ts.make_mesh(config)
+    tx = ts.make_optimizer(config)
+    graphdef, state, shardings = ts.create_state(config, mesh, tx)
+    task = tasks.task_class(config).without_data(config)
+    step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh),
+                                 tx=tx)
+    tokens = jax.random.randint(jax.random.key(1), (8, 33), 0, 65)
+    return step(state, {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})[1]
+
+  plain, rematted = metrics_of("none"), metrics_of(remat)
+  for key in ("attn_max_logit", "attn_entropy", "loss"):
+    np.testing.assert_allclose(rematted[key], plain[key], rtol=1e-6)
+  assert plain["attn_max_logit"].shape == (2, 2)
