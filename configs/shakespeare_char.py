@@ -78,6 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
   configlib.add_devices(c)  # config.mesh (data x fsdp) and config.remat
+  configlib.add_attention_health(c)  # config.attn_metrics and config.qk_clip
 
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md), whose
   # defaults are nanoGPT's shakespeare_char model (65 characters, 6 layers, 6 heads,

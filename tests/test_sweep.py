@@ -200,3 +200,39 @@ def test_practice_sweep_brackets_the_best_rate_then_adds_seeds(tmp_path):
   assert len(points) == 8
   assert points[-1].arg == "preset=test,scaling=standard,seed=1"
   assert lr(points[-1]) == 2.0**-6
+
+
+def test_every_sweep_point_builds_a_valid_config():
+  """Each point of every sweep in configs/sweeps.py (the staged ones' first stage)
+  is a config train.py accepts: its argument parses, its overrides exist and the
+  model and run fields validate."""
+  import importlib.util
+
+  from attnscale.runtime import configlib
+  from configs import shakespeare_char
+  spec = importlib.util.spec_from_file_location("sweeps_", os.path.join(ROOT, "configs/sweeps.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for name in module.SWEEPS:
+    for point in sweeps.load_sweep(os.path.join(ROOT, CONFIG), name):
+      config = shakespeare_char.get_config(point.arg)
+      for key, value in point.overrides:
+        config.update_from_flattened_dict({key: value})
+      configlib.validate(config)
+
+
+def test_the_new_studies_sweeps():
+  load = lambda name: sweeps.load_sweep(os.path.join(ROOT, CONFIG), name)  # noqa: E731
+  width = load("width")
+  widths = {dict(p.overrides)["model.width"] for p in width}
+  assert widths == {32, 64, 128, 256}
+  assert any(dict(p.overrides).get("model.parameterization") == "mup" for p in width)
+  sensitivity = load("sensitivity")
+  assert len(sensitivity) == 2 * (7 * 10 + 6)  # seeds x (rates 2^-11..2^-2, unit 2^-7..2^-2)
+  assert max(dict(p.overrides)["learning_rate"] for p in sensitivity) == 2.0**-2
+  shared = {(p.arg, p.overrides) for p in load("shared_kv")}
+  assert any(("model.shared_kv", True) in o for _, o in shared)
+  assert any(("model.num_kv_heads", 2) in o for _, o in shared)
+  assert len(load("shared_kv_cpu")) == 9
+  assert {p.arg.split("scaling=")[1].split(",seed")[0] for p in load("length_2025")} == {
+      "standard", "log_n", "temperature_tuning", "yarn", "log_n,s=1", "log_n,s=2"}

@@ -28,6 +28,8 @@ K key/value heads (K divides N: grouped-query attention), H head dim.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -41,6 +43,26 @@ IMPLEMENTATIONS = (None, "reference", "xla", "cudnn", "splash")
 NORMALIZERS = ("softmax", "sigmoid")
 
 
+class AttentionStats(NamedTuple):
+  """Per-query health of one attention call (`attention(..., return_stats=True)`).
+
+  Float32, [B, T, N], no gradient; the definitions of eval.py's diagnostics
+  (`attnscale.evaluation.diagnostics`, from `attention_weights`), per query:
+
+  * max_logit: max_j l_ij over the visible keys, l the scaled and soft-capped
+    logit (without sigmoid's -log n_i); -inf for a query that sees no key.
+  * entropy: -sum_j p_ij log p_ij over the visible keys, nats. Softmax: of the
+    weights, lse_i - sum_j p_ij l_ij. With a sink, of the keys' weights p_ij =
+    w_i s_ij (w_i = sigmoid(lse_i - b) < 1, s_i the softmax over the keys):
+    w_i H(s_i) - w_i log w_i, the sink's own weight left out. Sigmoid: of the
+    unnormalised weights sigmoid(l_ij - log n_i) (no distribution, so only
+    comparable between sigmoid runs). 0 for a query that sees no key.
+  """
+
+  max_logit_BTN: Array
+  entropy_BTN: Array
+
+
 def attention(q_BTNH: Array,
               k_BSKH: Array,
               v_BSKH: Array,
@@ -51,7 +73,8 @@ def attention(q_BTNH: Array,
               implementation: str | None = None,
               normalizer: str = "softmax",
               logit_softcap: float | None = None,
-              sink: float | Array | None = None) -> Array:
+              sink: float | Array | None = None,
+              return_stats: bool = False) -> Array | tuple[Array, AttentionStats]:
   """Multi-head dot-product attention with the scaling `scale_fn`.
 
   Args:
@@ -89,10 +112,15 @@ def attention(q_BTNH: Array,
       sink is not a key: it changes no n_i and no scaling's sums. The fused
       path takes lse_i = log sum_j exp(l_ij) from the XLA kernel and multiplies
       its output by sum_j p_ij = sigmoid(lse_i - b). None = off.
+    return_stats: also return the `AttentionStats` of the call (each query's
+      largest logit and entropy). The fused path takes them from the kernel:
+      the XLA kernel's row max, log-sum-exp and weighted logit sum per causal
+      block; splash and cuDNN return neither, so there a stats-only pass of
+      the XLA kernel (the logits again, no p @ v, no gradient) computes them.
 
   Returns:
     [batch, q_len, heads, head_dim] in q's dtype. A query that sees no key gets
-    zeros.
+    zeros. With `return_stats`, (that, `AttentionStats`).
   """
   mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, implementation, normalizer)
   logit_softcap, sink = _check_options(q_BTNH.shape[2], implementation, normalizer,
@@ -114,16 +142,24 @@ def attention(q_BTNH: Array,
     out_scale_BTN = jnp.where(n_BTN > 0, base, 0.0)
 
   if implementation == "reference":
-    z_BTNH = _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink)
+    z_BTNH, stats = _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink,
+                               return_stats)
   else:
-    z_BTNH, sink_BTN = _fused(q_BTNH_folded, k_BSKH_folded, v_BSKH, keys, implementation,
-                              normalizer, logit_softcap, sink)
+    z_BTNH, sink_BTN, stats = _fused(q_BTNH_folded, k_BSKH_folded, v_BSKH, keys,
+                                     implementation, normalizer, logit_softcap, sink,
+                                     return_stats)
     if sink_BTN is not None:
       out_scale_BTN = sink_BTN if out_scale_BTN is None else sink_BTN * _broadcast(
           out_scale_BTN, sink_BTN.shape)
   if out_scale_BTN is not None:
     z_BTNH = z_BTNH * _per_query(out_scale_BTN, z_BTNH.shape)
-  return z_BTNH.astype(q_BTNH.dtype)
+  z_BTNH = z_BTNH.astype(q_BTNH.dtype)
+  if not return_stats:
+    return z_BTNH
+  # A query that sees no key: no logit (-inf) and no entropy (0), as the diagnostics.
+  seen_BTN = jnp.broadcast_to(keys.count(), stats.max_logit_BTN.shape) > 0
+  return z_BTNH, AttentionStats(jnp.where(seen_BTN, stats.max_logit_BTN, -jnp.inf),
+                                jnp.where(seen_BTN, stats.entropy_BTN, 0.0))
 
 
 def _broadcast(x, shape) -> Array:
@@ -154,8 +190,10 @@ def _fold(scale_fn, q_BTNH, k_BSKH, keys, dtype):
   return jax.checkpoint(fold)(q_BTNH, k_BSKH)
 
 
-def _fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink):
-  """Calls a fused kernel with scale 1 on the folded q (`_fold`); returns (z, sink factor).
+def _fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink,
+           return_stats=False):
+  """Calls a fused kernel with scale 1 on the folded q (`_fold`); returns (z, sink factor,
+  `AttentionStats` or None).
 
   The kernel (`kernel_for`): "splash" (`attnscale.core.splash_attention`, TPU;
   soft-cap and sink inside the kernel, padding as segment ids), "cudnn"
@@ -163,20 +201,32 @@ def _fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softc
   as sequence lengths), or "xla" (`attnscale.core.xla_attention`: causal blocks,
   matmul layouts; jax.nn's own XLA path is 3x slower on CPU). The sink factor
   sigmoid(lse_i - b), [B, T, N], multiplies the output (None without a sink,
-  or where the kernel applied the sink itself).
+  or where the kernel applied the sink itself). Stats (`return_stats`): from
+  the XLA kernel itself, or for splash and cuDNN (which return no row max or
+  weighted logit sum) from the XLA kernel run with an empty value head dim: its
+  logits and softmax again, no p @ v product, no gradient.
   """
   dtype = v_BSKH.dtype
   kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
                       normalizer, logit_softcap, sink)
+  z_BTNH = None
   if kernel == "splash":
-    return _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink), None
-  if kernel == "cudnn":
+    z_BTNH = _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink)
+  elif kernel == "cudnn":
     try:
-      return _cudnn(q_BTNH, k_BSKH, v_BSKH, keys), None
+      z_BTNH = _cudnn(q_BTNH, k_BSKH, v_BSKH, keys)
     except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions at trace time
       if implementation == "cudnn":
         raise
-  return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink)
+  if z_BTNH is None:
+    return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats)
+  if not return_stats:
+    return z_BTNH, None, None
+  # The stats-only pass: v with head dim 0 makes the kernel's p @ v empty.
+  B, S, K, _ = v_BSKH.shape
+  _, _, stats = _xla(*jax.lax.stop_gradient((q_BTNH, k_BSKH, jnp.zeros((B, S, K, 0), dtype))),
+                     keys, normalizer, logit_softcap, sink, True)
+  return z_BTNH, None, stats
 
 
 def target_platform() -> str:
@@ -275,7 +325,8 @@ def _cudnn(q_BTNH, k_BSKH, v_BSKH, keys):
                           q_BTNH, k_BSKH, v_BSKH, mask, keys.is_causal))
 
 
-def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink):
+def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False):
+  """The XLA kernel; returns (z, sink factor or None, `AttentionStats` or None)."""
   bias_BTN = None
   if normalizer == "sigmoid":
     # -log n_i per query: O(B T N), from the causal prefix and the key mask.
@@ -283,12 +334,28 @@ def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink):
     bias_BTN = -jnp.log(jnp.maximum(n_BTN, 1.0))
   out = xla_attention.dot_product_attention(
       q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
-      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, return_lse=sink is not None)
-  if sink is None:
-    return out, None
-  z_BTNH, lse_BTN = out
-  # sum_j p_ij = Z / (Z + e^b) = sigmoid(lse_i - b), with Z = sum_j e^(l_ij) = e^(lse_i).
-  return z_BTNH, jax.nn.sigmoid(lse_BTN - _broadcast(sink, lse_BTN.shape))
+      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, return_lse=sink is not None,
+      return_stats=return_stats)
+  if sink is None and not return_stats:
+    return out, None, None
+  z_BTNH, rest = out[0], list(out[1:])
+  sink_BTN = stats = None
+  if sink is not None:
+    lse_BTN = rest.pop(0)
+    # sum_j p_ij = Z / (Z + e^b) = sigmoid(lse_i - b), with Z = sum_j e^(l_ij) = e^(lse_i).
+    sink_BTN = jax.nn.sigmoid(lse_BTN - _broadcast(sink, lse_BTN.shape))
+  if return_stats:
+    max_BTN, entropy_BTN = rest.pop(0)
+    if bias_BTN is not None:  # the logit itself, as the diagnostics: without -log n_i
+      max_BTN = max_BTN - _broadcast(bias_BTN, max_BTN.shape)
+    if sink is not None:
+      # The keys' weights w s_ij, w = sigmoid(lse - b): -sum w s log(w s) = w H(s) - w log w.
+      w_BTN = jax.lax.stop_gradient(sink_BTN)
+      log_w_BTN = jax.nn.log_sigmoid(jax.lax.stop_gradient(lse_BTN)
+                                     - _broadcast(sink, lse_BTN.shape))
+      entropy_BTN = w_BTN * entropy_BTN - w_BTN * jax.lax.stop_gradient(log_w_BTN)
+    stats = AttentionStats(max_BTN, entropy_BTN)
+  return z_BTNH, sink_BTN, stats
 
 
 def attention_weights(q_BTNH: Array,
@@ -322,12 +389,20 @@ def attention_weights(q_BTNH: Array,
   return logits_BKGTS.reshape(B, N, T, S), p_BKGTS.reshape(B, N, T, S)
 
 
-def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink):
-  """The definition: materialised logits, float32 normaliser, einsums."""
+def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False):
+  """The definition: materialised logits, float32 normaliser, einsums; (z, stats or None)."""
   B, S, K, H = v_BSKH.shape
-  _, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink)
+  T, N = keys.q_len, keys.num_heads
+  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink)
   z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
-  return z_BTKGH.reshape(B, keys.q_len, keys.num_heads, H)
+  z_BTNH = z_BTKGH.reshape(B, T, N, H)
+  if not return_stats:
+    return z_BTNH, None
+  logits_BKGTS, p_BKGTS = jax.lax.stop_gradient((logits_BKGTS, p_BKGTS))
+  plogp_BKGTS = jnp.where(p_BKGTS > 0, p_BKGTS * jnp.log(jnp.maximum(p_BKGTS, 1e-30)), 0.0)
+  to_BTN = lambda x_BKGT: x_BKGT.reshape(B, N, T).transpose(0, 2, 1)
+  return z_BTNH, AttentionStats(to_BTN(jnp.max(logits_BKGTS, axis=-1)),
+                                to_BTN(-plogp_BKGTS.sum(axis=-1)))
 
 
 def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None):

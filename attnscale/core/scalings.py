@@ -121,6 +121,10 @@ class Entry:
   # keyword -> f(dims): a fixed value the model computes from its sizes (log_n_ratio's
   # training length); `model.scaling_params` overrides it.
   from_dims: dict[str, Callable[[Dims], Any]] = dataclasses.field(default_factory=dict)
+  # The logits are bilinear in q and k: q' = q, k' = k and s_i depends on positions,
+  # key counts and learned constants only, so scaling W_q (or W_k) by a scales them
+  # by a (what QK-clip relies on, `attnscale.models.base.qk_clip`).
+  bilinear: bool = False
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -130,7 +134,8 @@ RENAMED = {"unit_scaled": "umup"}
 
 def register(name: str, *, learned: dict[str, Learned] | None = None,
              normalizes_qk: bool = False,
-             from_dims: dict[str, Callable[[Dims], Any]] | None = None):
+             from_dims: dict[str, Callable[[Dims], Any]] | None = None,
+             bilinear: bool = False):
   """Decorator: registers a factory `f(**params) -> scale_fn` under `name`.
 
   Args:
@@ -143,10 +148,14 @@ def register(name: str, *, learned: dict[str, Learned] | None = None,
     from_dims: keywords the model fills from its sizes, keyword -> f(`Dims`),
       fixed rather than learned (log_n_ratio's `train_len`); a value in
       `model.scaling_params` wins. Each needs a default in `f` as well.
+    bilinear: the logits are q.k times a factor of positions, key counts or
+      learned constants only (not of q or k): QK-clip (`config.qk_clip`) may
+      rescale the q and k projections. False (the safe default) refuses QK-clip.
   """
 
   def wrap(factory):
-    _REGISTRY[name] = Entry(factory, dict(learned or {}), normalizes_qk, dict(from_dims or {}))
+    _REGISTRY[name] = Entry(factory, dict(learned or {}), normalizes_qk, dict(from_dims or {}),
+                            bilinear)
     return factory
 
   return wrap
@@ -527,8 +536,8 @@ class FullyScaled:
     return head_dim**-0.5
 
 
-register("standard")(Standard)
-register("none")(NoScaling)
+register("standard", bilinear=True)(Standard)
+register("none", bilinear=True)(NoScaling)
 register("key_norm_sum")(lambda: KeyNormPower(p=1.0))
 register("key_norm_mean")(lambda: KeyNormPower(p=1.0, mean=True))
 register("key_norm_power")(lambda p=2.0: KeyNormPower(p=p))
@@ -541,20 +550,22 @@ register("qk_layernorm", normalizes_qk=True, learned={
     "q_scale": Learned(("head_dim",), init=1.0),
     "k_scale": Learned(("head_dim",), init=1.0),
 })(QKLayerNorm)
-register("fully_scaled")(FullyScaled)
+register("fully_scaled", bilinear=True)(FullyScaled)
 # RMS QK-norm: gains over the head dim shared by the heads, as qk_layernorm's.
 register("qk_rmsnorm", normalizes_qk=True, learned={
     "q_scale": Learned(("head_dim",), init=1.0),
     "k_scale": Learned(("head_dim",), init=1.0),
 })(QKRMSNorm)
-register("inverse_d")(InverseD)
+register("inverse_d", bilinear=True)(InverseD)
 # Scalable-Softmax: s learned per head, s0 = 1/log(L) (standard at the training length).
-register("log_n", learned={"s": Learned(("heads",), init=log_n_init)})(LogN)
-register("log_n_ratio", from_dims={"train_len": lambda dims: dims.train_len})(LogNRatio)
+register("log_n", bilinear=True, learned={"s": Learned(("heads",), init=log_n_init)})(LogN)
+register("log_n_ratio", bilinear=True,
+         from_dims={"train_len": lambda dims: dims.train_len})(LogNRatio)
 # The 2025 temperature scalings: standard within the training length (from_dims).
-register("temperature_tuning",
+register("temperature_tuning", bilinear=True,
          from_dims={"floor_scale": lambda dims: dims.train_len})(TemperatureTuning)
-register("yarn", from_dims={"train_len": lambda dims: dims.train_len})(Yarn)
+register("yarn", bilinear=True,
+         from_dims={"train_len": lambda dims: dims.train_len})(Yarn)
 
 
 # u-muP's attention (the unit-scaling library's), as a scaling; attnscale/numerics/unit_scaling.py
@@ -601,4 +612,4 @@ class UnitScaledAttention:
     return self.mult / head_dim
 
 
-register("umup")(UnitScaledAttention)
+register("umup", bilinear=True)(UnitScaledAttention)

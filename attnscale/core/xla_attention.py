@@ -85,7 +85,8 @@ def dot_product_attention(q_BTNH: Array,
                           normalizer: str = "softmax",
                           logit_softcap: float | None = None,
                           logit_bias_BTN: Array | None = None,
-                          return_lse: bool = False) -> Array | tuple[Array, Array]:
+                          return_lse: bool = False,
+                          return_stats: bool = False):
   """softmax(q k^T) v over the visible keys, scale 1; [B, T, N, H] in q's dtype.
 
   Args:
@@ -104,9 +105,16 @@ def dot_product_attention(q_BTNH: Array,
     return_lse: softmax only: also return lse_i = log sum_j exp(l_ij) over the
       visible keys, [B, T, N] in float32 (or wider). A query that sees no key
       gets about the dtype's lowest value (its sink factor sigmoid(lse - b) is 0).
+    return_stats: also return (row_max_BTN, entropy_BTN), float32, without
+      gradient: row_max_i = max_j l_ij over the visible keys (with the bias b_i;
+      about the dtype's lowest value for a query that sees no key), and under
+      softmax H_i = -sum_j p_ij log p_ij = lse_i - sum_j p_ij l_ij, under
+      sigmoid -sum_j p_ij log p_ij of the unnormalised weights. Both from each
+      causal block's logits, which exist anyway: no T x S array beyond them.
 
   Returns:
-    z_BTNH, or (z_BTNH, lse_BTN) with `return_lse`.
+    z_BTNH, then lse_BTN with `return_lse`, then (row_max_BTN, entropy_BTN)
+    with `return_stats` (a tuple when either is asked for).
   """
   if normalizer not in NORMALIZERS:
     raise ValueError(f"normalizer must be one of {NORMALIZERS}, got {normalizer!r}")
@@ -134,7 +142,7 @@ def dot_product_attention(q_BTNH: Array,
 
   block_q = block_q or default_block_q(T)
   blocks = causal_blocks(T, S, block_q) if is_causal else [(0, T, S)]
-  z_blocks, lse_blocks = [], []
+  z_blocks, lse_blocks, max_blocks, entropy_blocks = [], [], [], []
   for t0, t1, s1 in blocks:
     logits_BKGtS = jnp.einsum("bkgth,bksh->bkgts", q_BKGTH[:, :, :, t0:t1], k_BKSH[:, :, :s1],
                               preferred_element_type=acc)
@@ -158,22 +166,68 @@ def dot_product_attention(q_BTNH: Array,
       p_BKGtS = jax.nn.sigmoid(logits_BKGtS)
       if visible is not None:
         p_BKGtS = jnp.where(visible, p_BKGtS, 0.0)
+      if return_stats:
+        max_blocks.append(_sigmoid_row_max(logits_BKGtS, visible))
+        entropy_blocks.append(_sigmoid_plogp_sum(logits_BKGtS, p_BKGtS))
     else:
       if visible is not None:
         logits_BKGtS = jnp.where(visible, logits_BKGtS, jnp.finfo(logits_BKGtS.dtype).min)
-      if return_lse:
+      if return_lse or return_stats:
         p_BKGtS, lse_BKGt = _softmax_and_lse(logits_BKGtS)
         lse_blocks.append(lse_BKGt)
       else:
         p_BKGtS = jax.nn.softmax(logits_BKGtS, axis=-1)
+      if return_stats:
+        max_BKGt, entropy_BKGt = _softmax_row_stats(logits_BKGtS, p_BKGtS, lse_BKGt)
+        max_blocks.append(max_BKGt)
+        entropy_blocks.append(entropy_BKGt)
     z_blocks.append(jnp.einsum("bkgts,bksh->bkgth", p_BKGtS.astype(dtype), v_BKSH[:, :, :s1],
                                preferred_element_type=acc))
   z_BKGTH = z_blocks[0] if len(z_blocks) == 1 else jnp.concatenate(z_blocks, axis=3)
   z_BTNH = z_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(dtype)
-  if not return_lse:
+  if not (return_lse or return_stats):
     return z_BTNH
-  lse_BKGT = lse_blocks[0] if len(lse_blocks) == 1 else jnp.concatenate(lse_blocks, axis=3)
-  return z_BTNH, lse_BKGT.transpose(0, 3, 1, 2).reshape(B, T, N)
+
+  def per_query(blocks):
+    x_BKGT = blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=3)
+    return x_BKGT.transpose(0, 3, 1, 2).reshape(B, T, N)
+
+  out = (z_BTNH,)
+  if return_lse:
+    out += (per_query(lse_blocks),)
+  if return_stats:
+    out += ((per_query(max_blocks), per_query(entropy_blocks)),)
+  return out
+
+
+def _softmax_row_stats(logits_BKGtS, p_BKGtS, lse_BKGt):
+  """(max_j l_ij, H_i = lse_i - sum_j p_ij l_ij) of one block, without gradient.
+
+  Shifted by the row max m_i, H_i = (lse_i - m_i) - sum_j p_ij (l_ij - m_i), so a
+  large logit costs no precision (the terms stay O(log S), not O(l)). Invisible
+  keys hold the lowest finite value and weigh p = 0 exactly.
+  """
+  l_BKGtS = jax.lax.stop_gradient(logits_BKGtS)
+  p_BKGtS = jax.lax.stop_gradient(p_BKGtS)
+  max_BKGt1 = jnp.max(l_BKGtS, axis=-1, keepdims=True)
+  mean_shifted_BKGt = jnp.sum(p_BKGtS * (l_BKGtS - max_BKGt1), axis=-1)
+  lse_shifted_BKGt = jax.lax.stop_gradient(lse_BKGt) - max_BKGt1[..., 0]
+  return max_BKGt1[..., 0], jnp.maximum(lse_shifted_BKGt - mean_shifted_BKGt, 0.0)
+
+
+def _sigmoid_row_max(logits_BKGtS, visible):
+  """max_j l_ij over the visible keys of one block (the lowest value if none)."""
+  l_BKGtS = jax.lax.stop_gradient(logits_BKGtS)
+  if visible is not None:
+    l_BKGtS = jnp.where(visible, l_BKGtS, jnp.finfo(l_BKGtS.dtype).min)
+  return jnp.max(l_BKGtS, axis=-1)
+
+
+def _sigmoid_plogp_sum(logits_BKGtS, p_BKGtS):
+  """-sum_j p_ij log p_ij of one block's sigmoid weights (0 where p = 0: invisible)."""
+  l_BKGtS = jax.lax.stop_gradient(logits_BKGtS)
+  p_BKGtS = jax.lax.stop_gradient(p_BKGtS)
+  return -jnp.sum(jnp.where(p_BKGtS > 0, p_BKGtS * jax.nn.log_sigmoid(l_BKGtS), 0.0), axis=-1)
 
 
 @jax.custom_jvp

@@ -9,6 +9,11 @@ nothing outside a variant guesses at its attributes. Each block's attention is a
 the layer supplies the scaling (with its learned parameters, `ScalingParams`)
 and the one call to `attnscale.core.attention`.
 
+Attention health (#28): `attention_stats(model, fn)` runs `fn(model)` with every
+layer recording its per-query `AttentionStats` (sown as `nnx.Intermediate`: the
+ordinary call is unchanged and remat passes them through), and `qk_clip` rescales
+the q and k projections of the heads whose largest logit passed a threshold.
+
 Dimension legend: B batch, T sequence, P prediction slots, D width, N heads,
 K key/value heads, H head dim, V vocabulary.
 """
@@ -25,7 +30,7 @@ from attnscale.core import positions as positions_lib
 from attnscale.core import scalings, sharding
 
 # The module's name is shadowed by the function in attnscale/__init__.py.
-from attnscale.core.attention import attention
+from attnscale.core.attention import AttentionStats, attention
 from attnscale.models import mup
 from attnscale.models.config import ModelConfig
 from attnscale.numerics import precision
@@ -120,6 +125,9 @@ class AttentionLayer(nnx.Module):
   that offers one implements `gate_logits`.
   """
 
+  # Set by `attention_stats` on a model merged for one step: sow this layer's stats.
+  record_stats = False
+
   def __init__(self, cfg: ModelConfig):
     self.cfg = cfg
     # Under mup, inverse_d with muP's multiplier (attnscale/models/mup.py).
@@ -146,6 +154,12 @@ class AttentionLayer(nnx.Module):
     """The output projection of the heads' concatenated outputs."""
     raise NotImplementedError
 
+  def qk_weights(self) -> tuple[nnx.Param, nnx.Param]:
+    """The q and k projection weights, [D, N * H] and [D, K * H] (head n's columns
+    n H .. n H + H - 1), of which q and k are linear functions: what QK-clip scales."""
+    raise NotImplementedError(f"{type(self).__name__} does not expose its q and k "
+                              "projections (qk_weights): QK-clip cannot rescale them")
+
   def scale_fn(self) -> scalings.ScaleFn:
     return self.scaling()
 
@@ -166,7 +180,11 @@ class AttentionLayer(nnx.Module):
     q_BTNH, k_BTKH, v_BTKH = precision.attention_inputs(self.cfg, call.q_BTNH, call.k_BSKH,
                                                         call.v_BSKH)
     z_BTNH = attention(q_BTNH, k_BTKH, v_BTKH, mask=mask,
-                       implementation=self.cfg.attention_impl, **call.options())
+                       implementation=self.cfg.attention_impl, return_stats=self.record_stats,
+                       **call.options())
+    if self.record_stats:
+      z_BTNH, stats = z_BTNH
+      self.sow(nnx.Intermediate, "attn_stats", stats)
     if self.cfg.attn_gate != "none":
       # Gated attention (Qiu et al. 2025, the SDPA-output gate G1): each head's
       # output (or each element of it) times sigmoid of a projection of the
@@ -209,6 +227,67 @@ def _remat(block: Block, remat: str):
   run = nnx.remat(lambda b, x_BTD, mask, key: b(x_BTD, mask, key),
                   policy=REMAT_POLICIES[remat])
   return lambda x_BTD, mask, key: run(block, x_BTD, mask, key)
+
+
+def attention_stats(model: Model, fn) -> tuple[Any, list[AttentionStats]]:
+  """(fn(model), each layer's `AttentionStats` [B, T, N] from that forward pass).
+
+  `fn` runs the model once (e.g. `task.loss(model, batch, key)`); every
+  `AttentionLayer` of `model.blocks` records its stats meanwhile (on the fused
+  path, no gradient). `model` should be one merged for this call: the flag stays set.
+  """
+  for block in model.blocks:
+    block.attn.record_stats = True
+  out, sown = nnx.capture(fn, nnx.Intermediate)(model)
+  stats = [sown["blocks"][i]["attn"]["attn_stats"].get_value()[-1]
+           for i in range(len(model.blocks))]
+  return out, stats
+
+
+def qk_clip(model: Model, max_logit_LN: Array, tau: float) -> Array:
+  """QK-clip (Kimi K2, Moonshot AI 2025, "Kimi K2: Open Agentic Intelligence", arXiv
+  2507.20534): rescales in place the q and k weights of every head whose largest logit
+  S (`max_logit_LN`, layer x query head) exceeds tau, so that its logits on that batch
+  become at most tau: logits bilinear in W_q and W_k (`scalings.Entry.bilinear`) scale
+  by the product of the two factors.
+
+  * One key head per query head (K = N, k not shared with v): W_q and W_k of head n
+    each times sqrt(tau / S_n).
+  * Grouped-query attention (K < N: a key head serves G query heads), or W_k = W_v
+    (`model.shared_kv`): only the clipped query heads' W_q, times tau / S_n; the
+    shared key (and value) heads stay, so an unclipped head changes nowhere.
+
+  Unclipped heads are multiplied by exactly 1.0, so their weights stay bit for bit.
+  Returns the factor applied to each head's logits [L, N] (1 = not clipped).
+  """
+  logit_factor_LN = jnp.where(max_logit_LN > tau, tau / max_logit_LN, 1.0)
+  for block, factor_N in zip(model.blocks, logit_factor_LN):
+    layer = block.attn
+    cfg = layer.cfg
+    w_q, w_k = layer.qk_weights()
+    H = cfg.head_dim
+    if cfg.kv_heads == cfg.num_heads and not cfg.shared_kv:
+      f_N = jnp.sqrt(factor_N)
+      w_k[...] = w_k[...] * jnp.repeat(f_N, H).astype(w_k[...].dtype)[None, :]
+    else:
+      f_N = factor_N
+    w_q[...] = w_q[...] * jnp.repeat(f_N, H).astype(w_q[...].dtype)[None, :]
+  return logit_factor_LN
+
+
+def qk_clip_refusal(cfg: ModelConfig) -> str | None:
+  """Why QK-clip cannot serve this model (one clause), or None if it can."""
+  if not scalings.entry(cfg.scaling).bilinear:
+    return (f"model.scaling={cfg.scaling!r} does not have logits bilinear in the q and k "
+            "projections (it normalises q or k, or divides by key norms), so rescaling "
+            "them does not bound its logits")
+  if cfg.qk_norm != "none":
+    return (f"model.qk_norm={cfg.qk_norm!r} normalises q and k (their gains are shared "
+            "by the heads), so rescaling the projections does not bound the logits")
+  if cfg.logit_softcap:
+    return (f"model.logit_softcap={cfg.logit_softcap:g} already bounds the logits and "
+            "its tanh is not bilinear")
+  return None
 
 
 class Model(nnx.Module):

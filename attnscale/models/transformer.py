@@ -92,6 +92,9 @@ class Attention(base.AttentionLayer):
   def project_out(self, z_BTD: Array) -> Array:
     return self.out_proj(z_BTD)
 
+  def qk_weights(self):
+    return self.q_proj.kernel, self.k_proj.kernel
+
   def gate_logits(self, x_BTD: Array) -> Array:
     B, T, _ = x_BTD.shape
     return self.gate_proj(x_BTD).reshape(B, T, self.cfg.num_heads, -1)

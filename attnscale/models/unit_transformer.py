@@ -143,6 +143,9 @@ class UnitAttention(base.AttentionLayer):
     v_BTKH = linear(x_BTD, w(self.w_v)).reshape(k_BTKH.shape)
     return q_BTNH, k_BTKH, v_BTKH
 
+  def qk_weights(self):
+    return self.w_q, self.w_k  # q, k = linear(x, w) / sqrt(D): linear in w
+
   def project_out(self, z_BTD):
     return us.linear(z_BTD, self.w_o[...].astype(z_BTD.dtype), fp8=precision.fp8_of(self.cfg))
 

@@ -143,7 +143,7 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 # Top-level fields added since runs were saved: name -> the value that reproduces
 # an older run (`migrate` fills them in, and model fields from ModelConfig's
 # defaults, so an old config.json loads and resumes).
-ADDED_FIELDS: dict[str, Any] = {"imports": []}
+ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -312,6 +312,17 @@ def add_devices(c: ml_collections.ConfigDict) -> None:
   c.remat = "none"
 
 
+def add_attention_health(c: ml_collections.ConfigDict) -> None:
+  """The fields every config shares for attention health: attn_metrics and qk_clip
+  (docs/guides/training.md, "Attention health and QK-clip")."""
+  # Log each layer's largest attention logit and mean entropy (per head in metrics.jsonl)
+  # every log_every steps, from the fused kernel; False = today's step program exactly.
+  c.attn_metrics = True
+  # QK-clip threshold tau (Kimi K2: 100; 0 = off): after each step, the q/k weights of a
+  # head whose largest logit S passed tau are scaled so that it is tau (GQA: q only).
+  c.qk_clip = 0.0
+
+
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
   """Checks the fields train.py relies on; raises a one-line ValueError.
 
@@ -339,7 +350,14 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
                      f"number of devices ({num_devices}): the batch is sharded on "
                      "config.mesh.data x config.mesh.fsdp, every device")
   task_cls.validate_config(config)
-  model_config(config)  # every model field: ModelConfig's checks
+  cfg = model_config(config)  # every model field: ModelConfig's checks
+  check_positive("config.qk_clip", config.get("qk_clip", 0.0), allow_zero=True)
+  if config.get("qk_clip", 0.0):
+    from attnscale.models import base  # the model layer's rule of what QK-clip can scale
+    reason = base.qk_clip_refusal(cfg)
+    if reason:
+      raise ValueError(f"config.qk_clip={config.qk_clip:g} cannot apply: {reason}; use "
+                       "config.qk_clip=0")
   if config.seq_len > config.model.block_size:
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
                      f"({config.model.block_size}), the training context length (and "

@@ -121,11 +121,14 @@ class MetricsWriter:
           session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
     self.jsonl = open(jsonl_path, "a")
 
-  def write(self, step: int, scalars: dict[str, float]) -> None:
+  def write(self, step: int, scalars: dict[str, float | list[float]]) -> None:
+    """One row: every value to metrics.jsonl, the numbers (not lists) to TensorBoard."""
     if not self.enabled:
       return
     wall_time = time.time()
     for name, value in scalars.items():
+      if isinstance(value, (list, tuple)):  # per-head lists: metrics.jsonl only
+        continue
       self.events.write_event(event_pb2.Event(
           wall_time=wall_time, step=step,
           summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(

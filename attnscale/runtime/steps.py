@@ -29,6 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from attnscale.models import base as models_base
 from attnscale.runtime import train_state as ts
 
 
@@ -53,10 +54,16 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
 
   Returns:
     The step. Its metrics: "loss", "grad_norm", "lr" (of this step) and
-    "last_losses" (the state's window after this step, for `loss_last20`).
+    "last_losses" (the state's window after this step, for `loss_last20`); with
+    `config.attn_metrics`, "attn_max_logit" and "attn_entropy" ([L, N]: layer x
+    query head, over this step's real queries, `attention_health`); with
+    `config.qk_clip` > 0, "attn_clipped_heads" (how many heads QK-clip rescaled).
   """
   tx = ts.make_optimizer(config) if tx is None else tx
   schedule = ts.learning_rate_schedule(config)
+  attn_metrics = bool(config.get("attn_metrics", False))
+  tau = float(config.get("qk_clip", 0.0))
+  with_stats = attn_metrics or tau > 0  # QK-clip reads the stats even when not logged
 
   mesh = batch_sharding.mesh
 
@@ -65,9 +72,17 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
     step = state["step"]
 
     def loss_fn(params):
-      return task.loss(nnx.merge(graphdef, params), batch, dropout_key(config.seed, step))
+      model = nnx.merge(graphdef, params)
+      run = lambda m: task.loss(m, batch, dropout_key(config.seed, step))
+      if not with_stats:
+        return run(model)
+      (loss, sums), stats = models_base.attention_stats(model, run)
+      return loss, (sums, stats)
 
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    health = {}
+    if with_stats:
+      health = attention_health(aux[1], task.attention_masks(batch)[1])
     # A model whose backward runs at a fixed scale (the unit variant's unit-scaled
     # loss) hands the optimizer the true gradient: divided back here, in float32.
     grad_scale = nnx.merge(graphdef, state["params"]).loss_grad_scale(batch["targets"].size)
@@ -75,14 +90,40 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
       grads = jax.tree.map(lambda g: g / grad_scale, grads)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     last_losses = ts.push_loss(state["last_losses"], loss)
-    new_state = {"step": step + 1, "params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state, "last_losses": last_losses}
+    params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss, "grad_norm": _global_norm(grads), "lr": schedule(step),
                "last_losses": last_losses}
+    if attn_metrics:
+      metrics.update(health)
+    if tau > 0:
+      # After the update, from this step's (pre-update) largest logits.
+      model = nnx.merge(graphdef, params)
+      factor_LN = models_base.qk_clip(model, health["attn_max_logit"], tau)
+      params = nnx.state(model, nnx.Param)
+      metrics["attn_clipped_heads"] = jnp.sum(factor_LN < 1.0)
+    new_state = {"step": step + 1, "params": params, "opt_state": opt_state,
+                 "last_losses": last_losses}
     return new_state, metrics
 
   return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, None), donate_argnums=0)
+
+
+def attention_health(stats, query_mask_BT) -> dict[str, jax.Array]:
+  """Per layer and head [L, N]: "attn_max_logit", the largest logit over the real
+  queries, and "attn_entropy", their mean entropy (`AttentionStats`' definitions,
+  the diagnostics'). `query_mask_BT` (True = a real token; None = all) keeps padded
+  queries out, as `attnscale.evaluation.diagnostics` does."""
+  B, T, _ = stats[0].max_logit_BTN.shape
+  w_BT = (jnp.ones((B, T)) if query_mask_BT is None
+          else jnp.broadcast_to(query_mask_BT, (B, T)).astype(jnp.float32))
+  real_BT1 = w_BT[:, :, None] > 0
+  count = jnp.maximum(jnp.sum(w_BT), 1.0)
+  max_LN = jnp.stack([jnp.max(jnp.where(real_BT1, s.max_logit_BTN, -jnp.inf), axis=(0, 1))
+                      for s in stats])
+  entropy_LN = jnp.stack([jnp.sum(s.entropy_BTN * w_BT[:, :, None], axis=(0, 1)) / count
+                          for s in stats])
+  return {"attn_max_logit": max_LN, "attn_entropy": entropy_LN}
 
 
 def _under_mesh(mesh):

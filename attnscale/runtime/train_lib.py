@@ -63,7 +63,8 @@ from attnscale.runtime.steps import (  # noqa: F401
 # only under a constant learning rate: it is the length of the cosine decay, so
 # changing it would change the finished steps' run.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                     "keep_checkpoints", "data_dir", "mesh", "remat", "imports")
+                     "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
+                     "attn_metrics")
 
 
 LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the last 20 steps
@@ -271,7 +272,8 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
                             "tokens_per_s": steps_per_s * task.tokens_per_batch})
             speed = (f" | {steps_per_s:.2f} steps/s | "
                      f"{summary['tokens_per_s'] / 1e3:.1f}k tok/s")
-          writer.write(step, {f"train/{k}": v for k, v in summary.items()})
+          writer.write(step, {f"train/{k}": v for k, v in summary.items()}
+                       | attention_health_row(pending))
           log(f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
               f"lr {summary['lr']:.2e}{speed}")
           pending, tick, tick_step = [], time.perf_counter(), step
@@ -302,6 +304,29 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
   if preempted and preemption.interrupted:
     raise Interrupted(f"Ctrl-C: saved a checkpoint at step {step} in {workdir}")
   return {"step": step, **summary}
+
+
+def attention_health_row(metrics: list[dict]) -> dict[str, float | list[float]]:
+  """The attention-health entries of a log row ({} when the step computes none).
+
+  Values of the log step's own forward pass (a snapshot, not a mean over the
+  interval), per layer i: train/attn/max_logit/layer_<i> (max over heads) and
+  train/attn/entropy/layer_<i> (mean over heads), to TensorBoard and metrics.jsonl;
+  train/attn/max_logit_heads/layer_<i> and train/attn/entropy_heads/layer_<i>
+  (lists, one per query head) to metrics.jsonl only; with QK-clip,
+  train/attn/clipped_heads: the head rescalings summed over the interval.
+  """
+  last, row = metrics[-1], {}
+  if "attn_max_logit" in last:
+    for i, (max_N, entropy_N) in enumerate(zip(np.asarray(last["attn_max_logit"]),
+                                               np.asarray(last["attn_entropy"]))):
+      row[f"train/attn/max_logit/layer_{i}"] = float(np.max(max_N))
+      row[f"train/attn/entropy/layer_{i}"] = float(np.mean(entropy_N))
+      row[f"train/attn/max_logit_heads/layer_{i}"] = [float(x) for x in max_N]
+      row[f"train/attn/entropy_heads/layer_{i}"] = [float(x) for x in entropy_N]
+  if "attn_clipped_heads" in last:
+    row["train/attn/clipped_heads"] = int(sum(int(m["attn_clipped_heads"]) for m in metrics))
+  return row
 
 
 def _summarise(metrics: list[dict], step: int, last_good: int | None, workdir: str):
