@@ -39,7 +39,8 @@ def dropout_key(seed: int, step):
 
 
 def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
-                    tx: optax.GradientTransformation | None = None):
+                    tx: optax.GradientTransformation | None = None,
+                    attn_metrics: bool | None = None):
   """The jitted (state, batch) -> (state, metrics) step, state donated.
 
   Args:
@@ -51,6 +52,9 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
       given to `create_state`, so both come from one object. None builds
       `train_state.make_optimizer(config)` (the same transformation) for callers
       that hold none.
+    attn_metrics: whether the step returns the attention metrics; None = the
+      config's `attn_metrics` (train_lib builds both programs and runs the
+      metrics one only on the steps it logs).
 
   Returns:
     The step. Its metrics: "loss", "grad_norm", "lr" (of this step) and
@@ -61,7 +65,8 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
   """
   tx = ts.make_optimizer(config) if tx is None else tx
   schedule = ts.learning_rate_schedule(config)
-  attn_metrics = bool(config.get("attn_metrics", False))
+  if attn_metrics is None:
+    attn_metrics = bool(config.get("attn_metrics", False))
   tau = float(config.get("qk_clip", 0.0))
   with_stats = attn_metrics or tau > 0  # QK-clip reads the stats even when not logged
 

@@ -215,7 +215,14 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
   except BaseException:
     checkpoints.close()
     raise
-  train_step = make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
+  train_step = make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
+                               attn_metrics=False if _stats_on_log_steps(config) else None)
+  # The attention metrics cost ~10% of a step (the kernel's extra row reductions):
+  # without QK-clip (which needs them every step) only the logged steps compute them,
+  # in a second program compiled with the first, so every other step runs the
+  # plain one and the interval's speed excludes the compilation.
+  log_step = (make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
+              if _stats_on_log_steps(config) else None)
   eval_step = make_eval_step(graphdef, task, shardings["params"], batch_sharding)
   step = int(state["step"])
   # What a killed process logged after this checkpoint never happened: the
@@ -237,15 +244,18 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
     with _Preemption(before_exit=lock.release) as preemption:
       while step < config.num_train_steps:
         batch = global_batch(task.train_batch(step), batch_sharding)
+        logged = log_step is not None and _logs(config, step + 1)
         if first_step:  # report compile time (target: < 10 s for the cpu preset)
           first_step = False
           compile_start = time.perf_counter()
-          state, metrics = train_step(state, batch)
+          if log_step is not None:  # compiled now, run as the Compiled object
+            log_step = log_step.lower(state, batch).compile()
+          state, metrics = (log_step if logged else train_step)(state, batch)
           jax.block_until_ready(metrics)
           log(f"step {step + 1}: compiled and ran in {time.perf_counter() - compile_start:.1f}s")
           tick, tick_step = time.perf_counter(), step + 1  # speed excludes compilation
         else:
-          state, metrics = train_step(state, batch)
+          state, metrics = (log_step if logged else train_step)(state, batch)
         step += 1
         pending.append(metrics)
         done = step == config.num_train_steps
@@ -304,6 +314,18 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
   if preempted and preemption.interrupted:
     raise Interrupted(f"Ctrl-C: saved a checkpoint at step {step} in {workdir}")
   return {"step": step, **summary}
+
+
+def _stats_on_log_steps(config) -> bool:
+  """Attention metrics on, QK-clip off: the stats only on the logged steps."""
+  return bool(config.get("attn_metrics", False)) and not config.get("qk_clip", 0.0)
+
+
+def _logs(config, step: int) -> bool:
+  """Whether the loop writes a log row after `step` (preemption aside: a row
+  written on a SIGTERM has no attention entries)."""
+  return (step % config.log_every == 0 or step == config.num_train_steps
+          or step % config.checkpoint_every == 0)
 
 
 def attention_health_row(metrics: list[dict]) -> dict[str, float | list[float]]:
