@@ -68,10 +68,7 @@ def read_rows(workdir: str) -> list[dict]:
     run = os.path.join(workdir, row["run"])
     with open(os.path.join(run, "config.json")) as f:
       config = json.load(f)
-    label = row["scaling"]
-    if config.get("qk_clip"):  # a training option, not the model's: named here
-      label += f"+qk_clip{config['qk_clip']:g}"
-    rows.append({**row, "label": label, "vocab_size": config["model"]["vocab_size"],
+    rows.append({**row, "label": row["scaling"], "vocab_size": config["model"]["vocab_size"],
                  "logits": max_logit_curve(run)})
   return rows
 
