@@ -40,13 +40,16 @@ def make_config(tfds_dir, arg, **overrides):
 
 
 def losses(config, steps):
-  """The training losses of `steps` train steps (train.py's step, state and data)."""
+  """The training losses of `steps` train steps (train.py's step, state and data):
+  the plain program train.py runs on the steps it does not log (a logged step adds
+  the attention metrics, whose softmax helper rounds differently in the last bit)."""
   task = tasks.get_task(config)
   mesh = ts.make_mesh(config)
   batch_sharding = ts.batch_sharding(mesh)
   tx = ts.make_optimizer(config)
   graphdef, state, shardings = ts.create_state(config, mesh, tx)
-  step_fn = steps_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
+  step_fn = steps_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
+                                      attn_metrics=False)
   out = []
   for step in range(steps):
     state, metrics = step_fn(state, steps_lib.global_batch(task.train_batch(step),
