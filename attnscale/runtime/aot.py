@@ -136,6 +136,10 @@ def lower_steps(config, target_name: str):
 
   The train step of `steps.make_train_step` and the eval step of
   `steps.make_eval_step`, lowered with ShapeDtypeStructs: nothing is allocated.
+  The train step is the program train.py runs on the steps it does not log
+  (without the attention metrics; with QK-clip, which needs them every step, the
+  clipping program): the logged steps' program adds forward-only statistics
+  (on splash and cuDNN, a stats-only XLA pass: docs/guides/training.md).
   """
   devs = devices(target_name)
   configlib.validate(config, num_devices=len(devs))
@@ -152,7 +156,8 @@ def lower_steps(config, target_name: str):
                           {k: batch_sharding for k in type(task).batch_spec(config)})
   eval_spec = type(task).batch_spec(config, train=False)
   eval_batch = ts.abstract_state(eval_spec, {k: batch_sharding for k in eval_spec})
-  train_step = steps.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
+  train_step = steps.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
+                                     attn_metrics=False)
   eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)
   lowered = {"train_step": train_step.lower(state, train_batch),
              "eval_step": eval_step.lower(state["params"], eval_batch)}
