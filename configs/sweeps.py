@@ -221,12 +221,14 @@ def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
   staged, see PRACTICE, reading the finished runs in `workdir`)."""
   check_choice("sweep", name, SWEEPS)
   if name.startswith("sensitivity"):
-    # Seed-major: after seed 0, every (label, rate) has one run.
+    # Seed-major, and within a seed the highest rates first, every label at each:
+    # a sweep stopped early has every label where they differ most (and the
+    # diverging runs are the short ones).
     preset, labels, best, seeds = SWEEPS[name]
     return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
              "overrides": {"learning_rate": 2.0**-e, **overrides}}
-            for seed in seeds for label, (scaling, overrides) in labels.items()
-            for e in range(best[label] + 2, SENSITIVITY_TOP - 1, -1)]
+            for seed in seeds for e in range(SENSITIVITY_TOP, max(best.values()) + 3)
+            for label, (scaling, overrides) in labels.items() if e <= best[label] + 2]
   if name.startswith("width"):
     from attnscale.experiments import lr_search
     preset, labels, starts, more_seeds, transfer = SWEEPS[name]
