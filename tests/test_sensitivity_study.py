@@ -51,7 +51,7 @@ def test_summary_and_logits(sweep_dir):
   assert std["best_lr"] == clip["best_lr"] == 2.0**-9
   assert std["diverged_runs"] == 2 * 4 and clip["diverged_runs"] == 0
   assert clip["max_logit_any_run"] == 50.0 and std["max_logit_any_run"] > 50
-  assert std["largest_trained_lr"] == 2.0**-6
+  assert std["largest_trained_lr"] == 2.0**-7  # within 0.2 nats: |e - 9| <= 2
   last = {(r["label"], r["learning_rate"]): r for r in sensitivity.logit_rows(rows)}
   assert last["standard", 2.0**-9]["max_logit_last"] == pytest.approx(10.0)
 

@@ -42,6 +42,7 @@ from attnscale.experiments import reporting, sweeps
 
 MAX_LOGIT = "train/attn/max_logit/layer_"  # + layer index: metrics.jsonl's keys
 HIGH_RATES = (2.0**-7, 2.0**-5, 2.0**-3)  # the logit figure's panels
+TRAINED = 0.2  # nats: a rate "still trains" when its loss is within this of the best
 
 
 def max_logit_curve(run_dir: str) -> list[tuple[int, float]]:
@@ -94,7 +95,8 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
     means = {lr: float(np.mean(v)) for lr, v in by_rate.items()}
     finite = {lr: v for lr, v in means.items() if math.isfinite(v)}
     best_lr = min(finite, key=finite.get) if finite else math.nan
-    trained = [lr for lr, v in means.items() if math.isfinite(v) and v < init - 0.5]
+    trained = [lr for lr, v in means.items()
+               if math.isfinite(v) and v <= finite.get(best_lr, math.nan) + TRAINED]
     top = max(by_rate)
     top_logits = [r["logits"][-1][1] for r in runs if r["learning_rate"] == top and r["logits"]]
     worst_logit = max((v for r in runs for _, v in r["logits"]), default=math.nan)
@@ -171,7 +173,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "the last 20 steps; best_loss: mean over seeds at the best rate.",
            "sensitivity: Wortsman et al.'s mean over rates of min(L, L0) minus the best, "
            "L0 = ln V (diverged = L0), per seed, mean and half-range over seeds.",
-           "largest_trained_lr: the largest rate whose mean loss is 0.5 nats below L0; "
+           f"largest_trained_lr: the largest rate whose mean loss is within {TRAINED} nats of "
+           "the best; "
            "max_logit_*: the largest attention logit logged in training (over layers), at "
            "the last step of the largest rate's runs, and anywhere in any run."]
   fmt = {"formats": {"best_lr": reporting.power_of_two,
