@@ -28,29 +28,11 @@ import time
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
+from train_throughput import jax_runner as runner  # noqa: E402  (train.py's step, n at a time)
+
 from attnscale import tasks  # noqa: E402
-from attnscale.runtime import hostmem, train_lib  # noqa: E402
-from attnscale.runtime import train_state as ts  # noqa: E402
+from attnscale.runtime import hostmem  # noqa: E402
 from configs import shakespeare_char  # noqa: E402
-
-
-def runner(config, batches_np):
-  """A function running n train steps of the step train.py would build for `config`."""
-  mesh = ts.make_mesh(config)
-  batch_sharding = ts.batch_sharding(mesh)
-  tx = ts.make_optimizer(config)
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
-  task = tasks.get_task(config)
-  step_fn = train_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
-  batches = [train_lib.global_batch(b, batch_sharding) for b in batches_np]
-  holder = {"state": state}
-
-  def run(n):
-    for i in range(n):
-      holder["state"], metrics = step_fn(holder["state"], batches[i % len(batches)])
-    jax.block_until_ready(metrics["loss"])
-
-  return run
 
 
 def main():
