@@ -136,6 +136,33 @@ def _width_sweep(preset, labels, widths, seeds):
 SWEEPS["width"] = _width_sweep("graphcore_cpu", WIDTH_LABELS, WIDTHS, (1,))
 SWEEPS["width_test"] = _width_sweep("test", {k: WIDTH_LABELS[k] for k in ("sp", "mup")},
                                     (16, 32), (1,))
+
+# The depth variant (docs/experiments/width.md, "Depth"): 2, 4 and 8 layers at width
+# 64, the standard model with and without the depth rule (model.depth_alpha, base
+# depth 4: graphcore_cpu's): 1 is CompleteP's 1/L, 0.5 depth-muP's 1/sqrt(L). At
+# width 64 = base_width mup is sp, so there is no mup label. Every label starts at
+# graphcore_cpu's best (2^-9); the search brackets wherever it moves. Depth 2's best
+# rate is transferred to 4 and 8. About 3 labels x 3 depths x 6 runs, 1-1.5 hours.
+DEPTHS = (2, 4, 8)
+DEPTH_LABELS = {
+    "sp": ("standard", {}),
+    "complete_p": ("standard", {"model.depth_alpha": 1.0}),
+    "depth_mup": ("standard", {"model.depth_alpha": 0.5}),
+}
+
+
+def _depth_sweep(preset, labels, depths, seeds):
+  points = {f"{label}@L{n}": (scaling, overrides | {"model.num_layers": n})
+            for n in depths for label, (scaling, overrides) in labels.items()}
+  starts = dict.fromkeys(points, 9)
+  transfer = {f"{label}@L{depths[0]}": [f"{label}@L{n}" for n in depths[1:]]
+              for label in labels}
+  return (preset, points, starts, seeds, transfer)
+
+
+SWEEPS["depth"] = _depth_sweep("graphcore_cpu", DEPTH_LABELS, DEPTHS, (1,))
+SWEEPS["depth_test"] = _depth_sweep("test", {k: DEPTH_LABELS[k] for k in ("sp", "complete_p")},
+                                    (1, 2), (1,))
 WIDTH_BOUNDS = (2, 15)  # the search never leaves 2^-2 ... 2^-15
 
 # The learning-rate sensitivity study (docs/experiments/sensitivity.md; Wortsman et
@@ -229,7 +256,7 @@ def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
              "overrides": {"learning_rate": 2.0**-e, **overrides}}
             for seed in seeds for e in range(SENSITIVITY_TOP, max(best.values()) + 3)
             for label, (scaling, overrides) in labels.items() if e <= best[label] + 2]
-  if name.startswith("width"):
+  if name.startswith(("width", "depth")):
     from attnscale.experiments import lr_search
     preset, labels, starts, more_seeds, transfer = SWEEPS[name]
     return lr_search.points(preset, labels, starts, workdir, bounds=WIDTH_BOUNDS,

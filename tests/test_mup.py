@@ -150,3 +150,85 @@ def test_bad_values_fail_in_one_line(fields, field):
   with pytest.raises(ValueError) as info:
     ModelConfig(**fields)
   assert field in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# The depth rule (model.depth_alpha): CompleteP and depth-muP.
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_depth_rule_equals_sp_at_the_base_depth(tfds_dir, alpha):
+  config = make_config(tfds_dir, "preset=graphcore_cpu", **SMALL,
+                       **{"model.depth_alpha": alpha, "model.base_depth": 2})
+  assert losses(config, 5) == SP_LOSSES["preset=graphcore_cpu"]
+
+
+def test_depth_rules():
+  cfg = ModelConfig(num_layers=8, base_depth=2, depth_alpha=0.5)  # r = 4
+  assert mup.depth_mult(cfg) == 4.0 and mup.residual_mult(cfg) == 0.5
+  assert mup.residual_init_std(cfg) == pytest.approx(0.02 / 2)  # / sqrt(2 base_depth)
+  assert mup.adam_eps_mult(cfg) == 0.5
+  params = {"blocks": {"mlp": {"up": {"kernel": 0}}, "ln1": {"scale": 0}},
+            "embed": {"embedding": 0}, "ln_f": {"scale": 0}}
+  assert mup.lr_multipliers(cfg, params) == {  # r^(alpha - 1) on the blocks only
+      "blocks": {"mlp": {"up": {"kernel": 0.5}}, "ln1": {"scale": 0.5}},
+      "embed": {"embedding": 1.0}, "ln_f": {"scale": 1.0}}
+  complete_p = ModelConfig(num_layers=8, base_depth=2, depth_alpha=1.0, width=256, num_heads=4,
+                           parameterization="mup")  # m = 4
+  assert mup.residual_mult(complete_p) == 0.25 and not mup.has_lr_multipliers(
+      ModelConfig(num_layers=8, base_depth=2, depth_alpha=1.0))  # CompleteP keeps Adam's LR
+  assert mup.adam_eps_mult(complete_p) == 1 / 16  # r^-1 / m, as nanoGPT-mup's
+  assert mup.lr_multipliers(complete_p, params)["blocks"]["mlp"]["up"]["kernel"] == 0.25
+  off = ModelConfig(num_layers=8)
+  assert mup.residual_mult(off) is None and mup.adam_eps_mult(off) == 1.0
+  assert mup.residual_init_std(off) == pytest.approx(0.02 / 4)  # / sqrt(2 L)
+
+
+def test_depth_rule_multiplies_each_branch(tfds_dir):
+  """A block computes x + r^-alpha Attn(LN(x)), then + r^-alpha MLP(LN(.)), with the
+  residual outputs' init at std / sqrt(2 base_depth); Adam's epsilon is scaled."""
+  config = make_config(tfds_dir, "preset=test", **{
+      "model.depth_alpha": 1.0, "model.num_layers": 4, "model.base_depth": 1,
+      "warmup_steps": 0, "lr_schedule": "constant", "grad_clip": 0.0})
+  model = ts.init_model(config)
+  block = model.blocks[0]
+  x_BTD = jax.random.normal(jax.random.key(0), (2, 8, config.model.width))
+  x1_BTD = x_BTD + block.attn(block.ln1(x_BTD)) / 4
+  np.testing.assert_allclose(block(x_BTD), x1_BTD + block.mlp(block.ln2(x1_BTD)) / 4,
+                             rtol=1e-5, atol=1e-6)
+  std = float(np.std(model.blocks[0].mlp.down.kernel[...]))
+  assert std == pytest.approx(0.02 / np.sqrt(2), rel=0.05)
+  tx = ts.make_optimizer(config)
+  params = {"w": np.zeros((1,), np.float32)}
+  g = {"w": np.full((1,), 1e-8, np.float32)}  # |g| = eps: Adam's step is lr g / (|g| + eps')
+  updates, _ = tx.update(g, tx.init(params), params)
+  lr = config.learning_rate
+  expected = -lr * 1e-8 / (1e-8 + 1e-8 / 4)
+  np.testing.assert_allclose(updates["w"], expected, rtol=1e-4)
+
+
+def test_depth_rule_trains_and_resumes(tfds_dir, tmp_path_factory):
+  overrides = {"model.depth_alpha": 0.5, "model.base_depth": 1, "lr_schedule": "constant",
+               "warmup_steps": 0, "log_every": 1}
+  config = make_config(tfds_dir, "preset=test", **overrides)
+  full = testing.train_tiny_run(tmp_path_factory, config=config, name="depth_full")
+  assert full.metrics["loss"] < 4.1
+  stopped = make_config(tfds_dir, "preset=test", num_train_steps=10, **overrides)
+  half = testing.train_tiny_run(tmp_path_factory, config=stopped, name="depth_half")
+  resumed = train_lib.train_and_evaluate(make_config(tfds_dir, "preset=test", **overrides),
+                                         half.workdir)
+  assert resumed["loss"] == full.metrics["loss"]
+  assert configlib.run_label(config) == "standard+depth_alpha0.5"
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"depth_alpha": 2.0}, "model.depth_alpha"),
+    ({"depth_alpha": True}, "model.depth_alpha"),
+    ({"base_depth": 0}, "model.base_depth"),
+    ({"depth_alpha": 1.0, "ln_position": "post"}, "model.depth_alpha"),
+    ({"depth_alpha": 1.0, "variant": "unit"}, "model.depth_alpha"),
+])
+def test_bad_depth_values_fail_in_one_line(fields, field):
+  with pytest.raises(ValueError) as info:
+    ModelConfig(**fields)
+  assert field in str(info.value) and "\n" not in str(info.value), str(info.value)

@@ -227,6 +227,9 @@ def test_the_new_studies_sweeps():
   widths = {dict(p.overrides)["model.width"] for p in width}
   assert widths == {32, 64, 128, 256}
   assert any(dict(p.overrides).get("model.parameterization") == "mup" for p in width)
+  depth = load("depth")  # stage 1: every label at every depth, at width 64
+  assert {dict(p.overrides)["model.num_layers"] for p in depth} == {2, 4, 8}
+  assert {dict(p.overrides).get("model.depth_alpha", 0) for p in depth} == {0, 0.5, 1.0}
   sensitivity = load("sensitivity")
   assert len(sensitivity) == 2 * (7 * 10 + 6)  # seeds x (rates 2^-11..2^-2, unit 2^-7..2^-2)
   assert max(dict(p.overrides)["learning_rate"] for p in sensitivity) == 2.0**-2

@@ -66,3 +66,26 @@ def test_cli_writes_tables_and_figures(sweep_dir, tmp_path):
   assert names == {"width.csv", "width.md", "width_slopes.csv", "width_slopes.md",
                    "width_lr.png", "width_best.png", "width_transfer.png"}
   assert "| sp/standard | 3 | -1.00 |" in open(tmp_path / "width_slopes.md").read()
+
+
+def test_depth_study_reads_num_layers(tmp_path_factory, tmp_path):
+  """The depth variant: the same analysis over model.num_layers. sp's best rate
+  halves per doubling of depth, CompleteP's (depth_alpha 1) stays at 2^-7."""
+  root = str(tmp_path_factory.mktemp("depth"))
+  for n in (1, 2, 4):
+    for label, alpha, best in (("sp", 0.0, 7 + math.log2(n)), ("cp", 1.0, 7.0)):
+      for e in range(4, 11):
+        loss = 1 + 0.05 * (e - best)**2
+        _run(root, f"{label}-{n}-{e}", "preset=test,seed=0",
+             {"model.num_layers": n, "model.depth_alpha": alpha, "learning_rate": 2.0**-e},
+             loss)
+  rows = width.read_rows(root, "depth")
+  assert {r["label"] for r in rows} == {"sp/standard", "sp/standard+depth_alpha1"}
+  slopes = {s["label"]: s for s in width.slope_rows(width.table_rows(rows, "depth"), "depth")}
+  assert slopes["sp/standard"]["slope"] == pytest.approx(-1.0)
+  assert slopes["sp/standard+depth_alpha1"]["slope"] == pytest.approx(0.0, abs=1e-9)
+  assert slopes["sp/standard"]["depths"] == 3
+  paths, _ = width.run_depth_cli(argparse.Namespace(workdirs=[root], out=str(tmp_path)))
+  assert {os.path.basename(p) for p in paths} == {
+      "depth.csv", "depth.md", "depth_slopes.csv", "depth_slopes.md", "depth_lr.png",
+      "depth_best.png", "depth_transfer.png"}

@@ -102,6 +102,12 @@ class ModelConfig:
       "attention sqrt(base_width/num_heads)/d (docs/experiments/width.md)")
   base_width: int = field(
       64, "mup: the width at which mup equals sp (64: graphcore_cpu's, where its LR was tuned)")
+  depth_alpha: float = field(
+      0.0, "residual branches x (base_depth/num_layers)^alpha, standard pre-LN only: 0 off | "
+      "0.5 depth-muP | 1 CompleteP; also block LR x (num_layers/base_depth)^(alpha-1), Adam "
+      "eps x (base_depth/num_layers)^alpha (docs/experiments/width.md)")
+  base_depth: int = field(
+      4, "depth_alpha > 0: the depth at which the rule is the base model (4: graphcore_cpu's)")
   logit_softcap: float = field(
       0.0, "c > 0: logits -> c tanh(logits / c) (Gemma 2: 50); 0 = off")
   sink: str = field(
@@ -196,6 +202,18 @@ class ModelConfig:
     if self.parameterization == "mup" and self.scaling != "standard":
       raise ValueError(f"model.parameterization='mup' needs model.scaling='standard' (mup "
                        f"replaces it by sqrt(base_width/num_heads)/d), got {self.scaling!r}")
+
+    if isinstance(self.depth_alpha, bool) or not isinstance(self.depth_alpha, (int, float)) or (
+        not 0 <= self.depth_alpha <= 1):
+      raise ValueError(f"model.depth_alpha must be a number in [0, 1] (0 off, 0.5 depth-muP, "
+                       f"1 CompleteP), got {self.depth_alpha!r}")
+    if isinstance(self.base_depth, bool) or not isinstance(self.base_depth, int) or (
+        self.base_depth < 1):
+      raise ValueError(f"model.base_depth must be an int >= 1, got {self.base_depth!r}")
+    if self.depth_alpha and (self.variant != "standard" or self.ln_position != "pre"):
+      raise ValueError(f"model.depth_alpha={self.depth_alpha} needs model.variant='standard' "
+                       f"and model.ln_position='pre' (a pre-LN residual stream), got "
+                       f"{self.variant!r}, {self.ln_position!r}")
 
   @property
   def kv_heads(self) -> int:

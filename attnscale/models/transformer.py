@@ -16,16 +16,15 @@ bias). Unlike BERT, the body has no biases, no segment embeddings and no pooler
 (no next-sentence task, as RoBERTa).
 
 `model.parameterization="mup"` rescales the hidden matrices' init, the logits and
-the attention's scale with the width (attnscale/models/mup.py); under "sp" none of
-those multiplications exists in the program.
+the attention's scale with the width, and `model.depth_alpha` the residual
+branches with the depth (attnscale/models/mup.py); under "sp" and depth_alpha=0
+none of those multiplications exists in the program.
 
 Dimension legend: B batch, T sequence, P prediction slots, D width, N heads,
 K key/value heads, H head dim, F MLP hidden, V vocabulary, L layers.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +71,7 @@ class Attention(base.AttentionLayer):
     self.q_proj = dense(N * H, std)
     self.k_proj = dense(K * H, std)
     self.v_proj = None if cfg.shared_kv else dense(K * H, std)
-    self.out_proj = dense(D, std / math.sqrt(2 * cfg.num_layers))
+    self.out_proj = dense(D, mup.residual_init_std(cfg))  # std / sqrt(2 L) under sp
     self.qk_norm = QKNorm(cfg) if cfg.qk_norm != "none" else None
     # The output gate's projection: one logit per head or per output element.
     gate_out = {"none": 0, "headwise": N, "elementwise": N * H}[cfg.attn_gate]
@@ -106,8 +105,7 @@ class MLP(nnx.Module):
     D, F, std = cfg.width, cfg.mlp_ratio * cfg.width, mup.hidden_init_std(cfg)
     self.up = layers.Dense(D, F, use_bias=False, kernel_init=_normal(std),
                            dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
-    self.down = layers.Dense(F, D, use_bias=False,
-                             kernel_init=_normal(std / math.sqrt(2 * cfg.num_layers)),
+    self.down = layers.Dense(F, D, use_bias=False, kernel_init=_normal(mup.residual_init_std(cfg)),
                              dtype=cfg.dtype, fp8=precision.fp8_of(cfg), rngs=rngs)
 
   def __call__(self, x_BTD):
@@ -115,10 +113,13 @@ class MLP(nnx.Module):
 
 
 class Block(base.Block):
-  """Pre-LN: x + Attn(LN(x)), then x + MLP(LN(x)); post-LN: LN(x + Attn(x)), LN(x + MLP(x))."""
+  """Pre-LN: x + Attn(LN(x)), then x + MLP(LN(x)); post-LN: LN(x + Attn(x)), LN(x + MLP(x)).
+  Under the depth rule (`model.depth_alpha`) each pre-LN branch is multiplied by
+  (base_depth / L)^alpha (attnscale/models/mup.py)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
+    self.branch_mult = mup.residual_mult(cfg)  # None: no multiplication (the default)
     ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False,
                                dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
     self.ln1, self.attn, self.ln2, self.mlp = ln(), Attention(cfg, rngs=rngs), ln(), MLP(cfg, rngs=rngs)
@@ -133,8 +134,11 @@ class Block(base.Block):
     if self.cfg.ln_position == "post":
       x_BTD = self.ln1(x_BTD + base.dropout(self.attn(x_BTD, mask), rate, k1))
       return self.ln2(x_BTD + base.dropout(self.mlp(x_BTD), rate, k2))
-    x_BTD = x_BTD + base.dropout(self.attn(self.ln1(x_BTD), mask), rate, k1)
-    return x_BTD + base.dropout(self.mlp(self.ln2(x_BTD)), rate, k2)
+    x_BTD = x_BTD + self._branch(base.dropout(self.attn(self.ln1(x_BTD), mask), rate, k1))
+    return x_BTD + self._branch(base.dropout(self.mlp(self.ln2(x_BTD)), rate, k2))
+
+  def _branch(self, f_BTD):
+    return f_BTD if self.branch_mult is None else f_BTD * self.branch_mult
 
 
 def readout(x_BPD: Array, embed: nnx.Embed, fp8: precision.Fp8 | None = None) -> Array:

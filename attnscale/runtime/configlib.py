@@ -296,6 +296,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += f"+gate_{m.attn_gate}"
   if m.get("parameterization", "sp") != "sp":
     label += f"+{m.parameterization}"
+  if m.get("depth_alpha"):  # the depth rule (attnscale/models/mup.py)
+    label += f"+depth_alpha{m.depth_alpha:g}"
   if config.get("qk_clip"):  # a training rule, but it changes the attention's logits
     label += f"+qk_clip{config.qk_clip:g}"
   return label

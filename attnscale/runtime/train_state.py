@@ -129,15 +129,17 @@ def learning_rate_schedule(config) -> optax.Schedule:
 
 def make_optimizer(config) -> optax.GradientTransformation:
   schedule = learning_rate_schedule(config)
+  cfg = model_config(config)
+  # optax's default epsilon; the depth rule scales it (mup.adam_eps_mult, 1 otherwise).
+  eps = {} if not cfg.depth_alpha else {"eps": 1e-8 * mup.adam_eps_mult(cfg)}
   if config.optimizer == "adam":
-    opt = optax.adam(schedule, b1=config.b1, b2=config.b2)
+    opt = optax.adam(schedule, b1=config.b1, b2=config.b2, **eps)
   else:
     # nanoGPT decays only the matrices and embeddings (ndim >= 2), never gains.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-    opt = optax.adamw(schedule, b1=config.b1, b2=config.b2,
+    opt = optax.adamw(schedule, b1=config.b1, b2=config.b2, **eps,
                       weight_decay=config.weight_decay, mask=decay_mask)
-  cfg = model_config(config)
-  if cfg.parameterization == "mup":
+  if mup.has_lr_multipliers(cfg):
     # After Adam(W): the whole step, decay included, at the group's lr (MuAdamW's).
     opt = optax.chain(opt, scale_by_lr_multipliers(cfg))
   if config.grad_clip > 0:
@@ -147,7 +149,8 @@ def make_optimizer(config) -> optax.GradientTransformation:
 
 def scale_by_lr_multipliers(cfg: ModelConfig) -> optax.GradientTransformation:
   """Multiplies each parameter's update by its learning-rate multiplier
-  (`mup.lr_multipliers`: 1/m on hidden matrices, 1 elsewhere). Stateless, so a
+  (`mup.lr_multipliers`: 1/m on hidden matrices under mup, r^(alpha - 1) on block
+  parameters under the depth rule, 1 elsewhere). Stateless, so a
   checkpoint's opt_state holds nothing more than Adam's."""
 
   def update(updates, state, params=None):

@@ -9,6 +9,7 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies length --out out --workdirs runs/length/*
   python -m attnscale.studies shared_kv --out out --workdirs runs/shared_kv runs/shared_kv_cpu
   python -m attnscale.studies width --out out --workdirs runs/width
+  python -m attnscale.studies depth --out out --workdirs runs/depth
   python -m attnscale.studies sensitivity --out out --workdirs runs/sensitivity
   python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \
       --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
@@ -31,8 +32,9 @@ from attnscale.studies import shared_kv as shared_kv_study
 from attnscale.studies import width as width_study
 
 STUDIES = ("output_scale", "temperature", "key_norms", "trained", "length", "precision",
-           "shared_kv", "width", "sensitivity", "coord_check")
-RUN_STUDIES = ("trained", "length", "precision", "shared_kv", "width", "sensitivity")  # need --workdirs
+           "shared_kv", "width", "depth", "sensitivity", "coord_check")
+RUN_STUDIES = ("trained", "length", "precision", "shared_kv", "width", "depth",
+               "sensitivity")  # need --workdirs
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -132,7 +134,8 @@ def run_length(a):
 RUNNERS = {"output_scale": run_output_scale, "temperature": run_temperature,
            "key_norms": run_key_norms, "trained": run_trained, "length": run_length,
            "precision": precision_study.run_cli, "shared_kv": shared_kv_study.run_cli,
-           "width": width_study.run_cli, "sensitivity": sensitivity_study.run_cli,
+           "width": width_study.run_cli, "depth": width_study.run_depth_cli,
+           "sensitivity": sensitivity_study.run_cli,
            "coord_check": coord_check.run_cli}
 
 
@@ -197,7 +200,7 @@ def main(argv=None):
     names.remove("length")  # the runs were evaluated without --lengths
   # Only when asked for: precision tracks every checkpoint, the sweeps' studies read
   # one sweep's layout, coord_check trains models.
-  for name in ("precision", "shared_kv", "width", "sensitivity", "coord_check"):
+  for name in ("precision", "shared_kv", "width", "depth", "sensitivity", "coord_check"):
     if args.study == "all" and name in names:
       names.remove(name)
   for name in names:

@@ -1,6 +1,8 @@
-"""The width study: does the best learning rate transfer across width?
+"""The width study: does the best learning rate transfer across width? And its
+depth variant: across depth?
 
     python -m attnscale.studies width --out DIR --workdirs runs/width
+    python -m attnscale.studies depth --out DIR --workdirs runs/depth
 
 Reads the `width` sweep (configs/sweeps.py: each label's staged learning-rate
 search at every width, seed 1 at each best, and every width at the smallest
@@ -17,6 +19,10 @@ width's best rate) and writes:
   width_best.png        best rate against width with its band and fitted line
   width_transfer.png    the loss each width reaches at the smallest width's best
                         rate, minus its own best
+
+The depth study reads the `depth` sweep (the same search over num_layers at width
+64, with and without the depth rule) and writes the same files named depth*, with
+"depth" (num_layers) for "width".
 
 The interpolated best is the vertex of the parabola through the grid best and its
 two neighbours in (log2 rate, loss), kept within one grid step; the band is the
@@ -36,6 +42,8 @@ import numpy as np
 from attnscale.experiments import reporting, sweeps
 
 BAND = 0.02  # nats: rates whose loss is within this of the best are "near-best"
+# The study's axis -> the model field it reads from each run's config.json.
+AXES = {"width": "width", "depth": "num_layers"}
 
 
 def width_label(config: dict) -> str:
@@ -50,22 +58,23 @@ def width_label(config: dict) -> str:
   return label if model.get("variant", "standard") != "standard" else f"sp/{label}"
 
 
-def read_rows(workdir: str) -> list[dict]:
-  """The sweep's finished rows, each with its "label" and "width"."""
+def read_rows(workdir: str, axis: str = "width") -> list[dict]:
+  """The sweep's finished rows, each with its "label" and its size on `axis`
+  ("width" or "depth": AXES)."""
   rows = []
   for row in sweeps.collect(workdir):
     if row["status"] not in ("done", "diverged"):
       continue
     with open(os.path.join(workdir, row["run"], "config.json")) as f:
       config = json.load(f)
-    rows.append({**row, "label": width_label(config), "width": config["model"]["width"]})
+    rows.append({**row, "label": width_label(config), axis: config["model"][AXES[axis]]})
   return rows
 
 
-def _losses(rows, label, width, seed=0) -> dict[float, float]:
-  """log2(rate) -> final loss (NaN: diverged) of one label and width, one seed."""
+def _losses(rows, label, size, seed=0, axis="width") -> dict[float, float]:
+  """log2(rate) -> final loss (NaN: diverged) of one label and size, one seed."""
   return {math.log2(r["learning_rate"]): r["final_train_loss"] for r in rows
-          if r["label"] == label and r["width"] == width and r["seed"] == seed}
+          if r["label"] == label and r[axis] == size and r["seed"] == seed}
 
 
 def interpolated_best(losses: dict[float, float]) -> tuple[float, float]:
@@ -108,22 +117,22 @@ def band(losses: dict[float, float], tol: float = BAND) -> tuple[float, float]:
   return lo, hi
 
 
-def table_rows(rows: Sequence[dict]) -> list[dict]:
-  """One row per label and width (see the module docstring)."""
+def table_rows(rows: Sequence[dict], axis: str = "width") -> list[dict]:
+  """One row per label and size on `axis` (see the module docstring)."""
   out = []
   for label in sorted({r["label"] for r in rows}):
-    widths = sorted({r["width"] for r in rows if r["label"] == label})
-    grid0, _ = interpolated_best(_losses(rows, label, widths[0]))
-    for w in widths:
-      losses = _losses(rows, label, w)
+    sizes = sorted({r[axis] for r in rows if r["label"] == label})
+    grid0, _ = interpolated_best(_losses(rows, label, sizes[0], axis=axis))
+    for w in sizes:
+      losses = _losses(rows, label, w, axis=axis)
       grid, interp = interpolated_best(losses)
       lo, hi = band(losses)
       at_best = [r["final_train_loss"] for r in rows if r["label"] == label
-                 and r["width"] == w and math.isfinite(grid)
+                 and r[axis] == w and math.isfinite(grid)
                  and math.log2(r["learning_rate"]) == grid and r["status"] == "done"]
       transfer = losses.get(grid0, math.nan)
       out.append({
-          "label": label, "width": w, "rates_tried": len(losses),
+          "label": label, axis: w, "rates_tried": len(losses),
           "best_lr": 2.0**grid if math.isfinite(grid) else math.nan,
           "best_log2_lr": grid, "interp_log2_lr": interp, "band_lo": lo, "band_hi": hi,
           "best_loss": float(np.mean(at_best)) if at_best else math.nan,
@@ -135,37 +144,37 @@ def table_rows(rows: Sequence[dict]) -> list[dict]:
   return out
 
 
-def slope_rows(table: Sequence[dict]) -> list[dict]:
+def slope_rows(table: Sequence[dict], axis: str = "width") -> list[dict]:
   """Per label: least-squares slope of the interpolated log2 best rate against
-  log2 width, its standard error, and the slopes through the bands' edges."""
+  log2 size, its standard error, and the slopes through the bands' edges."""
   out = []
   for label in sorted({r["label"] for r in table}):
     pts = [r for r in table if r["label"] == label and math.isfinite(r["interp_log2_lr"])]
     if len(pts) < 2:
       continue
-    x = np.log2([r["width"] for r in pts])
+    x = np.log2([r[axis] for r in pts])
     y = np.array([r["interp_log2_lr"] for r in pts])
     slope, intercept = np.polyfit(x, y, 1)
     resid = y - (slope * x + intercept)
     se = (math.sqrt(np.sum(resid**2) / (len(x) - 2) / np.sum((x - x.mean())**2))
           if len(x) > 2 else math.nan)
-    out.append({"label": label, "widths": len(pts), "slope": float(slope), "se": se,
+    out.append({"label": label, f"{axis}s": len(pts), "slope": float(slope), "se": se,
                 "slope_band_lo": float(np.polyfit(x, [r["band_lo"] for r in pts], 1)[0]),
                 "slope_band_hi": float(np.polyfit(x, [r["band_hi"] for r in pts], 1)[0]),
                 "worst_transfer_gap": float(np.nanmax([r["transfer_gap"] for r in pts]))})
   return out
 
 
-def plot_lr(rows: Sequence[dict]):
+def plot_lr(rows: Sequence[dict], axis: str = "width"):
   labels = sorted({r["label"] for r in rows})
   fig = reporting.new_figure(4.2 * len(labels), 4.2)
   axes = np.atleast_1d(fig.subplots(1, len(labels), sharey=True))
   finite = [r["final_train_loss"] for r in rows if math.isfinite(r["final_train_loss"])]
   for ax, label in zip(axes, labels):
-    for i, w in enumerate(sorted({r["width"] for r in rows if r["label"] == label})):
-      losses = _losses(rows, label, w)
+    for i, w in enumerate(sorted({r[axis] for r in rows if r["label"] == label})):
+      losses = _losses(rows, label, w, axis=axis)
       xs = sorted(losses)
-      ax.plot([2.0**x for x in xs], [losses[x] for x in xs], label=f"width {w}",
+      ax.plot([2.0**x for x in xs], [losses[x] for x in xs], label=f"{axis} {w}",
               **reporting.style(i))
     ax.set_xscale("log", base=2)
     reporting.label_axes(ax, xlabel="learning rate", ylabel="final training loss",
@@ -176,13 +185,13 @@ def plot_lr(rows: Sequence[dict]):
   return fig
 
 
-def plot_best(table: Sequence[dict], slopes: Sequence[dict]):
+def plot_best(table: Sequence[dict], slopes: Sequence[dict], axis: str = "width"):
   fig = reporting.new_figure(8, 5)
   ax = fig.subplots()
   slope_of = {s["label"]: s["slope"] for s in slopes}
   for i, label in enumerate(sorted({r["label"] for r in table})):
     pts = [r for r in table if r["label"] == label and math.isfinite(r["interp_log2_lr"])]
-    w = np.array([r["width"] for r in pts], float) * (1 + 0.03 * (i - 2))  # dodge
+    w = np.array([r[axis] for r in pts], float) * (1 + 0.03 * (i - 2))  # dodge
     y = np.array([2.0**r["interp_log2_lr"] for r in pts])
     err = [y - 2.0**np.array([r["band_lo"] for r in pts]),
            2.0**np.array([r["band_hi"] for r in pts]) - y]
@@ -191,55 +200,60 @@ def plot_best(table: Sequence[dict], slopes: Sequence[dict]):
                 **reporting.style(i))
   ax.set_xscale("log", base=2)
   ax.set_yscale("log", base=2)
-  reporting.label_axes(ax, xlabel="width", ylabel="best learning rate (interpolated)",
-                       title=f"Best rate against width; bars: rates within {BAND} nats")
+  reporting.label_axes(ax, xlabel=axis, ylabel="best learning rate (interpolated)",
+                       title=f"Best rate against {axis}; bars: rates within {BAND} nats")
   ax.legend(fontsize=8)
   return fig
 
 
-def plot_transfer(table: Sequence[dict]):
+def plot_transfer(table: Sequence[dict], axis: str = "width"):
   fig = reporting.new_figure(8, 5)
   ax = fig.subplots()
   for i, label in enumerate(sorted({r["label"] for r in table})):
     pts = [r for r in table if r["label"] == label]
-    ax.plot([r["width"] for r in pts], [r["transfer_gap"] for r in pts], label=label,
+    ax.plot([r[axis] for r in pts], [r["transfer_gap"] for r in pts], label=label,
             **reporting.style(i))
   ax.set_xscale("log", base=2)
   ax.axhline(0, color="k", lw=0.8)
-  reporting.label_axes(ax, xlabel="width", ylabel="loss at the smallest width's best rate "
+  reporting.label_axes(ax, xlabel=axis, ylabel=f"loss at the smallest {axis}'s best rate "
                        "minus own best", title="Tune small, train big: what it costs")
   ax.legend(fontsize=8)
   return fig
 
 
-def run_cli(args) -> tuple[list[str], list[str]]:
-  """`python -m attnscale.studies width --out DIR --workdirs SWEEP_DIR`."""
+def run_cli(args, axis: str = "width") -> tuple[list[str], list[str]]:
+  """`python -m attnscale.studies width|depth --out DIR --workdirs SWEEP_DIR`."""
   if len(args.workdirs) != 1:
-    raise SystemExit("width: give --workdirs SWEEP_DIR (the width sweep's workdir)")
-  rows = read_rows(args.workdirs[0])
+    raise SystemExit(f"{axis}: give --workdirs SWEEP_DIR (the {axis} sweep's workdir)")
+  rows = read_rows(args.workdirs[0], axis)
   if not rows:
-    raise SystemExit(f"width: no finished runs in {args.workdirs[0]}")
-  table = table_rows(rows)
-  slopes = slope_rows(table)
+    raise SystemExit(f"{axis}: no finished runs in {args.workdirs[0]}")
+  table = table_rows(rows, axis)
+  slopes = slope_rows(table, axis)
   notes = [f"{len(rows)} finished runs ({args.workdirs[0]}); final training loss = mean of "
            "the last 20 steps. Rates are 2^-e; log2 columns are log2(rate).",
            "interp_log2_lr: the parabola vertex through the grid best and its neighbours; "
            f"band_lo/hi: rates within {BAND} nats of the best (seed 0); best_loss: mean over "
            "the seeds at the grid best, half_range: (max - min)/2 over them.",
-           "loss_at_smallest_best: seed 0 at the smallest width's best rate; transfer_gap: "
-           "that minus this width's own best (seed 0)."]
-  fmt = {"formats": {"best_lr": reporting.power_of_two, "width": "d", "rates_tried": "d",
+           f"loss_at_smallest_best: seed 0 at the smallest {axis}'s best rate; transfer_gap: "
+           f"that minus this {axis}'s own best (seed 0)."]
+  fmt = {"formats": {"best_lr": reporting.power_of_two, axis: "d", "rates_tried": "d",
                      "seeds": "d"}, "floats": ".3f"}
-  paths = reporting.write_tables(table, args.out, "width", title="Width study", notes=notes,
-                                 **fmt)
+  paths = reporting.write_tables(table, args.out, axis, title=f"{axis.capitalize()} study",
+                                 notes=notes, **fmt)
   paths += reporting.write_tables(
-      slopes, args.out, "width_slopes", floats=".2f",
-      title="Best learning rate against width: fitted log-log slopes",
-      notes=["slope: least squares of the interpolated log2 best rate on log2 width "
-             "(0: transfers; -1: falls as 1/width), se its standard error; slope_band_lo/hi: "
-             "the same through the bands' edges; worst_transfer_gap: the largest loss paid "
-             "at the smallest width's best rate (nats)."])
-  paths.append(reporting.save_figure(plot_lr(rows), args.out, "width_lr"))
-  paths.append(reporting.save_figure(plot_best(table, slopes), args.out, "width_best"))
-  paths.append(reporting.save_figure(plot_transfer(table), args.out, "width_transfer"))
+      slopes, args.out, f"{axis}_slopes", floats=".2f",
+      title=f"Best learning rate against {axis}: fitted log-log slopes",
+      notes=[f"slope: least squares of the interpolated log2 best rate on log2 {axis} "
+             f"(0: transfers; -1: falls as 1/{axis}), se its standard error; "
+             "slope_band_lo/hi: the same through the bands' edges; worst_transfer_gap: the "
+             f"largest loss paid at the smallest {axis}'s best rate (nats)."])
+  paths.append(reporting.save_figure(plot_lr(rows, axis), args.out, f"{axis}_lr"))
+  paths.append(reporting.save_figure(plot_best(table, slopes, axis), args.out, f"{axis}_best"))
+  paths.append(reporting.save_figure(plot_transfer(table, axis), args.out, f"{axis}_transfer"))
   return paths, notes
+
+
+def run_depth_cli(args) -> tuple[list[str], list[str]]:
+  """`python -m attnscale.studies depth --out DIR --workdirs SWEEP_DIR`."""
+  return run_cli(args, axis="depth")
