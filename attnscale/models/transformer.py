@@ -134,10 +134,11 @@ class Block(base.Block):
     if self.cfg.ln_position == "post":
       x_BTD = self.ln1(x_BTD + base.dropout(self.attn(x_BTD, mask), rate, k1))
       return self.ln2(x_BTD + base.dropout(self.mlp(x_BTD), rate, k2))
-    x_BTD = x_BTD + self._branch(base.dropout(self.attn(self.ln1(x_BTD), mask), rate, k1))
-    return x_BTD + self._branch(base.dropout(self.mlp(self.ln2(x_BTD)), rate, k2))
+    x_BTD = x_BTD + self.residual_branch(base.dropout(self.attn(self.ln1(x_BTD), mask), rate, k1))
+    return x_BTD + self.residual_branch(base.dropout(self.mlp(self.ln2(x_BTD)), rate, k2))
 
-  def _branch(self, f_BTD):
+  def residual_branch(self, f_BTD):
+    """A branch's contribution to the residual stream: f, times r^-alpha under the depth rule."""
     return f_BTD if self.branch_mult is None else f_BTD * self.branch_mult
 
 

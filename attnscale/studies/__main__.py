@@ -13,6 +13,7 @@ headline and table). Seeded: the same command writes the same tables.
   python -m attnscale.studies sensitivity --out out --workdirs runs/sensitivity
   python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \
       --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
+  python -m attnscale.studies coord_check --depths=2,4,8,16,32 --steps=4 --out=docs/results/depth
 """
 
 from __future__ import annotations
@@ -176,7 +177,10 @@ def parse_args(argv):
                  help="the train.py config (FILE.py[:ARG]) trained at each width")
   g.add_argument("--widths", default="32,64,128,256,512",
                  help="comma-separated model widths (num_heads must divide each)")
-  g.add_argument("--steps", type=int, default=4, help="training steps recorded at each width")
+  g.add_argument("--depths", default=None,
+                 help="comma-separated depths (num_layers): the depth check, sp against "
+                      "the depth rule (model.depth_alpha 1 and 1/2), instead of --widths")
+  g.add_argument("--steps", type=int, default=4, help="training steps recorded at each size")
   g = p.add_argument_group("trained and length")
   g.add_argument("--workdirs", nargs="+", default=[], help="train.py run directories")
   g.add_argument("--recompute", action="store_true",

@@ -1,4 +1,5 @@
-"""Coordinate check: every layer's activation scale against width, sp against mup.
+"""Coordinate check: every layer's activation scale against width (sp against mup)
+or against depth (sp against the depth rule).
 
 muP's standard diagnostic (Yang et al. 2022, "Tensor Programs V", arXiv
 2203.03466, section 7 and figure 5; microsoft/mup's `get_coord_data`): train the
@@ -14,15 +15,25 @@ positions and features (what mup's `get_coord_data` records as "l1"), of:
     attn_logits  layer l's attention logits s q.k over the visible (causal) pairs
     attn_out     layer l's attention branch (after the output projection)
     mlp_out      layer l's MLP branch
+    residual     the residual stream after the last block (before the final LayerNorm)
     logits       the output logits (after mup's readout multiplier)
 
 measured on the first training batch after t = 0 (init), 1, ..., steps updates.
 The branches are read through the model's seams (`Block.attention_call`,
-`Block.attn_input`, the block itself), so the programs trained are train.py's
-own: pre-LN standard transformers only (the MLP branch is block(x) - x - attn).
+`Block.attn_input`, `Block.residual_branch`, the block itself), so the programs
+trained are train.py's own: pre-LN standard transformers only. A branch is what
+it adds to the residual stream (times r^-alpha under the depth rule; the MLP
+branch is block(x) - x - attn).
+
+The depth check (`--depths`, CompleteP's figure 7: Dey et al. 2025, arXiv
+2505.01618) trains the same model at several depths instead, sp against the
+depth rule (`model.depth_alpha` 1, CompleteP, and 1/2, depth-muP), with the
+per-layer kinds averaged over each model's layers. Under a rule that transfers
+across depth the curves are flat in depth.
 
     python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \\
         --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
+    python -m attnscale.studies coord_check --depths=2,4,8,16,32 --steps=4 --out=docs/results/depth
 
 Dimension legend: B batch, T sequence, D width, N heads, S keys.
 """
@@ -38,8 +49,14 @@ import numpy as np
 
 from attnscale.experiments import reporting
 
-PARAMETERIZATIONS = ("sp", "mup")
-KINDS = ("embedding", "attn_logits", "attn_out", "mlp_out", "logits")
+# The axis -> (the model field it sets, {parameterisation: its model overrides}).
+AXES = {
+    "width": ("width", {"sp": {"parameterization": "sp"}, "mup": {"parameterization": "mup"}}),
+    "depth": ("num_layers", {"sp": {"depth_alpha": 0.0}, "complete_p": {"depth_alpha": 1.0},
+                             "depth_mup": {"depth_alpha": 0.5}}),
+}
+PARAMETERIZATIONS = tuple(AXES["width"][1])
+KINDS = ("embedding", "attn_logits", "attn_out", "mlp_out", "residual", "logits")
 PER_LAYER = ("attn_logits", "attn_out", "mlp_out")
 
 
@@ -70,11 +87,12 @@ def activation_scales(model, tokens_BT) -> dict[str, float]:
     visible_BNTS = jnp.isfinite(logits_BNTS)
     out[f"attn_logits_{layer}"] = (jnp.sum(jnp.where(visible_BNTS, jnp.abs(logits_BNTS), 0.0))
                                    / jnp.sum(visible_BNTS))
-    attn_BTD = block.attn(block.attn_input(x_BTD))
+    attn_BTD = block.residual_branch(block.attn(block.attn_input(x_BTD)))
     after_BTD = block(x_BTD)
     out[f"attn_out_{layer}"] = mean_abs(attn_BTD)
     out[f"mlp_out_{layer}"] = mean_abs(after_BTD - x_BTD - attn_BTD)
     x_BTD = after_BTD
+  out["residual"] = mean_abs(x_BTD)
   out["logits"] = mean_abs(model.logits(x_BTD))
   return out
 
@@ -111,56 +129,68 @@ def trajectory(config, steps: int) -> list[dict[str, float]]:
 
 @dataclasses.dataclass
 class CoordCheckResult:
-  """scales[parameterization][width] = the trajectory (one dict per step 0..steps)."""
+  """scales[parameterization][size] = the trajectory (one dict per step 0..steps);
+  sizes are widths or depths (`axis`)."""
 
-  widths: tuple[int, ...]
+  sizes: tuple[int, ...]
   steps: int
-  num_layers: int
   scales: dict[str, dict[int, list[dict[str, float]]]]
+  axis: str = "width"
+
+  @property
+  def column_prefix(self) -> str:
+    return "w" if self.axis == "width" else "L"
 
   def quantities(self) -> list[str]:
-    first = self.scales[next(iter(self.scales))][self.widths[0]][0]
+    """The recorded quantities (per-layer ones once, without a layer, under depth)."""
+    first = self.scales[next(iter(self.scales))][self.sizes[0]][0]
+    if self.axis == "depth":  # the layers differ between depths: their mean only
+      return list(KINDS)
     return list(first)
 
-  def value(self, parameterization: str, kind: str, width: int, step: int) -> float:
+  def value(self, parameterization: str, kind: str, size: int, step: int) -> float:
     """A quantity's scale; a per-layer kind without a layer is the mean over layers."""
-    row = self.scales[parameterization][width][step]
+    row = self.scales[parameterization][size][step]
     if kind in row:
       return row[kind]
-    return float(np.mean([row[f"{kind}_{i}"] for i in range(self.num_layers)]))
+    return float(np.mean([v for k, v in row.items()
+                          if k.rsplit("_", 1)[0] == kind and k.rsplit("_", 1)[1].isdigit()]))
 
   def growth(self, parameterization: str, kind: str, step: int | None = None) -> float:
-    """scale at the widest / at the narrowest width, after `step` (default: the last) steps."""
+    """scale at the largest / at the smallest size, after `step` (default: the last) steps."""
     step = self.steps if step is None else step
-    return (self.value(parameterization, kind, self.widths[-1], step)
-            / self.value(parameterization, kind, self.widths[0], step))
+    return (self.value(parameterization, kind, self.sizes[-1], step)
+            / self.value(parameterization, kind, self.sizes[0], step))
 
   def rows(self) -> list[dict]:
-    """One row per (parameterization, quantity, step): the scale at each width, and growth."""
+    """One row per (parameterization, quantity, step): the scale at each size, and growth."""
     rows = []
     for p in self.scales:
       for q in self.quantities():
         for step in range(self.steps + 1):
           row = {"parameterization": p, "quantity": q, "step": step}
-          row |= {f"w{w}": self.value(p, q, w, step) for w in self.widths}
+          row |= {f"{self.column_prefix}{n}": self.value(p, q, n, step) for n in self.sizes}
           row["growth"] = self.growth(p, q, step)
           rows.append(row)
     return rows
 
 
-def coord_check(config, widths: Sequence[int], steps: int,
-                parameterizations: Sequence[str] = PARAMETERIZATIONS) -> CoordCheckResult:
-  """Trains `config` at each width and parameterisation for `steps` steps (its learning
-  rate, seed and data) and records every layer's scale after each step."""
-  widths = tuple(sorted(widths))
+def coord_check(config, sizes: Sequence[int], steps: int,
+                parameterizations: Sequence[str] | None = None,
+                axis: str = "width") -> CoordCheckResult:
+  """Trains `config` at each size on `axis` (width or depth, AXES) and each of its
+  parameterisations for `steps` steps (its learning rate, seed and data) and
+  records every layer's scale after each step."""
+  field, overrides = AXES[axis]
+  sizes = tuple(sorted(sizes))
   scales = {}
-  for p in parameterizations:
+  for p in parameterizations or tuple(overrides):
     scales[p] = {}
-    for width in widths:
+    for n in sizes:
       c = config.copy_and_resolve_references()
-      c.model.width, c.model.parameterization = width, p
-      scales[p][width] = trajectory(c, steps)
-  return CoordCheckResult(widths, steps, config.model.num_layers, scales)
+      c.model.update({field: n, **overrides[p]})
+      scales[p][n] = trajectory(c, steps)
+  return CoordCheckResult(sizes, steps, scales, axis)
 
 
 def plot_coord_check(r: CoordCheckResult, *, title: str = ""):
@@ -172,12 +202,12 @@ def plot_coord_check(r: CoordCheckResult, *, title: str = ""):
     for j, kind in enumerate(KINDS):
       ax = axes[i][j]
       for step in range(r.steps + 1):
-        ax.plot(r.widths, [r.value(p, kind, w, step) for w in r.widths],
+        ax.plot(r.sizes, [r.value(p, kind, n, step) for n in r.sizes],
                 label=f"t={step}", **reporting.style(step))
       ax.set_xscale("log", base=2)
       ax.set_yscale("log")
       what = kind + (" (mean over layers)" if kind in PER_LAYER else "")
-      reporting.label_axes(ax, xlabel="width", ylabel="mean |x|", title=f"{p}: {what}")
+      reporting.label_axes(ax, xlabel=r.axis, ylabel="mean |x|", title=f"{p}: {what}")
       if j:
         ax.get_legend().remove()
   if title:
@@ -185,44 +215,52 @@ def plot_coord_check(r: CoordCheckResult, *, title: str = ""):
   return fig
 
 
-def parse_widths(text: str) -> tuple[int, ...]:
-  """`32,64,128` -> (32, 64, 128); one-line ValueError naming --widths otherwise."""
+def parse_widths(text: str, flag: str = "--widths") -> tuple[int, ...]:
+  """`32,64,128` -> (32, 64, 128); one-line ValueError naming `flag` otherwise."""
   try:
-    widths = tuple(int(w) for w in text.split(","))
+    sizes = tuple(int(w) for w in text.split(","))
   except ValueError:
-    widths = ()
-  if len(widths) < 2 or min(widths) < 1:
-    raise ValueError(f"--widths must be two or more positive ints like 32,64,128, got {text!r}")
-  return widths
+    sizes = ()
+  if len(sizes) < 2 or min(sizes) < 1:
+    raise ValueError(f"{flag} must be two or more positive ints like 32,64,128, got {text!r}")
+  return sizes
 
 
 def run_cli(args) -> tuple[list[str], list[str]]:
-  """Writes coord_check.png/.csv/.md; returns (paths, notes)."""
+  """Writes coord_check.png/.csv/.md (coord_check_depth.* with --depths); returns
+  (paths, notes)."""
+  axis = "depth" if getattr(args, "depths", None) else "width"
   try:
     config = load_config(args.config)
-    widths = parse_widths(args.widths)
+    sizes = (parse_widths(args.depths, "--depths") if axis == "depth"
+             else parse_widths(args.widths))
     if args.steps < 1:
       raise ValueError(f"--steps must be >= 1, got {args.steps}")
     config.seed = args.seed
-    r = coord_check(config, widths, args.steps)
+    r = coord_check(config, sizes, args.steps, axis=axis)
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
   m = config.model
   lr = f"{config.learning_rate:g}" + (f" = 2^{math.log2(config.learning_rate):g}"
                                       if math.log2(config.learning_rate).is_integer() else "")
-  notes = [f"{args.config}: {m.num_layers} layers, {m.num_heads} heads, seq {config.seq_len}, "
-           f"batch {config.batch_size}, {config.optimizer} at lr {lr} "
-           f"({config.lr_schedule}, warm-up {config.warmup_steps}), seed {config.seed}; "
-           f"mup's base_width {m.base_width}.",
+  shape = (f"width {m.width}, {m.num_heads} heads, base depth {m.base_depth}" if axis == "depth"
+           else f"{m.num_layers} layers, {m.num_heads} heads, mup's base_width {m.base_width}")
+  col = r.column_prefix
+  notes = [f"{args.config}: {shape}, seq {config.seq_len}, batch {config.batch_size}, "
+           f"{config.optimizer} at lr {lr} ({config.lr_schedule}, warm-up "
+           f"{config.warmup_steps}), seed {config.seed}.",
            "Scale: mean |x| of each output on the first training batch after `step` updates "
-           "(0 = init); per-layer quantities end in the layer's index; w<width> columns; "
-           f"growth = w{widths[-1]} / w{widths[0]}.",
-           "Growth after the last step (sp, mup): " + "; ".join(
-               f"{k} {r.growth('sp', k):.2f}, {r.growth('mup', k):.2f}" for k in KINDS)
+           "(0 = init); per-layer quantities end in the layer's index"
+           + (" (under depth: their mean over layers)" if axis == "depth" else "")
+           + f"; {col}<{axis}> columns; growth = {col}{sizes[-1]} / {col}{sizes[0]}.",
+           f"Growth after the last step ({', '.join(r.scales)}): " + "; ".join(
+               f"{k} " + ", ".join(f"{r.growth(p, k):.2f}" for p in r.scales) for k in KINDS)
            + " (per-layer kinds: mean over layers)."]
-  fig = plot_coord_check(r, title=f"Coordinate check ({args.config}, {args.steps} steps)")
-  paths = [reporting.save_figure(fig, args.out, "coord_check")]
-  paths += reporting.write_tables(r.rows(), args.out, "coord_check",
-                                  title="Coordinate check: activation scale against width",
+  name = "coord_check" if axis == "width" else "coord_check_depth"
+  fig = plot_coord_check(r, title=f"Coordinate check against {axis} ({args.config}, "
+                                  f"{args.steps} steps)")
+  paths = [reporting.save_figure(fig, args.out, name)]
+  paths += reporting.write_tables(r.rows(), args.out, name,
+                                  title=f"Coordinate check: activation scale against {axis}",
                                   notes=notes)
   return paths, notes
