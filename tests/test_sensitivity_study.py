@@ -54,10 +54,15 @@ def test_summary_and_logits(sweep_dir):
   assert std["largest_trained_lr"] == 2.0**-7  # within 0.2 nats: |e - 9| <= 2
   last = {(r["label"], r["learning_rate"]): r for r in sensitivity.logit_rows(rows)}
   assert last["standard", 2.0**-9]["max_logit_last"] == pytest.approx(10.0)
+  by_rate = {r["label"]: r for r in sensitivity.by_rate_rows(rows)}
+  assert by_rate["standard"]["2^-9"] in ("1.80 +-0.01", "1.81 +-0.01")  # 1.80, 1.81
+  assert by_rate["standard"]["2^-2"] == "div"
+  assert by_rate["standard+qk_clip50"]["S"].startswith(f"{clip['sensitivity']:.2f} +-")
 
 
 def test_cli_writes_tables_and_figures(sweep_dir, tmp_path):
   paths, _ = sensitivity.run_cli(argparse.Namespace(workdirs=[sweep_dir], out=str(tmp_path)))
   assert {os.path.basename(p) for p in paths} == {
       "sensitivity.csv", "sensitivity.md", "sensitivity_logits.csv", "sensitivity_logits.md",
-      "sensitivity_loss.png", "sensitivity_logits.png"}
+      "sensitivity_by_rate.csv", "sensitivity_by_rate.md", "sensitivity_loss.png",
+      "sensitivity_logits.png"}

@@ -11,6 +11,8 @@ its best up to 2^-2, two seeds) and writes:
                              largest logit at the end of the highest rates
   sensitivity_logits.md/csv  per label and rate: final loss and the largest
                              attention logit at the last logged step (seed 0)
+  sensitivity_by_rate.md/csv per label: the final loss at each rate (mean over
+                             seeds; "+-" half-range; "div" where every seed diverged)
   sensitivity_loss.png       final loss against learning rate, one line per label
   sensitivity_logits.png     the largest attention logit against step at three
                              high rates, one line per label
@@ -123,6 +125,28 @@ def logit_rows(rows: Sequence[dict]) -> list[dict]:
           if r["seed"] == 0]
 
 
+def by_rate_rows(rows: Sequence[dict]) -> list[dict]:
+  """Per label (in `summary_rows`' order): the final loss at each rate, "mean +- half-range"
+  over the seeds that finished it (NaN for a diverged seed is kept out; "div" when
+  every seed diverged), and the label's S for reference."""
+  rates = sorted({r["learning_rate"] for r in rows})
+  out = []
+  for summary in summary_rows(rows):
+    label = summary["label"]
+    row = {"label": label}
+    for lr in rates:
+      v = [r["final_train_loss"] for r in rows if r["label"] == label and r["learning_rate"] == lr]
+      finite = [x for x in v if math.isfinite(x)]
+      cell = "" if not v else "div" if not finite else f"{np.mean(finite):.2f}"
+      if len(finite) > 1:
+        cell += f" +-{(max(finite) - min(finite)) / 2:.2f}"
+      row[reporting.power_of_two(lr)] = cell
+    row["S"] = (f"{summary['sensitivity']:.2f}" + (f" +-{summary['half_range']:.2f}"
+                                                   if math.isfinite(summary["half_range"]) else ""))
+    out.append(row)
+  return out
+
+
 def plot_loss(rows: Sequence[dict]):
   fig = reporting.new_figure(8, 5)
   ax = fig.subplots()
@@ -188,6 +212,11 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       title="Final loss and largest attention logit per rate (seed 0)",
       notes=["max_logit_last: at the last logged step; max_logit_peak: the largest "
              "logged in the run (a diverged run stops at its NaN)."])
+  paths += reporting.write_tables(
+      by_rate_rows(rows), args.out, "sensitivity_by_rate",
+      title="Final training loss by learning rate (mean +- half-range over seeds)",
+      notes=["div: every seed diverged (NaN); S: the learning-rate sensitivity (mean +- "
+             "half-range over seeds), as in sensitivity.md."])
   paths.append(reporting.save_figure(plot_loss(rows), args.out, "sensitivity_loss"))
   paths.append(reporting.save_figure(plot_logits(rows), args.out, "sensitivity_logits"))
   return paths, notes
