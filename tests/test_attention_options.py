@@ -20,6 +20,7 @@ OPTIONS = {
     "gate_headwise": dict(attn_gate="headwise"),
     "gate_elementwise": dict(attn_gate="elementwise"),
     "sigmoid": dict(normalizer="sigmoid"),
+    "depth_complete_p": dict(depth_alpha=1.0, base_depth=1),  # branches x 1/2 (model-level)
     "all": dict(logit_softcap=2.0, sink="learned", attn_gate="headwise", positions="rope"),
 }
 SCALINGS = ("standard", "key_norm_sum", "cosine")  # a plain, a summing, a normalising scaling

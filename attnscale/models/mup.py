@@ -133,7 +133,7 @@ def lr_multipliers(cfg: ModelConfig, params):
   """The pytree of `params`' learning-rate multipliers: 1/m on hidden matrices (mup),
   times r^(alpha - 1) on every block parameter (the depth rule), 1 elsewhere."""
   m = width_mult(cfg)
-  depth = depth_mult(cfg) ** (cfg.depth_alpha - 1) if cfg.depth_alpha else 1.0
+  depth = depth_mult(cfg) ** (cfg.depth_alpha - 1)  # r = 1 when the rule is off
 
   def mult(path, _):
     return (1.0 / m if is_hidden(path) else 1.0) * (depth if in_block(path) else 1.0)

@@ -143,10 +143,9 @@ class CoordCheckResult:
 
   def quantities(self) -> list[str]:
     """The recorded quantities (per-layer ones once, without a layer, under depth)."""
-    first = self.scales[next(iter(self.scales))][self.sizes[0]][0]
     if self.axis == "depth":  # the layers differ between depths: their mean only
       return list(KINDS)
-    return list(first)
+    return list(self.scales[next(iter(self.scales))][self.sizes[0]][0])
 
   def value(self, parameterization: str, kind: str, size: int, step: int) -> float:
     """A quantity's scale; a per-layer kind without a layer is the mean over layers."""
