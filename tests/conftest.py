@@ -16,6 +16,19 @@ if os.environ.get("ATTNSCALE_TEST_XLA_OPT") != "1":
   os.environ["XLA_FLAGS"] = " ".join(
       [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
 
+# A test harness started as a background job (`cmd &` in a script, nohup) runs
+# with SIGINT ignored, and an ignored signal stays ignored across exec: the
+# Ctrl-C tests' train.py children would then never see their Ctrl-C (train.py
+# rightly leaves an inherited SIG_IGN alone). A handled signal resets to the
+# default at exec, so handling it here gives every child a normal Ctrl-C.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  try:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+  except ValueError:  # not the main thread: leave the harness's choice
+    pass
+
 import jax  # noqa: E402  (after XLA_FLAGS: the CPU backend reads them when it starts)
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
