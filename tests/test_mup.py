@@ -89,6 +89,29 @@ def test_mup_rules():
       "embed": {"embedding": 1.0}, "pos_embed": 1.0}
 
 
+def test_mup_base_multipliers():
+  """muP's output and attention multipliers scale the readout and the attention's
+  mult, at every width; they are part of the run's label."""
+  cfg = ModelConfig(width=256, num_heads=4, parameterization="mup", mup_output_mult=4.0,
+                    mup_attn_mult=2.0)
+  assert mup.readout_mult(cfg) == 1.0  # 4 * 64/256
+  assert mup.attention_scaling(cfg) == ("inverse_d", {"mult": 8.0})  # 8/64: sp's 1/8
+  config = shakespeare_char.get_config("preset=test")
+  config.update_from_flattened_dict({"model.parameterization": "mup",
+                                     "model.mup_output_mult": 4.0})
+  assert configlib.run_label(config) == "standard+mup+output_mult4"
+
+
+def test_mup_output_mult_scales_the_logits(tfds_dir):
+  """The readout's multiplier is the only change: the same parameters' logits are x a_out."""
+  base = make_config(tfds_dir, "preset=test", **{"model.parameterization": "mup"})
+  scaled = make_config(tfds_dir, "preset=test", **{"model.parameterization": "mup",
+                                                   "model.mup_output_mult": 4.0})
+  x_BPD = np.random.default_rng(0).normal(size=(2, 3, base.model.width)).astype(np.float32)
+  a, b = (np.asarray(ts.init_model(c).logits(x_BPD)) for c in (base, scaled))
+  np.testing.assert_allclose(b, 4 * a, rtol=1e-5, atol=1e-6)
+
+
 def test_mup_init_and_learning_rates(tfds_dir):
   """The hidden matrices' std is init_std sqrt(base/width) (residual outputs / sqrt(2L));
   their first Adam step is lr base/width, the embedding's lr."""
@@ -145,6 +168,9 @@ def test_mup_trains_and_resumes(tfds_dir, tmp_path_factory):
     ({"base_width": 64.0}, "model.base_width"),
     ({"parameterization": "mup", "variant": "unit"}, "model.parameterization"),
     ({"parameterization": "mup", "scaling": "key_norm_sum"}, "model.parameterization"),
+    ({"mup_output_mult": 2.0}, "model.mup_output_mult"),
+    ({"parameterization": "mup", "mup_attn_mult": 0.0}, "model.mup_attn_mult"),
+    ({"parameterization": "mup", "mup_output_mult": True}, "model.mup_output_mult"),
 ])
 def test_bad_values_fail_in_one_line(fields, field):
   with pytest.raises(ValueError) as info:

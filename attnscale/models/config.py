@@ -102,6 +102,12 @@ class ModelConfig:
       "attention sqrt(base_width/num_heads)/d (docs/experiments/width.md)")
   base_width: int = field(
       64, "mup: the width at which mup equals sp (64: graphcore_cpu's, where its LR was tuned)")
+  mup_output_mult: float = field(
+      1.0, "mup: the readout's base multiplier (microsoft/mup's output_mult): logits x "
+      "mup_output_mult base_width/width; 1: sp's readout at the base width")
+  mup_attn_mult: float = field(
+      1.0, "mup: the attention's base multiplier: logits q.k mup_attn_mult sqrt(base_width/"
+      "num_heads)/d; 1: sp's 1/sqrt(d) at the base width")
   depth_alpha: float = field(
       0.0, "residual branches x (base_depth/num_layers)^alpha, standard pre-LN only: 0 off | "
       "0.5 depth-muP | 1 CompleteP; also block LR x (num_layers/base_depth)^(alpha-1), Adam "
@@ -203,6 +209,13 @@ class ModelConfig:
       raise ValueError(f"model.parameterization='mup' needs model.scaling='standard' (mup "
                        f"replaces it by sqrt(base_width/num_heads)/d), got {self.scaling!r}")
 
+    for name in ("mup_output_mult", "mup_attn_mult"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"model.{name} must be a number > 0, got {value!r}")
+      if value != 1 and self.parameterization != "mup":
+        raise ValueError(f"model.{name}={value} needs model.parameterization='mup', got "
+                         f"{self.parameterization!r}")
     if isinstance(self.depth_alpha, bool) or not isinstance(self.depth_alpha, (int, float)) or (
         not 0 <= self.depth_alpha <= 1):
       raise ValueError(f"model.depth_alpha must be a number in [0, 1] (0 off, 0.5 depth-muP, "

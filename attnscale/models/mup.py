@@ -11,11 +11,15 @@ nanoGPT-mup implement it. With m = width / base_width (the width multiplier):
                          Adam LR   lr / m
     embeddings (token, position) and gains/biases/scaling params
                          init and LR unchanged
-    readout (tied output logits)   x @ E^T / m           (muP's output multiplier)
-    attention logits     q.k sqrt(d_base) / d, d_base = base_width / num_heads
+    readout (tied output logits)   x @ E^T a_out / m     (muP's output multiplier)
+    attention logits     q.k a_attn sqrt(d_base) / d, d_base = base_width / num_heads
                          (1/d instead of 1/sqrt(d); equal to 1/sqrt(d) at m = 1)
 
-At width == base_width every factor is 1 (exactly: 1.0, sqrt(1.0), 4/4), so mup
+a_out = `model.mup_output_mult` and a_attn = `model.mup_attn_mult` are muP's base
+multipliers (microsoft/mup's `output_mult` and `attn_mult`), hyperparameters one
+tunes at the base width and then keeps; both default to 1, sp's values.
+
+At width == base_width (and the base multipliers 1) every factor is 1 (exactly: 1.0, sqrt(1.0), 4/4), so mup
 and sp compute the same numbers; the programs differ only by the multiplications
 by 1.0 (docs/experiments/width.md, "The parameterisation").
 
@@ -96,17 +100,20 @@ def hidden_init_std(cfg: ModelConfig) -> float:
 
 
 def readout_mult(cfg: ModelConfig) -> float | None:
-  """The output logits' multiplier 1/m under mup; None (no multiplication) under sp."""
-  return cfg.base_width / cfg.width if cfg.parameterization == "mup" else None
+  """The output logits' multiplier a_out/m under mup; None (no multiplication) under sp."""
+  if cfg.parameterization != "mup":
+    return None
+  return cfg.mup_output_mult * cfg.base_width / cfg.width
 
 
 def attention_scaling(cfg: ModelConfig) -> tuple[str, dict]:
   """(registered name, params) of the attention's scaling: the configured one under sp;
-  under mup `inverse_d` with mult sqrt(d_base), so s = sqrt(d_base)/d (1/sqrt(d) at
-  the base width). ModelConfig refuses mup with any scaling but standard."""
+  under mup `inverse_d` with mult a_attn sqrt(d_base), so s = a_attn sqrt(d_base)/d
+  (1/sqrt(d) at the base width with a_attn = 1). ModelConfig refuses mup with any
+  scaling but standard."""
   if cfg.parameterization != "mup":
     return cfg.scaling, dict(cfg.scaling_params or {})
-  return "inverse_d", {"mult": math.sqrt(cfg.base_width / cfg.num_heads)}
+  return "inverse_d", {"mult": cfg.mup_attn_mult * math.sqrt(cfg.base_width / cfg.num_heads)}
 
 
 def _names(path) -> list[str]:

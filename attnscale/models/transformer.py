@@ -211,5 +211,5 @@ class Transformer(base.Model):
     if self.cfg.head == "mlm":
       return self.mlm_head(x_BPD, self.embed)
     logits_BPV = readout(x_BPD, self.embed, precision.fp8_of(self.cfg))
-    mult = mup.readout_mult(self.cfg)  # mup's output multiplier 1/m; None under sp
+    mult = mup.readout_mult(self.cfg)  # mup's output multiplier a_out/m; None under sp
     return logits_BPV if mult is None else logits_BPV * mult
