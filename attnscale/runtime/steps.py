@@ -1,6 +1,7 @@
 """The jitted train and eval steps, and the host helpers that feed them.
 
     make_train_step(graphdef, task, config, state_shardings, batch_sharding, tx=tx)
+    train_step_fn(graphdef, task, config)      # the same step, unjitted (packed sweeps vmap it)
     make_eval_step(graphdef, task, param_shardings, batch_sharding)
     global_batch(local_batch, sharding)
     evaluate_sums(eval_step, params, batches, sharding) / evaluate(...)
@@ -63,22 +64,43 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
     query head, over this step's real queries, `attention_health`); with
     `config.qk_clip` > 0, "attn_clipped_heads" (how many heads QK-clip rescaled).
   """
+  step_fn = train_step_fn(graphdef, task, config, tx=tx, attn_metrics=attn_metrics)
+  train_step = _under_mesh(batch_sharding.mesh)(lambda state, batch: step_fn(state, batch))
+  return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, None), donate_argnums=0)
+
+
+def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | None = None,
+                  attn_metrics: bool | None = None):
+  """The train step as a plain function (not jitted): `step(state, batch, hparams=None)`.
+
+  `make_train_step` jits it for one run. A packed sweep (`attnscale.runtime.packed`)
+  vmaps it over K runs, passing `hparams`: the config's `train_state.TRACED_FIELDS`
+  as arrays (seed, learning rates, weight decay, clipping thresholds), from which
+  the step builds its schedule, optimizer, dropout key and QK-clip threshold, so
+  runs that differ only in those share one program. Without `hparams` the values
+  are the config's Python numbers and `tx` (or `make_optimizer(config)`) is used,
+  so a single run's program is what it always was. Arguments as `make_train_step`.
+  """
   tx = ts.make_optimizer(config) if tx is None else tx
-  schedule = ts.learning_rate_schedule(config)
   if attn_metrics is None:
     attn_metrics = bool(config.get("attn_metrics", False))
-  tau = float(config.get("qk_clip", 0.0))
-  with_stats = attn_metrics or tau > 0  # QK-clip reads the stats even when not logged
+  clip = float(config.get("qk_clip", 0.0)) > 0  # whether, not how much: a branch
+  with_stats = attn_metrics or clip  # QK-clip reads the stats even when not logged
 
-  mesh = batch_sharding.mesh
-
-  @_under_mesh(mesh)
-  def train_step(state, batch):
+  def train_step(state, batch, hparams=None):
     step = state["step"]
+    if hparams is None:
+      seed, tau = config.seed, float(config.get("qk_clip", 0.0))
+      opt, schedule = tx, ts.learning_rate_schedule(config)
+    else:
+      seed, tau = hparams["seed"], hparams["qk_clip"]
+      opt, schedule = ts.make_optimizer(config, hparams), ts.learning_rate_schedule(
+          config, hparams)
 
     def loss_fn(params):
       model = nnx.merge(graphdef, params)
-      run = lambda m: task.loss(m, batch, dropout_key(config.seed, step))
+      run = lambda m: task.loss(m, batch, dropout_key(seed, step))
       if not with_stats:
         return run(model)
       (loss, sums), stats = models_base.attention_stats(model, run)
@@ -93,14 +115,14 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
     grad_scale = nnx.merge(graphdef, state["params"]).loss_grad_scale(batch["targets"].size)
     if grad_scale != 1.0:
       grads = jax.tree.map(lambda g: g / grad_scale, grads)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
     last_losses = ts.push_loss(state["last_losses"], loss)
     params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss, "grad_norm": _global_norm(grads), "lr": schedule(step),
                "last_losses": last_losses}
     if attn_metrics:
       metrics.update(health)
-    if tau > 0:
+    if clip:
       # After the update, from this step's (pre-update) largest logits.
       model = nnx.merge(graphdef, params)
       factor_LN = models_base.qk_clip(model, health["attn_max_logit"], tau)
@@ -110,8 +132,7 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
                  "last_losses": last_losses}
     return new_state, metrics
 
-  return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, None), donate_argnums=0)
+  return train_step
 
 
 def attention_health(stats, query_mask_BT) -> dict[str, jax.Array]:

@@ -113,22 +113,54 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(MESH_AXES))
 
 
-def learning_rate_schedule(config) -> optax.Schedule:
-  """Linear warm-up to config.learning_rate, then constant or cosine decay."""
-  warmup = optax.linear_schedule(0.0, config.learning_rate, max(config.warmup_steps, 1))
+# The scalar fields that enter a train step only as numbers (the learning-rate
+# schedule, Adam(W)'s decay and clipping, dropout's key, QK-clip's threshold), never
+# as a shape or a branch: runs that differ only in them can share one compiled step,
+# with the values passed in as arrays (`hparams`; `attnscale.runtime.packed`). Whether
+# grad_clip and qk_clip are on (> 0) is a branch, so that part must agree.
+TRACED_FIELDS = ("seed", "learning_rate", "min_learning_rate", "weight_decay", "grad_clip",
+                 "qk_clip")
+
+
+def hparams(config) -> dict[str, np.ndarray]:
+  """`config`'s `TRACED_FIELDS` as numpy scalars (to stack into a pack): the seed as
+  int32 (what `jax.random.key` makes of a Python int), the rest as float32 (what a
+  Python float becomes where it meets a float32 array)."""
+  return {k: np.float32(config.get(k, 0.0)) for k in TRACED_FIELDS if k != "seed"} | {
+      "seed": np.int32(config.seed)}
+
+
+def _value(config, hparams, name):
+  """`hparams[name]` (a traced value of a packed step) if given, else the config's."""
+  return config[name] if hparams is None else hparams[name]
+
+
+def learning_rate_schedule(config, hparams=None) -> optax.Schedule:
+  """Linear warm-up to config.learning_rate, then constant or cosine decay.
+
+  `hparams`: the `TRACED_FIELDS` as arrays (a packed step's), replacing the
+  config's values; the schedule's form (warm-up steps, decay length) is the config's.
+  """
+  lr = _value(config, hparams, "learning_rate")
+  warmup = optax.linear_schedule(0.0, lr, max(config.warmup_steps, 1))
   if config.lr_schedule == "constant":
-    after = optax.constant_schedule(config.learning_rate)
+    after = optax.constant_schedule(lr)
   else:  # cosine down to min_learning_rate at num_train_steps (nanoGPT's lr_decay_iters)
     decay_steps = max(config.num_train_steps - config.warmup_steps, 1)
-    after = optax.cosine_decay_schedule(config.learning_rate, decay_steps,
-                                        alpha=config.min_learning_rate / config.learning_rate)
+    after = optax.cosine_decay_schedule(
+        lr, decay_steps, alpha=_value(config, hparams, "min_learning_rate") / lr)
   if config.warmup_steps == 0:
     return after
   return optax.join_schedules([warmup, after], [config.warmup_steps])
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
-  schedule = learning_rate_schedule(config)
+def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
+  """The run's optimizer: Adam or AdamW on the schedule, clipping, muP's multipliers.
+
+  `hparams`: as in `learning_rate_schedule` (a packed step builds its optimizer
+  inside the traced step from them; its state has the same layout).
+  """
+  schedule = learning_rate_schedule(config, hparams)
   cfg = model_config(config)
   # optax's default epsilon; the depth rule scales it (mup.adam_eps_mult, 1 otherwise).
   eps = {} if not cfg.depth_alpha else {"eps": 1e-8 * mup.adam_eps_mult(cfg)}
@@ -138,12 +170,12 @@ def make_optimizer(config) -> optax.GradientTransformation:
     # nanoGPT decays only the matrices and embeddings (ndim >= 2), never gains.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
     opt = optax.adamw(schedule, b1=config.b1, b2=config.b2, **eps,
-                      weight_decay=config.weight_decay, mask=decay_mask)
+                      weight_decay=_value(config, hparams, "weight_decay"), mask=decay_mask)
   if mup.has_lr_multipliers(cfg):
     # After Adam(W): the whole step, decay included, at the group's lr (MuAdamW's).
     opt = optax.chain(opt, scale_by_lr_multipliers(cfg))
   if config.grad_clip > 0:
-    opt = optax.chain(optax.clip_by_global_norm(config.grad_clip), opt)
+    opt = optax.chain(optax.clip_by_global_norm(_value(config, hparams, "grad_clip")), opt)
   return opt
 
 
@@ -162,9 +194,11 @@ def scale_by_lr_multipliers(cfg: ModelConfig) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def init_model(config) -> models.Model:
-  """The model `config.model.variant` names (`attnscale.models.VARIANTS`)."""
-  return models.build(model_config(config), rngs=nnx.Rngs(params=config.seed))
+def init_model(config, seed=None) -> models.Model:
+  """The model `config.model.variant` names (`attnscale.models.VARIANTS`), initialised
+  from `seed` (default config.seed; an array under a packed init's vmap)."""
+  return models.build(model_config(config),
+                      rngs=nnx.Rngs(params=config.seed if seed is None else jax.random.key(seed)))
 
 
 def init_last_losses() -> dict[str, jax.Array]:
@@ -275,10 +309,11 @@ def state_shapes(config, tx: optax.GradientTransformation | None = None) -> Stat
 
 
 def init_fn(config, tx: optax.GradientTransformation):
-  """The function of no arguments that returns the initial train state (to jit)."""
+  """The function that returns the initial train state (to jit): `init()` from
+  config.seed, `init(seed)` from another (a packed sweep vmaps it over its seeds)."""
 
-  def init():
-    graphdef, params = nnx.split(init_model(config), nnx.Param)
+  def init(seed=None):
+    graphdef, params = nnx.split(init_model(config, seed), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(params), "last_losses": init_last_losses()}
   return init

@@ -1,0 +1,468 @@
+r"""Packed training: K runs that share every shape, trained in one vmapped program.
+
+    train_packed(configs, workdirs)
+    python -m attnscale.runtime.packed --runs='[{"config": "configs/shakespeare_char.py:preset=test",
+        "overrides": {"learning_rate": 0.004, "seed": 1}, "workdir": "runs/a"}, ...]'
+
+A sweep's small models use a few percent of even one CPU core's vector units
+(graphcore_cpu: 4 layers of width 64, 1,024 tokens a step), and well under 1% of
+an accelerator. Small-model studies get their grids and seeds by training many
+such models at once (Wortsman et al. 2023; muP's and u-muP's sweeps); in JAX that
+is `jax.vmap` over the train state. `sweep.py --pack=K` runs its points so.
+
+What may differ between the runs of a pack: `train_state.TRACED_FIELDS` (seed,
+learning_rate, min_learning_rate, weight_decay, grad_clip and qk_clip, each > 0 in
+all runs or in none) and the bookkeeping fields a run may change when it resumes
+(`train_lib.RESUMABLE_CHANGES` less mesh and remat). Everything else (model,
+batch, steps, schedule form) makes the program, so it must agree
+(`check_packable`: one line naming the first field that does not).
+
+Each run is what `train.py` would make of its config, in its own directory:
+config.json, metrics.jsonl (attention health included), TensorBoard events, orbax
+checkpoints of its own state (the unpacked layout, so train.py and eval.py read and
+resume it as any run) and LOCK (all of the pack's directories are locked before
+any is touched). Parameters, optimizer state, the loss window, data order (each
+run's task gives its own batch of its own step) and dropout keys are per run; so
+is the step: runs resumed from different checkpoints go on together.
+
+A run whose loss or gradient turns non-finite stops alone, as train.py would
+(its metrics record the bad step; its last good checkpoint stays) and its slot is
+masked: its state no longer changes and nothing of it is saved again. Ctrl-C and
+SIGTERM save every running run at its step (exit 130 after Ctrl-C).
+
+Equality with the unpacked run: vmap batches every product and reduction, which
+XLA may evaluate in another order, and the traced hyperparameters round once more
+(the cosine's 1 - alpha in float32 instead of float64): the same run packed and
+alone agree to float32 rounding at first and drift apart as training amplifies it
+(measured: docs/guides/sweeps.md, "Packing"; tests/test_packed.py).
+
+Dimension legend: K runs of the pack (leading axis of every packed array).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from attnscale import tasks
+from attnscale.runtime import configlib, interrupts, metrics_writer, steps, train_lib
+from attnscale.runtime import train_state as ts
+from attnscale.runtime.metrics_writer import MetricsWriter
+
+# Fields that may differ between the runs of a pack besides TRACED_FIELDS: a run's
+# bookkeeping (where it logs, evaluates and saves is per run; the loop handles each).
+# mesh and remat stay out: they change the program.
+PACK_FREE_FIELDS = ts.TRACED_FIELDS + tuple(
+    f for f in train_lib.RESUMABLE_CHANGES if f not in ("mesh", "remat"))
+# TRACED_FIELDS that are also branches: on (> 0) in all runs of a pack or in none.
+_SWITCHES = ("grad_clip", "qk_clip")
+
+
+def pack_key(config: ml_collections.ConfigDict) -> str:
+  """What a run's program depends on: runs with equal keys pack together."""
+  flat = json.loads(config.to_json())
+  key = {k: v for k, v in flat.items() if k not in PACK_FREE_FIELDS}
+  key["switches"] = {k: bool(flat.get(k, 0.0)) for k in _SWITCHES}
+  return json.dumps(key, sort_keys=True)
+
+
+def check_packable(configs) -> None:
+  """Raises a one-line ValueError naming the first field in which a run differs
+  from the first in more than `PACK_FREE_FIELDS` (or a switch, on in one, off in
+  the other)."""
+  if not configs:
+    raise ValueError("a pack needs at least one run")
+  first = json.loads(configs[0].to_json())
+  for i, config in enumerate(configs[1:], 1):
+    other = json.loads(config.to_json())
+    for name, a, b in train_lib._flat_diff(first, other):
+      if name.split(".")[0] not in PACK_FREE_FIELDS:
+        raise ValueError(
+            f"run {i} of the pack differs from run 0 in {name} ({b!r} against {a!r}): the "
+            f"runs of a pack may differ only in {', '.join(ts.TRACED_FIELDS)} "
+            "(and bookkeeping); run it in another pack")
+    for name in _SWITCHES:
+      if bool(first.get(name, 0.0)) != bool(other.get(name, 0.0)):
+        raise ValueError(
+            f"run {i} of the pack has config.{name}={other.get(name, 0.0)!r} and run 0 "
+            f"{first.get(name, 0.0)!r}: {name} must be on (> 0) in every run of a pack or in "
+            "none")
+
+
+@dataclasses.dataclass
+class _Run:
+  """One run of a pack: its config, directory, data, files and progress."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  task: tasks.Task
+  checkpoints: ts.Checkpoints | None = None
+  writer: MetricsWriter | None = None
+  step: int = 0
+  last_good: int | None = None
+  active: bool = True
+  status: str = "running"  # running | done | diverged
+  pending: list = dataclasses.field(default_factory=list)  # host metrics since the last log
+  summary: dict = dataclasses.field(default_factory=dict)
+  start_time: float = 0.0
+
+
+def train_packed(configs, workdirs, *, force_lock: bool = False) -> list[dict]:
+  """Trains (or resumes) each config in its workdir, all in one vmapped program.
+
+  Returns:
+    Each run's final metrics ("step", "status": done | diverged, the last
+    summary), in order.
+
+  Raises:
+    ValueError: a bad config, runs that cannot share a program, a workdir of
+      another experiment, or a checkpoint that cannot be read (one line each;
+      nothing is touched when the configs are at fault).
+    run_lock.LockedError: a run's directory is in use (nothing is touched).
+    Interrupted: Ctrl-C, after every running run saved a checkpoint.
+  """
+  if len(configs) != len(workdirs) or len(set(map(os.path.abspath, workdirs))) != len(workdirs):
+    raise ValueError("train_packed needs one distinct workdir per config")
+  for config in configs:
+    configlib.validate(config, num_devices=jax.device_count())
+    ts.model_config(config)
+  check_packable(configs)
+  base = configs[0]
+  mesh = ts.make_mesh(base)
+  runs = [_Run(c, w, tasks.get_task(c)) for c, w in zip(configs, workdirs)]
+  # Before any workdir: a parameter that config.mesh.fsdp cannot split fails here.
+  shardings = ts.state_shardings(ts.state_shapes(base), mesh)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: ts.init_model(base)), nnx.Param)
+  for run in runs:
+    os.makedirs(run.workdir, exist_ok=True)
+  with contextlib.ExitStack() as stack:
+    locks = [stack.enter_context(train_lib._workdir_lock(r.workdir, force_lock)) for r in runs]
+    for run in runs:
+      train_lib.save_config(run.config, run.workdir)
+    return _train(runs, graphdef, shardings, mesh, locks)
+
+
+def _stacked_shardings(shardings, mesh):
+  """Each leaf's layout with the pack's axis (unsharded) in front."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, P(None, *s.spec)), shardings)
+
+
+def _train(runs: list[_Run], graphdef, shardings, mesh, locks) -> list[dict]:
+  base = runs[0].config
+  shardings_K = _stacked_shardings(shardings, mesh)
+  try:
+    # Every run's initial state at once: the init vmapped over the seeds (the only
+    # field the init reads that may differ in a pack).
+    init = ts.init_fn(base, ts.make_optimizer(base))
+    seeds_K = jnp.asarray([ts.hparams(r.config)["seed"] for r in runs])
+    state_K = jax.jit(jax.vmap(init), out_shardings=shardings_K)(seeds_K)
+    for k, run in enumerate(runs):
+      run.checkpoints = ts.Checkpoints(run.workdir, run.config.keep_checkpoints)
+      if run.checkpoints.latest_step() is not None:
+        state = train_lib._resume(run.checkpoints, _slot(state_K, k), shardings, run.workdir)
+        state_K = _put(state_K, k, state)
+      run.step = int(state_K["step"][k])
+      run.last_good = run.checkpoints.latest_step()
+      elapsed = metrics_writer.value_at(run.workdir, "train/elapsed_s", run.step) or 0.0
+      run.writer = MetricsWriter(run.workdir, resume_step=run.step)
+      run.start_time = time.perf_counter() - elapsed
+      if run.step >= run.config.num_train_steps:
+        run.active, run.status = False, "done"
+    return _loop(runs, graphdef, state_K, shardings_K, mesh, locks)
+  finally:
+    for run in runs:
+      if run.checkpoints is not None:
+        run.checkpoints.close()
+      if run.writer is not None:
+        run.writer.close()
+
+
+def _slot(state_K, k: int):
+  """Run k's state, in the unpacked layout (what its checkpoints hold)."""
+  return jax.tree.map(lambda x: x[k], state_K)
+
+
+@functools.partial(jax.jit, static_argnums=1, donate_argnums=0)
+def _put(state_K, k: int, state):
+  """`state_K` with run k's slot replaced by `state`."""
+  return jax.tree.map(lambda X, x: X.at[k].set(x), state_K, state)
+
+
+def _programs(runs, graphdef, shardings_K, mesh):
+  """The packed train step (and its attention-metrics twin) and eval step, jitted."""
+  base = runs[0].config
+  batch_K = NamedSharding(mesh, P(None, ts.MESH_AXES))
+  stats_on_logs = train_lib._stats_on_log_steps(base)
+
+  def packed(attn_metrics):
+    step_fn = steps.train_step_fn(graphdef, runs[0].task, base, attn_metrics=attn_metrics)
+
+    def train_step(state_K, batch_K, hparams_K, active_K):
+      new_K, metrics_K = jax.vmap(step_fn)(state_K, batch_K, hparams_K)
+      # A stopped run (finished or diverged) keeps its state: its slot still
+      # computes (the program's shape is fixed), its results are dropped.
+      keep = lambda new, old: jnp.where(active_K.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+      return jax.tree.map(keep, new_K, state_K), metrics_K
+
+    return jax.jit(steps._under_mesh(mesh)(train_step),
+                   in_shardings=(shardings_K, batch_K, None, None),
+                   out_shardings=(shardings_K, None), donate_argnums=0)
+
+  train_step = packed(False if stats_on_logs else None)
+  log_step = packed(None) if stats_on_logs else None
+  task = runs[0].task
+
+  def eval_step(params_K, batch_K):
+    return jax.vmap(lambda p, b: task.loss(nnx.merge(graphdef, p), b)[1])(params_K, batch_K)
+
+  eval_step = jax.jit(steps._under_mesh(mesh)(eval_step),
+                      in_shardings=(shardings_K["params"], batch_K))
+  return train_step, log_step, eval_step, batch_K
+
+
+def _stack(batches):
+  return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
+
+def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list[dict]:
+  """The training loop of `train_packed`: `train_lib._train`'s, once per run."""
+  base = runs[0].config
+  train_step, log_step, eval_step, batch_sharding = _programs(runs, graphdef, shardings_K, mesh)
+  hparams_K = jax.tree.map(lambda *x: jnp.asarray(np.stack(x)),
+                           *[ts.hparams(r.config) for r in runs])
+  num_params = sum(x[0].size for x in jax.tree.leaves(state_K["params"]))
+  train_lib.log(f"{base.task} | a pack of {len(runs)} runs | {num_params / 1e6:.2f}M params "
+                f"each | {jax.device_count()} devices ({jax.devices()[0].platform})")
+  for i, run in enumerate(runs):
+    train_lib.log(f"  [{i}] {configlib.run_label(run.config)} | lr {run.config.learning_rate:g} "
+                  f"| seed {run.config.seed} | {run.workdir} | "
+                  f"{'done' if not run.active else f'from step {run.step}'}")
+  pending, first, iteration = [], True, 0
+  tick, tick_steps = time.perf_counter(), [r.step for r in runs]
+
+  def release_all():
+    for lock in locks:
+      lock.release()
+
+  with train_lib._Preemption(before_exit=release_all) as preemption:
+    while any(r.active for r in runs):
+      active = [r.active for r in runs]
+      batch = train_lib.global_batch(
+          _stack([r.task.train_batch(min(r.step, r.config.num_train_steps - 1)) for r in runs]),
+          batch_sharding)
+      logged = log_step is not None and any(
+          r.active and train_lib._logs(r.config, r.step + 1) for r in runs)
+      active_K = jnp.asarray(active)
+      if first:
+        first, start = False, time.perf_counter()
+        train_step = train_step.lower(state_K, batch, hparams_K, active_K).compile()
+        if log_step is not None:
+          log_step = log_step.lower(state_K, batch, hparams_K, active_K).compile()
+        state_K, metrics = (log_step if logged else train_step)(state_K, batch, hparams_K,
+                                                                 active_K)
+        jax.block_until_ready(metrics)
+        train_lib.log(f"compiled and ran the first step in {time.perf_counter() - start:.1f}s")
+        tick, tick_steps = time.perf_counter(), [r.step + a for r, a in zip(runs, active)]
+      else:
+        state_K, metrics = (log_step if logged else train_step)(state_K, batch, hparams_K,
+                                                                 active_K)
+      iteration += 1
+      for run in runs:
+        run.step += run.active
+      pending.append((metrics, active))
+      preempted = preemption.reached(iteration)
+      logs, saves, evals = [], [], []
+      for k, run in enumerate(runs):
+        if not run.active:
+          continue
+        done = run.step == run.config.num_train_steps
+        save = done or preempted or run.step % run.config.checkpoint_every == 0
+        if save or run.step % run.config.log_every == 0:
+          logs.append(k)
+        if save:
+          saves.append(k)
+        if done or run.step % run.config.eval_every == 0:
+          evals.append(k)
+      if logs:
+        # Reading the metrics waits for the device: only when some run logs, and
+        # always before a save, so that nothing non-finite is ever saved.
+        host = jax.device_get([m for m, _ in pending])
+        for metrics_K, (_, was_active) in zip(host, pending):
+          for k, run in enumerate(runs):
+            if was_active[k]:
+              run.pending.append(jax.tree.map(lambda x, k=k: x[k], metrics_K))
+        pending = []
+        now = time.perf_counter()
+        for k in logs:
+          _log(runs[k], k, now, tick, tick_steps[k])
+          tick_steps[k] = runs[k].step
+        tick = now
+        _progress(runs, logs)
+      evals = [k for k in evals if runs[k].active]
+      if evals:
+        _evaluate(runs, evals, eval_step, state_K["params"], batch_sharding)
+        tick = time.perf_counter()  # validation time is not training speed
+      for k in saves:
+        run = runs[k]
+        if not run.active:  # diverged in this interval: its last good checkpoint stays
+          continue
+        run.writer.flush()
+        run.checkpoints.save(run.step, _slot(state_K, k))
+        run.last_good = run.step
+        if run.step == run.config.num_train_steps:
+          run.active, run.status = False, "done"
+      if preempted:
+        what = "Ctrl-C" if preemption.interrupted else "SIGTERM"
+        train_lib.log(f"{what}: saved a checkpoint of every running run of the pack (steps "
+                      f"{sorted({runs[k].step for k in saves})}); rerunning the same command "
+                      "resumes them")
+        break
+  if preempted and preemption.interrupted:
+    raise interrupts.Interrupted("Ctrl-C: saved a checkpoint of every running run of the pack")
+  return [{"step": r.step, "status": r.status, **r.summary} for r in runs]
+
+
+def _log(run: _Run, k: int, now: float, tick: float, tick_step: int) -> None:
+  """Writes `run`'s log row from its pending metrics; a non-finite one stops it."""
+  try:
+    summary = train_lib._summarise(run.pending, run.step, run.last_good, run.workdir)
+  except train_lib.NonFiniteLossError as e:  # on record: sweeps read the run as diverged
+    run.writer.write(e.record["step"], {f"train/{k}": e.record[k] for k in ("loss", "grad_norm")})
+    run.writer.flush()
+    run.active, run.status, run.pending = False, "diverged", []
+    print(f"run [{k}] {run.workdir}: {e}", file=sys.stderr, flush=True)
+    return
+  summary.update({"loss_last20": ts.mean_last_losses(run.pending[-1]["last_losses"]),
+                  "elapsed_s": now - run.start_time})
+  if run.step > tick_step:
+    steps_per_s = (run.step - tick_step) / (now - tick)
+    summary.update({"steps_per_s": steps_per_s,
+                    "tokens_per_s": steps_per_s * run.task.tokens_per_batch})
+  run.writer.write(run.step, {f"train/{k}": v for k, v in summary.items()}
+                   | train_lib.attention_health_row(run.pending))
+  run.summary.update(summary)
+  run.pending = []
+
+
+def _progress(runs: list[_Run], logs: list[int]) -> None:
+  """One line for the runs that just logged: their step, losses and the pack's speed."""
+  logged = [runs[k] for k in logs if runs[k].status != "diverged"]
+  if not logged:
+    return
+  steps = sorted({r.step for r in logged})
+  losses = " ".join(f"{r.summary['loss']:.3f}" for r in logged)
+  speed = logged[0].summary.get("steps_per_s")
+  speed = f" | {speed:.2f} steps/s x {len(runs)} runs" if speed else ""
+  train_lib.log(f"step {'/'.join(map(str, steps))}/{logged[0].config.num_train_steps} | "
+                f"loss {losses}{speed}")
+
+
+def _evaluate(runs: list[_Run], evals: list[int], eval_step, params_K, batch_sharding) -> None:
+  """Validation loss of the runs in `evals` (one packed pass serves them all)."""
+  num = max(runs[k].config.eval_batches for k in evals)
+  totals = [{} for _ in runs]
+  for i in range(num):
+    batch = _stack([r.task.val_batch(i) for r in runs])
+    sums = jax.device_get(eval_step(params_K, train_lib.global_batch(batch, batch_sharding)))
+    for k in evals:
+      if i < runs[k].config.eval_batches:
+        for name, v in sums.items():
+          totals[k][name] = totals[k].get(name, 0.0) + float(v[k])
+  for k in evals:
+    val = totals[k].get("loss_sum", 0.0) / max(totals[k].get("count", 0.0), 1.0)
+    runs[k].summary["val_loss"] = val
+    runs[k].writer.write(runs[k].step, {"val/loss": val})
+  train_lib.log(f"step {'/'.join(sorted({str(runs[k].step) for k in evals}))} | val loss "
+                + " ".join(f"{runs[k].summary['val_loss']:.4f}" for k in evals))
+
+
+# ---------------------------------------------------------------------------
+# The command line sweep.py starts for a pack.
+
+def load_config(config_arg: str, overrides: dict) -> ml_collections.ConfigDict:
+  """What `train.py --config=FILE:ARG --config.KEY=VALUE ...` makes of a run.
+
+  `overrides`: dotted field -> value (a JSON list becomes a tuple); the config is
+  locked afterwards, as train.py's is.
+
+  Raises:
+    ValueError: no such config file, or an override of a field it lacks.
+  """
+  path, _, arg = config_arg.partition(":")
+  if not os.path.isfile(path):
+    raise ValueError(f"--config {path} is not a config file")
+  spec = importlib.util.spec_from_file_location("_packed_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(arg)
+  for key, value in overrides.items():
+    *parents, name = key.split(".")
+    node = config
+    for parent in parents:
+      node = node.get(parent) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+      raise ValueError(f"--config.{key}: the config has no field {key}")
+    node[name] = tuple(value) if isinstance(value, list) else value
+  config.lock()
+  return config
+
+
+def command(runs: list[dict], python: str = sys.executable) -> list[str]:
+  """The argv that trains `runs` ({"config": FILE:ARG, "overrides", "workdir"}) packed."""
+  return [python, "-m", "attnscale.runtime.packed", "--runs=" + json.dumps(runs)]
+
+
+def main(argv) -> None:
+  from absl import flags
+
+  from attnscale.runtime import cli
+  del argv
+  try:
+    specs = json.loads(flags.FLAGS.runs)
+    configs = [load_config(s["config"], s.get("overrides", {})) for s in specs]
+    for s in specs:
+      cli.check_workdir(s["workdir"])
+    results = train_packed(configs, [s["workdir"] for s in specs],
+                           force_lock=flags.FLAGS.force_lock)
+  except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+    cli.fail(str(e))
+  except interrupts.Interrupted:
+    sys.exit(130)
+  except KeyboardInterrupt:
+    print("Ctrl-C outside the training steps: stopped without saving; rerunning the same "
+          "command resumes from the last checkpoints on disk", file=sys.stderr)
+    sys.exit(130)
+  diverged = [s["workdir"] for s, r in zip(specs, results) if r["status"] == "diverged"]
+  if diverged:
+    cli.fail(f"{len(diverged)} of {len(specs)} runs of the pack stopped on a non-finite loss: "
+             + ", ".join(diverged))
+
+
+if __name__ == "__main__":
+  from absl import app, flags, logging
+
+  from attnscale.runtime import cli, hostmem
+  flags.DEFINE_string("runs", None, "The pack's runs as JSON: a list of {\"config\": "
+                      "\"FILE:ARG\", \"overrides\": {field: value}, \"workdir\": DIR}.")
+  flags.DEFINE_bool("force_lock", False, "Take every run's LOCK whoever holds it.")
+  flags.mark_flags_as_required(["runs"])
+  logging.set_verbosity(logging.WARNING)
+  try:
+    hostmem.reexec_with_tunables()  # as train.py: attnscale/runtime/hostmem.py
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  app.run(main, flags_parser=cli.parse_flags)
