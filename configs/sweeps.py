@@ -242,6 +242,20 @@ SWEEPS["precision_test"] = ("test", ("standard", "unit_scaled"),
                             {0: ("float32", "float16", "fp8")})
 
 
+# Points trained together in one vmapped program by default (sweep.py --pack=K
+# overrides; 1 = one train.py process a point): those of a sweep that differ only in
+# seed, learning rate and the like (attnscale/runtime/packing.py), up to K at a time.
+# By preset, measured with benchmarks/sweep_throughput.py (docs/guides/sweeps.md,
+# "Packing"): the tiny presets fill a CPU core only when several runs share it.
+PACK_BY_PRESET = {"graphcore_cpu": 8, "test": 4, "cpu": 2, "graphcore": 8}
+
+
+def default_pack(name: str) -> int:
+  """How many points of sweep `name` sweep.py packs into one program by default."""
+  check_choice("sweep", name, SWEEPS)
+  return PACK_BY_PRESET.get(SWEEPS[name][0], 1)
+
+
 def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
   """The points of sweep `name`: scaling x learning rate x seed (the length
   sweeps: scaling at its LENGTH_LRS rate x positions x seed, then eval.py

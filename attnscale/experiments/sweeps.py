@@ -48,7 +48,7 @@ from attnscale.experiments.sweep_results import (  # noqa: F401
   within_noise,
   write_results,
 )
-from attnscale.runtime import configlib
+from attnscale.runtime import configlib, packing
 
 # Where train.py is: the repository root, above attnscale/experiments/.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -80,6 +80,11 @@ class Point:
     # An argv list, not a shell line: a string goes as it is (shell_commands quotes).
     return cmd + [f"--config.{key}={value}" for key, value in self.overrides]
 
+
+  def run_spec(self, config_file: str, workdir: str) -> dict:
+    """This point as one run of a pack (`attnscale.runtime.packing.command`)."""
+    return {"config": f"{config_file}:{self.arg}", "overrides": dict(self.overrides),
+            "workdir": os.path.join(workdir, self.name)}
 
   def eval_command(self, workdir: str, python: str = sys.executable) -> list[str]:
     """The eval.py command line run after training ([] when the point has none)."""
@@ -128,6 +133,13 @@ def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[
   return points
 
 
+def default_pack(config_file: str, name: str) -> int:
+  """The pack size sweep `name` runs with by default: its sweeps module's
+  `default_pack(name)`, or 1 (unpacked) if it defines none."""
+  module = _sweeps_module(config_file)
+  return module.default_pack(name) if hasattr(module, "default_pack") else 1
+
+
 def _sweeps_module(config_file: str):
   """The sweeps module of `config_file` (SWEEPS_FILE in its directory, naming it)."""
   directory, config_name = os.path.split(os.path.abspath(config_file))
@@ -161,7 +173,7 @@ def status(run_dir: str) -> str:
 
 
 def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
-              log=print, jobs: int = 1) -> list[tuple[Point, int]]:
+              log=print, jobs: int = 1, pack: int = 1) -> list[tuple[Point, int]]:
   """Runs every point that is not done; returns the failures.
 
   A point that fails (non-zero exit: a NaN at a too-high learning rate, say) is
@@ -169,55 +181,90 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
   `eval_flags` runs eval.py after training, unless its eval.json is already
   from the last step.
 
-  `jobs` > 1 runs that many points at once, each pinned to its own share of this
-  process's CPUs (Linux). Small CPU models use a few cores poorly: two runs
-  pinned to one core each finish in about 0.55x the time of the two one after
-  another on 2 cores (graphcore_cpu: ~52 s a point against ~95 s). Different
+  `pack` > 1 trains up to that many points in one vmapped program: the points
+  that differ only in seed, learning rates, weight decay or clipping thresholds
+  (attnscale/runtime/packing.py), each still in its own run directory as train.py
+  would write it (attnscale/runtime/packed.py). A pack's point that did not finish
+  (a non-finite loss stops it alone) is a failure with the pack's exit code.
+
+  `jobs` > 1 runs that many points (or packs) at once, each pinned to its own
+  share of this process's CPUs (Linux). Small CPU models use a few cores poorly:
+  two runs pinned to one core each finish in about 0.55x the time of the two one
+  after another on 2 cores (graphcore_cpu: ~52 s a point against ~95 s). Different
   thread counts reorder float sums, so a point is reproducible to seed noise, not
-  bit for bit, across `jobs` settings.
+  bit for bit, across `jobs` settings (nor across `pack` settings: packing.py).
   """
   if not isinstance(jobs, int) or jobs < 1:
     raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
   config_file, workdir = os.path.abspath(config_file), os.path.abspath(workdir)
+  units = pack_units(config_file, points, workdir, pack)
 
-  def run_point(i: int, point: Point, cpus) -> list[tuple[Point, int]]:
-    run_dir = os.path.join(workdir, point.name)
-    state = status(run_dir)
-    tag = f"[{i + 1}/{len(points)}] {point.name}"
-    if state == "done":
+  def run_unit(unit: list[int], cpus) -> list[tuple[Point, int]]:
+    members = [points[i] for i in unit]
+    states = [status(os.path.join(workdir, p.name)) for p in members]
+    tag = (f"[{unit[0] + 1}/{len(points)}] {members[0].name}" if len(unit) == 1 else
+           f"[{','.join(str(i + 1) for i in unit)}/{len(points)}] a pack of {len(unit)}")
+    if all(s == "done" for s in states):
       log(f"{tag}: done, skipped")
+      returncode = 0
     else:
-      log(f"{tag}: {'resuming' if state == 'partial' else 'starting'}")
+      verb = "resuming" if "partial" in states else "starting"
+      log(f"{tag}: {verb}" + ("" if len(unit) == 1 else
+                              ": " + ", ".join(p.name for p in members)))
       start = time.perf_counter()
-      returncode = _call(point.command(config_file, workdir), cpus)
+      command = (members[0].command(config_file, workdir) if len(unit) == 1 else
+                 packing.command([p.run_spec(config_file, workdir) for p in members],
+                                 sys.executable))
+      returncode = _call(command, cpus)
       log(f"{tag}: exit {returncode} after {time.perf_counter() - start:.0f}s")
-      if returncode:
-        return [(point, returncode)]
-    if point.eval_flags and not _evaluated(run_dir):
-      start = time.perf_counter()
-      returncode = _call(point.eval_command(workdir), cpus)
-      log(f"{tag}: eval exit {returncode} after {time.perf_counter() - start:.0f}s")
-      if returncode:
-        return [(point, returncode)]
-    return []
+    failures = []
+    for point in members:
+      run_dir = os.path.join(workdir, point.name)
+      if status(run_dir) != "done":
+        failures.append((point, returncode or 1))
+      elif point.eval_flags and not _evaluated(run_dir):
+        start = time.perf_counter()
+        code = _call(point.eval_command(workdir), cpus)
+        log(f"[{points.index(point) + 1}/{len(points)}] {point.name}: eval exit {code} after "
+            f"{time.perf_counter() - start:.0f}s")
+        if code:
+          failures.append((point, code))
+    return failures
 
   if jobs == 1:
-    return [f for i, p in enumerate(points) for f in run_point(i, p, None)]
-  # A point takes a free CPU share and gives it back when it is done.
+    return [f for unit in units for f in run_unit(unit, None)]
+  # A unit takes a free CPU share and gives it back when it is done.
   free = queue.Queue()
   for cpus in _cpu_shares(jobs):
     free.put(cpus)
 
-  def job(i: int, point: Point):
+  def job(unit: list[int]):
     cpus = free.get()
     try:
-      return run_point(i, point, cpus)
+      return run_unit(unit, cpus)
     finally:
       free.put(cpus)
 
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-    results = list(pool.map(job, range(len(points)), points))
+    results = list(pool.map(job, units))
   return [f for r in results for f in r]
+
+
+def pack_units(config_file: str, points: Sequence[Point], workdir: str,
+               pack: int) -> list[list[int]]:
+  """The indices of `points` in the order and groups `run_sweep` trains them: the
+  points not done, in packs of at most `pack` that share a program
+  (`packing.groups`); each done point alone (skipped, or only evaluated)."""
+  if not isinstance(pack, int) or pack < 1:
+    raise ValueError(f"pack must be a positive integer, got {pack!r}")
+  todo = [i for i, p in enumerate(points) if status(os.path.join(workdir, p.name)) != "done"]
+  if pack == 1 or len(todo) < 2:
+    return [[i] for i in range(len(points))]
+  configs = [packing.load_config(f"{config_file}:{points[i].arg}", dict(points[i].overrides))
+             for i in todo]
+  packs = [[todo[j] for j in group] for group in packing.groups(configs, pack)]
+  done = [[i] for i in range(len(points)) if i not in set(todo)]
+  return sorted(done + packs, key=lambda unit: unit[0])
 
 
 def _call(command: list[str], cpus) -> int:
@@ -337,8 +384,15 @@ def _num(x) -> float:
   return x if isinstance(x, (int, float)) else math.inf
 
 
-def shell_commands(config_file: str, points: Sequence[Point], workdir: str) -> list[str]:
-  """One shell line per point, for a cluster's job array or GNU parallel."""
-  return [" && ".join(shlex.join(c) for c in (p.command(config_file, workdir, python="python"),
-                                               p.eval_command(workdir, python="python")) if c)
-          for p in points]
+def shell_commands(config_file: str, points: Sequence[Point], workdir: str,
+                   pack: int = 1) -> list[str]:
+  """One shell line per point (or pack of points, `pack_units`), for a cluster's job
+  array or GNU parallel; each pack's line ends with its points' eval.py commands."""
+  lines = []
+  for unit in pack_units(config_file, points, workdir, pack):
+    members = [points[i] for i in unit]
+    train = (members[0].command(config_file, workdir, python="python") if len(unit) == 1 else
+             packing.command([p.run_spec(config_file, workdir) for p in members], "python"))
+    evals = [p.eval_command(workdir, python="python") for p in members]
+    lines.append(" && ".join(shlex.join(c) for c in [train, *evals] if c))
+  return lines

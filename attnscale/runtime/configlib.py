@@ -24,6 +24,26 @@ from ml_collections import config_dict
 from attnscale.checks import check_choice, check_positive  # noqa: F401 (configs use them here)
 from attnscale.models.config import ModelConfig
 
+# Fields that may change when a run resumes: bookkeeping, not the experiment
+# ("mesh": all its fields; the devices change, the losses agree within float
+# rounding and orbax restores across mesh shapes; "imports": where the user's
+# modules live). num_train_steps joins them only under a constant learning rate:
+# it is the length of the cosine decay, so changing it would change the finished
+# steps' run (`train_lib.save_config`).
+RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
+                     "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
+                     "attn_metrics")
+
+
+def flat_diff(old: dict, new: dict, prefix: str = ""):
+  """(dotted key, old value, new value) for each leaf in which two nested dicts differ."""
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      yield from flat_diff(a, b, f"{prefix}{key}.")
+    elif a != b:
+      yield f"{prefix}{key}", a, b
+
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """Parses "k1=v1,k2=v2" into a ConfigDict, typed like `defaults`.

@@ -4,18 +4,17 @@ r"""Packed training: K runs that share every shape, trained in one vmapped progr
     python -m attnscale.runtime.packed --runs='[{"config": "configs/shakespeare_char.py:preset=test",
         "overrides": {"learning_rate": 0.004, "seed": 1}, "workdir": "runs/a"}, ...]'
 
+(the command `sweep.py --pack=K` starts for each pack: `packing.command`).
+
 A sweep's small models use a few percent of even one CPU core's vector units
 (graphcore_cpu: 4 layers of width 64, 1,024 tokens a step), and well under 1% of
 an accelerator. Small-model studies get their grids and seeds by training many
 such models at once (Wortsman et al. 2023; muP's and u-muP's sweeps); in JAX that
 is `jax.vmap` over the train state. `sweep.py --pack=K` runs its points so.
 
-What may differ between the runs of a pack: `train_state.TRACED_FIELDS` (seed,
-learning_rate, min_learning_rate, weight_decay, grad_clip and qk_clip, each > 0 in
-all runs or in none) and the bookkeeping fields a run may change when it resumes
-(`train_lib.RESUMABLE_CHANGES` less mesh and remat). Everything else (model,
-batch, steps, schedule form) makes the program, so it must agree
-(`check_packable`: one line naming the first field that does not).
+What may differ between the runs of a pack, and how a sweep groups its points
+into packs: attnscale/runtime/packing.py (seed, learning rates, weight decay,
+clipping thresholds and bookkeeping; everything else makes the program).
 
 Each run is what `train.py` would make of its config, in its own directory:
 config.json, metrics.jsonl (attention health included), TensorBoard events, orbax
@@ -44,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import sys
@@ -59,48 +57,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attnscale import tasks
-from attnscale.runtime import configlib, interrupts, metrics_writer, steps, train_lib
+from attnscale.runtime import configlib, interrupts, metrics_writer, packing, steps, train_lib
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
-
-# Fields that may differ between the runs of a pack besides TRACED_FIELDS: a run's
-# bookkeeping (where it logs, evaluates and saves is per run; the loop handles each).
-# mesh and remat stay out: they change the program.
-PACK_FREE_FIELDS = ts.TRACED_FIELDS + tuple(
-    f for f in train_lib.RESUMABLE_CHANGES if f not in ("mesh", "remat"))
-# TRACED_FIELDS that are also branches: on (> 0) in all runs of a pack or in none.
-_SWITCHES = ("grad_clip", "qk_clip")
-
-
-def pack_key(config: ml_collections.ConfigDict) -> str:
-  """What a run's program depends on: runs with equal keys pack together."""
-  flat = json.loads(config.to_json())
-  key = {k: v for k, v in flat.items() if k not in PACK_FREE_FIELDS}
-  key["switches"] = {k: bool(flat.get(k, 0.0)) for k in _SWITCHES}
-  return json.dumps(key, sort_keys=True)
-
-
-def check_packable(configs) -> None:
-  """Raises a one-line ValueError naming the first field in which a run differs
-  from the first in more than `PACK_FREE_FIELDS` (or a switch, on in one, off in
-  the other)."""
-  if not configs:
-    raise ValueError("a pack needs at least one run")
-  first = json.loads(configs[0].to_json())
-  for i, config in enumerate(configs[1:], 1):
-    other = json.loads(config.to_json())
-    for name, a, b in train_lib._flat_diff(first, other):
-      if name.split(".")[0] not in PACK_FREE_FIELDS:
-        raise ValueError(
-            f"run {i} of the pack differs from run 0 in {name} ({b!r} against {a!r}): the "
-            f"runs of a pack may differ only in {', '.join(ts.TRACED_FIELDS)} "
-            "(and bookkeeping); run it in another pack")
-    for name in _SWITCHES:
-      if bool(first.get(name, 0.0)) != bool(other.get(name, 0.0)):
-        raise ValueError(
-            f"run {i} of the pack has config.{name}={other.get(name, 0.0)!r} and run 0 "
-            f"{first.get(name, 0.0)!r}: {name} must be on (> 0) in every run of a pack or in "
-            "none")
 
 
 @dataclasses.dataclass
@@ -140,7 +99,7 @@ def train_packed(configs, workdirs, *, force_lock: bool = False) -> list[dict]:
   for config in configs:
     configlib.validate(config, num_devices=jax.device_count())
     ts.model_config(config)
-  check_packable(configs)
+  packing.check_packable(configs)
   base = configs[0]
   mesh = ts.make_mesh(base)
   runs = [_Run(c, w, tasks.get_task(c)) for c, w in zip(configs, workdirs)]
@@ -202,14 +161,14 @@ def _put(state_K, k: int, state):
   return jax.tree.map(lambda X, x: X.at[k].set(x), state_K, state)
 
 
-def _programs(runs, graphdef, shardings_K, mesh):
-  """The packed train step (and its attention-metrics twin) and eval step, jitted."""
-  base = runs[0].config
+def _programs(task, base, graphdef, shardings_K, mesh):
+  """The packed train step (and its attention-metrics twin, or None) and eval step,
+  jitted for the stacked layouts, and the stacked batches' sharding."""
   batch_K = NamedSharding(mesh, P(None, ts.MESH_AXES))
   stats_on_logs = train_lib._stats_on_log_steps(base)
 
   def packed(attn_metrics):
-    step_fn = steps.train_step_fn(graphdef, runs[0].task, base, attn_metrics=attn_metrics)
+    step_fn = steps.train_step_fn(graphdef, task, base, attn_metrics=attn_metrics)
 
     def train_step(state_K, batch_K, hparams_K, active_K):
       new_K, metrics_K = jax.vmap(step_fn)(state_K, batch_K, hparams_K)
@@ -224,7 +183,6 @@ def _programs(runs, graphdef, shardings_K, mesh):
 
   train_step = packed(False if stats_on_logs else None)
   log_step = packed(None) if stats_on_logs else None
-  task = runs[0].task
 
   def eval_step(params_K, batch_K):
     return jax.vmap(lambda p, b: task.loss(nnx.merge(graphdef, p), b)[1])(params_K, batch_K)
@@ -234,14 +192,40 @@ def _programs(runs, graphdef, shardings_K, mesh):
   return train_step, log_step, eval_step, batch_K
 
 
+def lower(config, num_runs: int, target_name: str):
+  """The packed train step of `num_runs` runs of `config`, lowered for `target_name`
+  (`aot.devices`: a TPU slice or GPUs this machine need not have), and what
+  `aot._compile` needs of it; nothing is allocated. For the program train.py's
+  unlogged steps run (`aot.lower_steps`' counterpart)."""
+  from attnscale.runtime import aot
+  devs = aot.devices(target_name)
+  configlib.validate(config, num_devices=len(devs))
+  task = tasks.task_class(config).without_data(config)
+  mesh = ts.make_mesh(config, devs)
+  shapes = ts.state_shapes(config)
+  shardings_K = _stacked_shardings(ts.state_shardings(shapes, mesh), mesh)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: ts.init_model(config)), nnx.Param)
+  train_step, _, _, batch_K = _programs(task, config, graphdef, shardings_K, mesh)
+  stacked = lambda x, s: jax.ShapeDtypeStruct((num_runs, *x.shape), x.dtype, sharding=s)
+  state_K = jax.tree.map(stacked, shapes, shardings_K)
+  batch = {k: stacked(x, batch_K) for k, x in type(task).batch_spec(config).items()}
+  hparams_K = {k: jax.ShapeDtypeStruct((num_runs,), np.asarray(v).dtype)
+               for k, v in ts.hparams(config).items()}
+  active_K = jax.ShapeDtypeStruct((num_runs,), np.bool_)
+  lowered = train_step.lower(state_K, batch, hparams_K, active_K)
+  return lowered, {"devices": devs, "model": ts.model_config(config), "state": state_K,
+                   "train_batch": batch}
+
+
 def _stack(batches):
   return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
 def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list[dict]:
-  """The training loop of `train_packed`: `train_lib._train`'s, once per run."""
+  """The training loop of `train_packed`: `train_lib._train`'s, for each run."""
   base = runs[0].config
-  train_step, log_step, eval_step, batch_sharding = _programs(runs, graphdef, shardings_K, mesh)
+  train_step, log_step, eval_step, batch_sharding = _programs(
+      runs[0].task, base, graphdef, shardings_K, mesh)
   hparams_K = jax.tree.map(lambda *x: jnp.asarray(np.stack(x)),
                            *[ts.hparams(r.config) for r in runs])
   num_params = sum(x[0].size for x in jax.tree.leaves(state_K["params"]))
@@ -393,39 +377,6 @@ def _evaluate(runs: list[_Run], evals: list[int], eval_step, params_K, batch_sha
 # ---------------------------------------------------------------------------
 # The command line sweep.py starts for a pack.
 
-def load_config(config_arg: str, overrides: dict) -> ml_collections.ConfigDict:
-  """What `train.py --config=FILE:ARG --config.KEY=VALUE ...` makes of a run.
-
-  `overrides`: dotted field -> value (a JSON list becomes a tuple); the config is
-  locked afterwards, as train.py's is.
-
-  Raises:
-    ValueError: no such config file, or an override of a field it lacks.
-  """
-  path, _, arg = config_arg.partition(":")
-  if not os.path.isfile(path):
-    raise ValueError(f"--config {path} is not a config file")
-  spec = importlib.util.spec_from_file_location("_packed_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(arg)
-  for key, value in overrides.items():
-    *parents, name = key.split(".")
-    node = config
-    for parent in parents:
-      node = node.get(parent) if isinstance(node, ml_collections.ConfigDict) else None
-    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-      raise ValueError(f"--config.{key}: the config has no field {key}")
-    node[name] = tuple(value) if isinstance(value, list) else value
-  config.lock()
-  return config
-
-
-def command(runs: list[dict], python: str = sys.executable) -> list[str]:
-  """The argv that trains `runs` ({"config": FILE:ARG, "overrides", "workdir"}) packed."""
-  return [python, "-m", "attnscale.runtime.packed", "--runs=" + json.dumps(runs)]
-
-
 def main(argv) -> None:
   from absl import flags
 
@@ -433,7 +384,7 @@ def main(argv) -> None:
   del argv
   try:
     specs = json.loads(flags.FLAGS.runs)
-    configs = [load_config(s["config"], s.get("overrides", {})) for s in specs]
+    configs = [packing.load_config(s["config"], s.get("overrides", {})) for s in specs]
     for s in specs:
       cli.check_workdir(s["workdir"])
     results = train_packed(configs, [s["workdir"] for s in specs],

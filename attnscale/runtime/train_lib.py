@@ -56,15 +56,9 @@ from attnscale.runtime.steps import (  # noqa: F401
   make_train_step,
 )
 
-# Fields that may change when a run resumes: bookkeeping, not the experiment
-# ("mesh": all its fields; the devices change, the losses agree within float
-# rounding and orbax restores across mesh shapes; "imports": where the user's
-# modules live). num_train_steps joins them
-# only under a constant learning rate: it is the length of the cosine decay, so
-# changing it would change the finished steps' run.
-RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                     "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
-                     "attn_metrics")
+# Fields that may change when a run resumes (bookkeeping, not the experiment):
+# attnscale/runtime/configlib.py says which and why.
+RESUMABLE_CHANGES = configlib.RESUMABLE_CHANGES
 
 
 LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the last 20 steps
@@ -101,7 +95,7 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
       old = configlib.migrate(json.load(f))  # a run saved before a rename or a new field
     resumable = RESUMABLE_CHANGES + (
         ("num_train_steps",) if config.lr_schedule == "constant" else ())
-    diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in _flat_diff(old, new)
+    diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in configlib.flat_diff(old, new)
              if k.split(".")[0] not in resumable]
     if diffs:
       raise ValueError(f"--workdir {workdir} holds a run with a different config "
@@ -110,15 +104,6 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     with open(path + ".tmp", "w") as f:
       json.dump(new, f, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
-
-
-def _flat_diff(old, new, prefix=""):
-  for key in sorted(set(old) | set(new)):
-    a, b = old.get(key), new.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      yield from _flat_diff(a, b, f"{prefix}{key}.")
-    elif a != b:
-      yield f"{prefix}{key}", a, b
 
 
 # The loop's signal handling (SIGTERM, Ctrl-C): attnscale/runtime/interrupts.py.

@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 from attnscale import models
 from attnscale.core import sharding
 from attnscale.models import ModelConfig, mup
-from attnscale.runtime import configlib
+from attnscale.runtime import configlib, packing
 
 State = dict[str, Any]
 
@@ -113,13 +113,8 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(MESH_AXES))
 
 
-# The scalar fields that enter a train step only as numbers (the learning-rate
-# schedule, Adam(W)'s decay and clipping, dropout's key, QK-clip's threshold), never
-# as a shape or a branch: runs that differ only in them can share one compiled step,
-# with the values passed in as arrays (`hparams`; `attnscale.runtime.packed`). Whether
-# grad_clip and qk_clip are on (> 0) is a branch, so that part must agree.
-TRACED_FIELDS = ("seed", "learning_rate", "min_learning_rate", "weight_decay", "grad_clip",
-                 "qk_clip")
+# The fields a packed step takes as arrays (attnscale/runtime/packing.py says why).
+TRACED_FIELDS = packing.TRACED_FIELDS
 
 
 def hparams(config) -> dict[str, np.ndarray]:

@@ -1,0 +1,189 @@
+"""Packed sweeps (attnscale/runtime/packed.py, packing.py): K runs in one vmapped program.
+
+A packed test-preset sweep of 4 points (2 rates x 2 seeds) through sweep.py's own
+runner writes 4 ordinary run directories that eval.py and the sweep tables read,
+equal to the same points trained alone within `TOLERANCE`; a point whose loss
+turns non-finite stops alone; Ctrl-C saves every run of the pack, and kill -9
+then a rerun lose nothing (every step logged once, the uninterrupted pack's
+values).
+
+Needs $ATTNSCALE_DATA (CI sets it).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attnscale import testing
+from attnscale.evaluation import eval_lib
+from attnscale.experiments import sweeps
+from attnscale.experiments.sweeps import Point, checkpoint_steps
+from attnscale.runtime import metrics_writer, packing, run_lock, train_lib
+
+CONFIG = os.path.join(testing.ROOT, "configs", "shakespeare_char.py")
+NUM_STEPS, CHECKPOINT_EVERY = 40, 10
+RATES, SEEDS = (2.0**-8, 2.0**-6), (0, 1)
+# Packed against alone, every logged training loss of a 40-step test-preset run:
+# vmap reorders float32 sums, so the two agree to rounding that training amplifies
+# (measured: at most 2e-6 at 2^-8, 1e-5 at 2^-6).
+TOLERANCE = 1e-4
+COMPARED = ("train/loss", "train/grad_norm", "train/loss_last20", "train/lr", "val/loss")
+
+pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("xla_cache_packed")
+
+
+def points(tfds_dir, rates=RATES, seeds=SEEDS) -> list[Point]:
+  """The sweep's points: every rate x seed at the test preset, logged every step."""
+  return [Point(f"preset=test,scaling=standard,seed={seed}",
+                tuple(sorted({"learning_rate": lr, "num_train_steps": NUM_STEPS,
+                              "log_every": 1, "eval_every": 20,
+                              "checkpoint_every": CHECKPOINT_EVERY,
+                              "data_dir": tfds_dir}.items())))
+          for lr in rates for seed in seeds]
+
+
+@pytest.fixture(scope="module")
+def env(cache_dir, monkeypatch_module):
+  """Children of the sweep share one XLA cache (compiled once)."""
+  monkeypatch_module.setenv("JAX_COMPILATION_CACHE_DIR", str(cache_dir))
+  monkeypatch_module.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+  with pytest.MonkeyPatch.context() as m:
+    yield m
+
+
+@pytest.fixture(scope="module")
+def packed_sweep(tfds_dir, env, tmp_path_factory):
+  """(workdir, points) of the 4-point sweep, run packed 4 at a time, uninterrupted."""
+  workdir = str(tmp_path_factory.mktemp("packed"))
+  pts = points(tfds_dir)
+  assert sweeps.pack_units(CONFIG, pts, workdir, 4) == [[0, 1, 2, 3]]
+  assert sweeps.run_sweep(CONFIG, pts, workdir, pack=4, log=lambda _: None) == []
+  return workdir, pts
+
+
+def rows(run_dir) -> dict[int, dict]:
+  """Step -> the compared values of metrics.jsonl (each step must appear once)."""
+  out = {}
+  for row in metrics_writer.read_rows(str(run_dir)):
+    values = {k: row[k] for k in COMPARED if k in row}
+    if values:
+      out.setdefault(row["step"], {}).update(values)
+  return out
+
+
+def test_packed_points_are_ordinary_runs_equal_to_the_points_alone(packed_sweep, tmp_path):
+  workdir, pts = packed_sweep
+  table = sweeps.collect(workdir, pts)
+  assert [r["status"] for r in table] == ["done"] * 4
+  assert all(r["steps"] == NUM_STEPS for r in table)
+  for point in pts:  # each directory as train.py writes it
+    run_dir = os.path.join(workdir, point.name)
+    assert checkpoint_steps(run_dir)[-1] == NUM_STEPS
+    assert os.listdir(os.path.join(run_dir, "tensorboard"))
+    assert not os.path.exists(os.path.join(run_dir, run_lock.LOCK_FILE))
+    last = metrics_writer.read_rows(run_dir)[-2]
+    assert "train/attn/max_logit/layer_0" in last  # attention health on logged steps
+  result = eval_lib.evaluate_run(os.path.join(workdir, pts[3].name), sample_length=5)
+  assert result["step"] == NUM_STEPS and np.isfinite(result["val_loss"])
+  # Two of the points alone (one at each rate), as train.py runs them.
+  for point in (pts[0], pts[3]):
+    config = packing.load_config(f"{CONFIG}:{point.arg}", dict(point.overrides))
+    train_lib.train_and_evaluate(config, str(tmp_path / point.name))
+    alone, packed = rows(tmp_path / point.name), rows(os.path.join(workdir, point.name))
+    assert sorted(alone) == sorted(packed) == list(range(1, NUM_STEPS + 1))
+    for step, values in alone.items():
+      for key, value in values.items():
+        assert abs(packed[step][key] - value) <= TOLERANCE * max(1.0, abs(value)), (
+            point.name, step, key, packed[step][key], value)
+
+
+def test_a_non_finite_point_stops_alone(tfds_dir, env, tmp_path):
+  # 1e30: Adam's first step moves every weight by about the rate, and the logits overflow.
+  good, bad = points(tfds_dir, rates=(2.0**-6, 1e30), seeds=(0,))
+  failures = sweeps.run_sweep(CONFIG, [good, bad], str(tmp_path), pack=2, log=lambda _: None)
+  assert [(p.name, code) for p, code in failures] == [(bad.name, 1)]
+  table = {r["run"]: r for r in sweeps.collect(str(tmp_path), [good, bad])}
+  assert table[good.name]["status"] == "done" and np.isfinite(table[good.name]["final_train_loss"])
+  assert table[bad.name]["status"] == "diverged"
+  assert checkpoint_steps(tmp_path / bad.name) == []  # nothing non-finite was saved
+
+
+def start_pack(pts, workdir, log_path):
+  specs = [p.run_spec(CONFIG, str(workdir)) for p in pts]
+  with open(log_path, "a") as log:
+    return subprocess.Popen(packing.command(specs, sys.executable), cwd=testing.ROOT,
+                            env=testing.subprocess_env(JAX_PLATFORMS="cpu"),
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_ctrl_c_and_kill_9_of_a_pack_lose_nothing(packed_sweep, tmp_path):
+  reference, pts = packed_sweep
+  dirs = [tmp_path / p.name for p in pts]
+  log_path = tmp_path / "log.txt"
+  # Ctrl-C after the first step: every run saves at one step, exit 130.
+  proc = start_pack(pts, tmp_path, log_path)
+  testing.wait_for(proc, lambda: all(os.path.exists(d / "metrics.jsonl") and
+                                     metrics_writer.read_rows(str(d)) for d in dirs),
+                   "the first logged step", log_path)
+  for d in dirs:  # the lock covers every directory of the pack
+    assert run_lock.read(str(d / run_lock.LOCK_FILE))["pid"] == proc.pid
+  proc.send_signal(signal.SIGINT)
+  output = testing.finish(proc, log_path, returncode=130)
+  assert "saved a checkpoint of every running run" in output
+  saved = {checkpoint_steps(d)[-1] for d in dirs}
+  assert len(saved) == 1 and 0 < saved.pop() < NUM_STEPS
+  # Resume, then kill -9 once every run has a newer checkpoint.
+  proc = start_pack(pts, tmp_path, log_path)
+  testing.wait_for(proc, lambda: all(checkpoint_steps(d) and checkpoint_steps(d)[-1]
+                                     >= 2 * CHECKPOINT_EVERY for d in dirs),
+                   "checkpoints of step 20", log_path)
+  proc.kill()
+  proc.wait()
+  assert sweeps.run_sweep(CONFIG, pts, str(tmp_path), pack=4, log=lambda _: None) == []
+  for point, d in zip(pts, dirs):
+    resumed, uninterrupted = rows(d), rows(os.path.join(reference, point.name))
+    assert sorted(resumed) == list(range(1, NUM_STEPS + 1))  # every step once
+    for step, values in uninterrupted.items():
+      for key, value in values.items():
+        assert resumed[step][key] == pytest.approx(value, rel=1e-6, abs=1e-7), (step, key)
+
+
+def test_which_runs_pack_together():
+  base = packing.load_config(f"{CONFIG}:preset=test")
+  other_rate = packing.load_config(f"{CONFIG}:preset=test,seed=3",
+                                   {"learning_rate": 0.1, "weight_decay": 0.0})
+  other_model = packing.load_config(f"{CONFIG}:preset=test,scaling=cosine")
+  clipped = packing.load_config(f"{CONFIG}:preset=test", {"qk_clip": 50.0})
+  packing.check_packable([base, other_rate])
+  assert packing.pack_key(base) == packing.pack_key(other_rate)
+  with pytest.raises(ValueError, match=r"differs from run 0 in model.scaling \('cosine'"):
+    packing.check_packable([base, other_model])
+  with pytest.raises(ValueError, match="qk_clip must be on"):
+    packing.check_packable([base, clipped])
+  configs = [base, other_model, other_rate, other_model, base]
+  assert packing.groups(configs, 2) == [[0, 2], [1, 3], [4]]
+  with pytest.raises(ValueError, match="no field model.nosuch"):
+    packing.load_config(f"{CONFIG}:preset=test", {"model.nosuch": 1})
+
+
+def test_print_commands_packs_the_points(tfds_dir, tmp_path):
+  lines = sweeps.shell_commands(CONFIG, points(tfds_dir), str(tmp_path), pack=3)
+  assert len(lines) == 2 and "-m attnscale.runtime.packed" in lines[0]
+  runs = json.loads(lines[0].split("--runs=", 1)[1].strip("'"))
+  assert [r["workdir"] for r in runs] == [os.path.join(str(tmp_path), p.name)
+                                          for p in points(tfds_dir)[:3]]
+  assert "train.py" in lines[1]  # a pack of one is an ordinary train.py run
