@@ -37,15 +37,20 @@ def test_unknown_sweep_or_config_is_a_one_line_error():
     sweeps.load_sweep(os.path.join(ROOT, "configs/bert_small.py"), "test")
 
 
-def test_print_commands_gives_one_train_py_line_per_point(tmp_path):
-  out = subprocess.run(
-      [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
-       f"--workdir={tmp_path}", "--print_commands"],
-      cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+def test_print_commands_gives_one_line_per_point_or_pack(tmp_path):
+  cmd = [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
+         f"--workdir={tmp_path}", "--print_commands"]
+  out = subprocess.run(cmd + ["--pack=1"], cwd=ROOT, capture_output=True, text=True,
+                       check=True).stdout.splitlines()
   assert len(out) == 50
   assert out[0] == (f"python train.py --config={CONFIG}:preset=graphcore_cpu,scaling=standard,"
                     f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.125 "
                     "--config.learning_rate=0.125")
+  # By default (configs/sweeps.py: 8 at graphcore_cpu) each scaling's 10 rates
+  # train as a pack of 8 and one of 2.
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                       check=True).stdout.splitlines()
+  assert len(out) == 10 and all("-m attnscale.runtime.packed --runs=" in line for line in out)
   assert not os.listdir(tmp_path)  # printing runs nothing
 
 
