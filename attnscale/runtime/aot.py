@@ -54,6 +54,7 @@ class Target:
     bandwidth: HBM bytes/s per device.
     wrap: the TPU torus' wrap-around links per axis.
     gpu_config: the GPU target config file in `targets/`.
+    host_bounds: chips per TPU host (a slice smaller than one host: its own shape).
   """
 
   platform: str
@@ -63,6 +64,7 @@ class Target:
   bandwidth: float = 0.0
   wrap: tuple[bool, bool, bool] = (False, False, False)
   gpu_config: str = ""
+  host_bounds: tuple[int, int, int] = (2, 2, 1)
 
 
 # Published per-chip figures (Google Cloud TPU system architecture pages; NVIDIA's
@@ -76,6 +78,7 @@ _H100 = dict(memory_bytes=84978434048, peak_flops=989e12, bandwidth=3.35e12,
              gpu_config="h100_sxm.txtpb")
 TARGETS: dict[str, Target] = {
     "tpu-v4-8": Target("tpu", "v4:2x2x1", **_V4),
+    "tpu-v5e-1": Target("tpu", "v5e:1x1", host_bounds=(1, 1, 1), **_V5E),  # one chip
     "tpu-v5e-8": Target("tpu", "v5e:2x4", **_V5E),
     "tpu-v5e-256": Target("tpu", "v5e:16x16", wrap=(True, True, False), **_V5E),
     "tpu-v5p-8": Target("tpu", "v5p:2x2x1", **_V5P),
@@ -109,7 +112,7 @@ def devices(name: str) -> list:
     if t.platform == "tpu":
       topo = topologies.get_topology_desc(
           platform="tpu", topology_name=t.topology, chip_config_name="default",
-          chips_per_host_bounds=(2, 2, 1), num_slices=1, wrap=t.wrap)
+          chips_per_host_bounds=t.host_bounds, num_slices=1, wrap=t.wrap)
     else:
       with open(os.path.join(TARGET_DIR, t.gpu_config)) as f:
         topo = topologies.get_topology_desc(platform="cuda", target_config=f.read(),
