@@ -10,6 +10,7 @@ freedom) and 4.30 with 3, so every interval here uses t.
     compare(a_by_seed, b_by_seed)
                                b - a: paired by seed where the labels share seeds,
                                Welch where they do not; interval, df and a verdict
+    compare_summaries(...)     Welch from means and standard errors (nothing to pair)
     near_best_band(losses)     the rates that could still be the best (they need seeds)
     parabola_vertex(losses)    the interpolated best log2 rate of one sweep line
     best_rate_slope(sweep)     slope of log2(best rate) on log2(size), bootstrap interval
@@ -255,19 +256,31 @@ def compare(a_by_seed: Mapping[Hashable, float], b_by_seed: Mapping[Hashable, fl
     return Comparison(mean, mean - half, mean + half, n - 1, n, "paired",
                       _verdict(mean - half, mean + half), n, n, unpaired)
   if len(a) >= 2 and len(b) >= 2:
-    mean_a, var_a = _mean_var(list(a.values()))
-    mean_b, var_b = _mean_var(list(b.values()))
-    va, vb = var_a / len(a), var_b / len(b)
-    se2 = va + vb
-    df = (se2 ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if se2 > 0
-          else len(a) + len(b) - 2)  # no spread at all: the pooled df, a zero-width interval
-    effect = mean_b - mean_a
-    half = t_multiplier(df, level) * math.sqrt(se2)
-    return Comparison(effect, effect - half, effect + half, df, len(a) + len(b), "welch",
-                      _verdict(effect - half, effect + half), len(a), len(b))
+    (mean_a, var_a), (mean_b, var_b) = _mean_var(list(a.values())), _mean_var(list(b.values()))
+    return compare_summaries(mean_a, math.sqrt(var_a / len(a)), len(a),
+                             mean_b, math.sqrt(var_b / len(b)), len(b), level)
   effect = (sum(b.values()) / len(b) - sum(a.values()) / len(a)) if a and b else math.nan
   return Comparison(effect, math.nan, math.nan, math.nan, len(a) + len(b), "none", TOO_FEW,
                     len(a), len(b))
+
+
+def compare_summaries(mean_a: float, se_a: float, n_a: int, mean_b: float, se_b: float,
+                      n_b: int, level: float = LEVEL) -> Comparison:
+  """b against a by Welch's t from each side's mean, standard error and seed count,
+  for when the per-seed losses are not at hand (so nothing can be paired: prefer
+  `compare`). `effect` = mean_b - mean_a; "too few seeds" when a side has < 2.
+  """
+  if n_a < 2 or n_b < 2 or not (math.isfinite(se_a) and math.isfinite(se_b)):
+    return Comparison(mean_b - mean_a, math.nan, math.nan, math.nan, n_a + n_b, "none",
+                      TOO_FEW, n_a, n_b)
+  va, vb = se_a ** 2, se_b ** 2
+  se2 = va + vb
+  df = (se2 ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1)) if se2 > 0
+        else n_a + n_b - 2)  # no spread at all: the pooled df, a zero-width interval
+  effect = mean_b - mean_a
+  half = t_multiplier(df, level) * math.sqrt(se2)
+  return Comparison(effect, effect - half, effect + half, df, n_a + n_b, "welch",
+                    _verdict(effect - half, effect + half), n_a, n_b)
 
 
 # ---------------------------------------------------------------------------
