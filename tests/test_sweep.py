@@ -138,8 +138,12 @@ def _seed_rows(scaling, lr, losses):
 
 
 def test_best_table_reports_seed_spread_and_what_is_within_noise():
+  # Seeds 0, 1, 2 are shared, so the table pairs them (stats.compare). b was
+  # [2.01, 2.03, 1.99], a + 0.01 on every seed, "within noise" by the old unpaired
+  # 1.96-standard-error rule; paired, that is worse (label e below). b is now the
+  # same values in another seed order: 0.01 above a on average, noise.
   rows = (_seed_rows("a", 2.0**-7, [2.00, 2.02, 1.98]) + _seed_rows("a", 2.0**-4, [2.5])
-          + _seed_rows("b", 2.0**-7, [2.01, 2.03, 1.99])  # 0.01 above a: noise
+          + _seed_rows("b", 2.0**-7, [2.03, 2.01, 1.99])  # 0.01 above a: noise
           + _seed_rows("c", 2.0**-7, [2.30, 2.31, 2.29])  # far above: worse
           + _seed_rows("d", 2.0**-7, [2.4]))  # one seed: cannot say
   best = sweep_results.best_per_scaling(rows)
@@ -158,6 +162,24 @@ def test_best_table_reports_seed_spread_and_what_is_within_noise():
   assert "| a | 2^-7 | 3 | 2.0000 ± 0.0115 | best | within noise |" in table
   assert "| b | 2^-7 | 3 | 2.0100 ± 0.0115 | within noise | baseline |" in table
   assert "| c | 2^-7 | 3 | 2.3000 ± 0.0058 | worse | worse |" in table
+  # The difference from the best with its t-interval (t_{0.975, 2} = 4.30, not 1.96).
+  assert ("| c | 2^-7 | 3 | 2.3000 ± 0.0058 | worse | worse | +0.300 [+0.275, +0.325] paired n=3 |"
+          in table)
+
+
+def test_shared_seeds_are_compared_paired():
+  # e is a + 0.01 on every seed: paired, worse (the unpaired summary cannot see it).
+  rows = (_seed_rows("a", 2.0**-7, [2.00, 2.02, 1.98])
+          + _seed_rows("e", 2.0**-7, [2.01, 2.03, 1.99]))
+  best = sweep_results.best_per_scaling(rows)
+  assert sweep_results.within_noise(best["e"], best["a"]) is True  # Welch on the summaries
+  assert ("| e | 2^-7 | 3 | 2.0100 ± 0.0115 | worse | +0.010 [+0.010, +0.010] paired n=3 |"
+          in sweep_results.best_table(rows))
+  # Unshared seeds: Welch, df 4 (t 2.78).
+  rows = (_seed_rows("a", 2.0**-7, [2.00, 2.02, 1.98])
+          + [dict(r, seed=r["seed"] + 3) for r in _seed_rows("e", 2.0**-7, [2.01, 2.03, 1.99])])
+  assert ("| e | 2^-7 | 3 | 2.0100 ± 0.0115 | within noise | +0.010 [-0.035, +0.055] "
+          "welch n=3+3 |" in sweep_results.best_table(rows))
 
 
 

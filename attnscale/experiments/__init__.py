@@ -2,7 +2,9 @@
 
     sweeps.py         sweep points, skip/resume, reading runs into rows
     lr_search.py      the staged learning-rate search (bracket the best rate, add seeds)
-    sweep_results.py  best rate per scaling, noise verdicts, tables and figures
+    stats.py          every comparison: t-intervals, paired or Welch verdicts, the
+                      near-best band, the best rate's slope with a bootstrap interval
+    sweep_results.py  best rate per scaling, noise verdicts, tables, runs.csv, figures
     reporting/        tables (CSV, Markdown) and figures, shared with the studies
 
 May import every package below it (runtime, evaluation, ...).

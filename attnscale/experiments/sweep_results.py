@@ -1,13 +1,17 @@
 """Sweep results: the best learning rate per scaling, tables and figures.
 
 Rows are what `sweeps.collect` reads from run directories, one per point, with
-the columns of COLUMNS plus `curve` ((step, training loss) pairs). A scaling's
-best learning rate is chosen on the seeds all its rates share (`best_per_scaling`);
-differences are "within noise" when under 1.96 standard errors of the difference
-(`within_noise`). `write_results` writes results.csv, results.md and Graphcore-style
-figures: final training loss against learning rate per scaling (loss_vs_lr.png),
-the loss curves at each scaling's best rate (loss_curves.png) and, with several
-seeds, each scaling's seeds and 95% interval at its best rate (best.png).
+the columns of COLUMNS plus `curve` ((step, training loss) pairs), `max_logit`
+and `commit`. A scaling's best learning rate is chosen on the seeds all its rates
+share (`best_per_scaling`). Whether two scalings differ is `stats.compare`'s
+call: paired by seed where their best rates share seeds, Welch otherwise, a
+Student-t interval at 95%, never a z = 1.96 with 2-3 seeds. `write_results`
+writes results.csv, runs.csv (`write_runs_csv`: one line a run, with its commit),
+results.md and Graphcore-style figures: final training loss against learning
+rate per scaling (loss_vs_lr.png), the loss curves at each scaling's best rate
+(loss_curves.png) and, with several seeds, each scaling's seeds and 95%
+t-interval at its best rate (best.png). `commit_note` refuses rows from several
+commits unless asked, and says which they are.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 
 from attnscale.experiments import (
   reporting,  # tables and figures, written as the studies write theirs
+  stats,  # every comparison: t-intervals, paired or Welch
 )
 
 # A row per run (`sweeps.read_run`): these columns, plus "curve".
@@ -66,7 +71,8 @@ def best_runs(rows: Sequence[dict], seed=0) -> list[str]:
 
 
 def standard_error(values: Sequence[float]) -> float:
-  """Sample std / sqrt(n) (NaN for fewer than two values)."""
+  """Sample std / sqrt(n) (NaN for fewer than two values): what tables print
+  after "±"; intervals and verdicts come from `stats`."""
   n = len(values)
   if n < 2:
     return math.nan
@@ -74,13 +80,26 @@ def standard_error(values: Sequence[float]) -> float:
   return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
-def within_noise(a: dict, b: dict, z: float = 1.96) -> bool | None:
-  """Whether two `best_per_scaling` entries' means differ by less than z standard
-  errors of their difference (a 95% interval at z = 1.96); None when either has
-  a single seed (no spread to judge by)."""
-  if not (math.isfinite(a["se"]) and math.isfinite(b["se"])):
-    return None
-  return abs(a["final_train_loss"] - b["final_train_loss"]) < z * math.hypot(a["se"], b["se"])
+def within_noise(a: dict, b: dict) -> bool | None:
+  """Whether two `best_per_scaling` entries are within noise of each other: the
+  95% Welch t-interval of their difference covers 0 (`stats.compare_summaries`;
+  t with Welch-Satterthwaite degrees of freedom, not z = 1.96). None when either
+  has a single seed (no spread to judge by).
+
+  A summary has no per-seed losses, so nothing is paired here; `best_table`
+  pairs shared seeds (`stats.compare`), which can find a difference this misses.
+  """
+  c = stats.compare_summaries(a["final_train_loss"], a["se"], a["seeds"],
+                              b["final_train_loss"], b["se"], b["seeds"])
+  return None if c.method == "none" else c.verdict == "within noise"
+
+
+def seed_losses(rows: Sequence[dict], scaling: str, learning_rate: float) -> dict:
+  """{seed: final training loss} of the finished runs of `scaling` at
+  `learning_rate`: what `stats.compare` pairs."""
+  return {r.get("seed"): r["final_train_loss"] for r in rows
+          if r["scaling"] == scaling and r["learning_rate"] == learning_rate
+          and r["status"] == "done" and math.isfinite(r["final_train_loss"])}
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
@@ -106,31 +125,35 @@ def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
   """Markdown: the best learning rate per scaling and its loss, lowest loss first.
 
   With several seeds at a scaling's best learning rate the loss is mean ± standard
-  error, and the "vs best" column says whether it is within noise of the best
-  scaling (the difference under 1.96 standard errors of the difference, a 95%
-  interval); when `baseline` is one of the scalings, "vs <baseline>" says the
-  same against it ("better", "within noise" or "worse").
+  error, and the "vs best" column says whether it is better, worse or within
+  noise of the best scaling (`stats.compare` of the two best rates' seeds: paired
+  where they share seeds, Welch otherwise, a 95% t-interval; "-" with too few
+  seeds); when `baseline` is one of the scalings, "vs <baseline>" says the same
+  against it. The last columns give the difference in nats with its interval,
+  method and seeds ("+0.080 [+0.052, +0.108] paired n=3").
   """
   best = sorted(best_per_scaling(rows).items(), key=lambda kv: kv[1]["final_train_loss"])
   if any(b["seeds"] > 1 for _, b in best):
-    top = best[0][1]
-    base = dict(best).get(baseline)
+    top = best[0][0]
+    base = baseline if baseline in dict(best) else None
+    seeds = {scaling: seed_losses(rows, scaling, b["learning_rate"]) for scaling, b in best}
     columns = ("scaling", "best lr", "seeds", "final train loss", "vs best")
     if base is not None:
       columns += (f"vs {baseline}",)
+    columns += ("minus best (95% t)",) + ((f"minus {baseline} (95% t)",) if base else ())
 
-    def verdict(b, ref):
-      same = within_noise(b, ref)
-      return ("-" if same is None else "within noise" if same
-              else "better" if b["final_train_loss"] < ref["final_train_loss"] else "worse")
+    def comparison(scaling, ref):
+      c = stats.compare(seeds[ref], seeds[scaling])
+      return ("-" if c.method == "none" else c.verdict), c.format(verdict=False)
 
     def cells(scaling, b):
       loss = (f"{b['final_train_loss']:.4f} ± {b['se']:.4f}" if b["seeds"] > 1
               else f"{b['final_train_loss']:.4f}")
-      values = [scaling, b["learning_rate"], b["seeds"], loss,
-                "best" if b is top else verdict(b, top)]
-      if base is not None:
-        values.append("baseline" if b is base else verdict(b, base))
+      refs = [(top, "best")] + ([(base, "baseline")] if base is not None else [])
+      against = [("-", "-") if scaling == ref else comparison(scaling, ref) for ref, _ in refs]
+      verdicts = [name if scaling == ref else v for (ref, name), (v, _) in zip(refs, against)]
+      values = [scaling, b["learning_rate"], b["seeds"], loss, *verdicts,
+                *(d for _, d in against)]
       return dict(zip(columns, values))
 
     return reporting.to_markdown([cells(*kv) for kv in best], columns,
@@ -144,22 +167,93 @@ def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
       numeric=columns[1:])
 
 
+def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
+  """Which code the rows' runs came from, as a line to print under a table:
+  "runs from 1 commit: abc1234 (15 runs)" or, for several, "runs from 2
+  commits: abc1234 (12 runs), def5678 (3 runs)" (most runs first).
+
+  A row's "commit" is `sweeps.read_run`'s (`provenance.commit_of`: "unknown"
+  without a provenance.json, "+dirty" for uncommitted changes); rows never
+  started (no "commit") are not counted.
+
+  Raises:
+    ValueError: the runs come from more than one commit and `allow_mixed` is
+      False: a comparison across code changes is not the comparison it claims.
+  """
+  counts: dict[str, int] = {}
+  for r in rows:
+    commit = r.get("commit")
+    if isinstance(commit, str) and r.get("status") != "new":
+      counts[commit] = counts.get(commit, 0) + 1
+  ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+  listed = ", ".join(f"{_short_commit(c)} ({n} run{'s' * (n != 1)})" for c, n in ordered)
+  note = f"runs from {len(ordered)} commit{'s' * (len(ordered) != 1)}: {listed}"
+  if len(ordered) > 1 and not allow_mixed:
+    raise ValueError(f"{note}; rerun them at one commit, or pass allow_mixed=True "
+                     "to compare across code changes")
+  return note
+
+
+def _short_commit(commit: str) -> str:
+  """The first 7 hex digits of each commit in a "+"-joined commit string."""
+  return "+".join(part[:7] if len(part) == 40 else part for part in commit.split("+"))
+
+
+# runs.csv: the columns every run has, around the swept hyperparameters.
+RUN_COLUMNS = ("label", "learning_rate", "seed", "final_train_loss", "best_val_loss",
+               "max_logit", "steps", "status", "commit", "run")
+# Keys of a row that are results, not swept hyperparameters ("scaling" is in the label).
+_NOT_SWEPT = set(RUN_COLUMNS) | {"scaling", "wall_s", "curve", "logits"}
+
+
+def write_runs_csv(rows: Sequence[dict], path: str,
+                   hyperparameters: Sequence[str] | None = None) -> list[str]:
+  """Writes the raw results, one line a run, to `path`; returns its columns.
+
+  Columns: label (the row's "label", else its scaling), learning_rate, the swept
+  hyperparameters, seed, final_train_loss, best_val_loss, max_logit (the
+  largest attention logit of the run's last log row), steps, status, commit,
+  run (its directory name).
+  The hyperparameters are `hyperparameters`, or by default every other key the
+  rows carry with a plain value (str, int, float, bool) in every row: variant,
+  and what a study adds (width, num_layers). Floats are written exactly (they
+  read back equal); a missing value is empty.
+  """
+  if hyperparameters is None:
+    keys = dict.fromkeys(k for r in rows for k in r if k not in _NOT_SWEPT)
+    hyperparameters = [k for k in keys if all(
+        isinstance(r.get(k), (str, int, float, bool)) for r in rows)]
+  columns = [*RUN_COLUMNS[:2], *hyperparameters, *RUN_COLUMNS[2:]]
+  table = [{**r, "label": r.get("label", r.get("scaling"))} for r in rows]
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(reporting.to_csv([{c: t.get(c) for c in columns} for t in table], columns,
+                             floats=str))
+  return columns
+
+
 def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dict[str, str]:
-  """Writes results.csv, results.md, loss_vs_lr.png and loss_curves.png (and
-  best.png where a best learning rate has several seeds); returns the paths.
+  """Writes results.csv, runs.csv, results.md, loss_vs_lr.png and loss_curves.png
+  (and best.png where a best learning rate has several seeds); returns the paths.
 
   results.csv has every column of COLUMNS with floats written exactly (they
-  read back equal); results.md has the title, `best_table` and `markdown_table`.
+  read back equal); runs.csv is `write_runs_csv`'s; results.md has the title,
+  `best_table`, the commits the runs came from (`commit_note`, several allowed)
+  and `markdown_table`.
   """
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, name) for name in
-           ("results.csv", "results.md", "loss_vs_lr.png", "loss_curves.png")}
+           ("results.csv", "runs.csv", "results.md", "loss_vs_lr.png", "loss_curves.png")}
   with open(paths["results.csv"], "w") as f:
     f.write(reporting.to_csv(rows, COLUMNS, floats=str))
+  write_runs_csv(rows, paths["runs.csv"])
+  # A sweep resumed after a code change still gets its tables; the note says so.
+  code = commit_note(rows, allow_mixed=True) if any("commit" in r for r in rows) else ""
   with open(paths["results.md"], "w") as f:
     f.write((f"# {title}\n\n" if title else "")
             + "Best learning rate per scaling (final training loss = mean of the last 20 "
             "steps, mean over seeds):\n\n" + best_table(rows)
+            + (f"\n{code}\n" if code else "")
             + "\nAll points:\n\n" + markdown_table(rows))
   reporting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
   reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
@@ -205,8 +299,9 @@ def _compact_legend(ax, many: int = 8) -> None:
 
 def plot_best(rows: Sequence[dict], *, title: str = ""):
   """Each scaling's final training loss at its best learning rate, best at the
-  top: one dot per seed, the mean with its 95% interval (1.96 standard errors),
-  and a dotted line at the best scaling's mean."""
+  top: one dot per seed, the mean with its 95% t-interval (`stats.mean_interval`:
+  t_{0.975, n-1} standard errors, 12.7 with 2 seeds), and a dotted line at the
+  best scaling's mean."""
   best = sorted(best_per_scaling(rows).items(), key=lambda kv: -kv[1]["final_train_loss"])
   fig = reporting.new_figure(6.4, 1.2 + 0.28 * len(best))
   ax = fig.subplots()
@@ -215,7 +310,8 @@ def plot_best(rows: Sequence[dict], *, title: str = ""):
              if r["scaling"] == scaling and r["learning_rate"] == b["learning_rate"]
              and r["status"] == "done" and math.isfinite(r["final_train_loss"])]
     ax.plot(seeds, [y] * len(seeds), "o", color="tab:blue", alpha=0.5, markersize=4)
-    half = 1.96 * b["se"] if math.isfinite(b["se"]) else 0.0
+    interval = stats.mean_interval(seeds)
+    half = interval.half if math.isfinite(interval.half) else 0.0
     ax.errorbar([b["final_train_loss"]], [y], xerr=[half], fmt="|", color="black",
                 markersize=10, capsize=3)
   if best:

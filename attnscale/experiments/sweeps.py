@@ -317,7 +317,12 @@ def read_run(run_dir: str) -> dict | None:
   the mean training loss over the last 20 steps); wall_s sums every process's
   `elapsed_s` (a resumed run adds its segments). A run that stopped on a NaN
   (loss or gradient norm) has status 'diverged' and final_train_loss NaN.
+  max_logit is the largest attention logit of the last log row that has one
+  (max over layers of `train/attn/max_logit/layer_<i>`; NaN without attention
+  metrics); commit is the code the run came from (`provenance.commit_of`:
+  "unknown" without a provenance.json).
   """
+  from attnscale.runtime import provenance  # here: this function's only use
   config_path = os.path.join(run_dir, "config.json")
   if not os.path.exists(config_path):
     return None
@@ -338,6 +343,9 @@ def read_run(run_dir: str) -> dict | None:
     previous = elapsed
   state = status(run_dir)
   last_step = train[-1]["step"] if train else 0
+  logits = [[v for k, v in r.items() if k.startswith("train/attn/max_logit/layer_")]
+            for r in train]
+  logits = [per_layer for per_layer in logits if per_layer]
   if state != "done" and not all(math.isfinite(r["train/loss"])
                                   and math.isfinite(r.get("train/grad_norm", 0.0)) for r in train):
     state = "diverged"
@@ -355,6 +363,8 @@ def read_run(run_dir: str) -> dict | None:
       "status": state,
       "run": os.path.basename(os.path.normpath(run_dir)),
       "curve": [(r["step"], r["train/loss"]) for r in train],
+      "max_logit": float(max(logits[-1])) if logits else math.nan,
+      "commit": provenance.commit_of(run_dir),
   }
 
 

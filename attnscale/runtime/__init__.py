@@ -9,6 +9,8 @@
     train_lib.py       the training loop (resume, logging, checkpoints, preemption)
     interrupts.py      SIGTERM and Ctrl-C; run_lock.py: one writer per run directory
     metrics_writer.py  metrics.jsonl and TensorBoard; hostmem.py: malloc tunables
+    provenance.py      WORKDIR/provenance.json: the commit, versions, devices and command
+                       of each (re)start
     aot.py             compiling for TPU slices and GPUs without them (targets/)
 
 May import core, numerics, models, data and tasks.

@@ -57,7 +57,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attnscale import tasks
-from attnscale.runtime import configlib, interrupts, metrics_writer, packing, steps, train_lib
+from attnscale.runtime import (
+  configlib,
+  interrupts,
+  metrics_writer,
+  packing,
+  provenance,
+  steps,
+  train_lib,
+)
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
 
@@ -112,6 +120,8 @@ def train_packed(configs, workdirs, *, force_lock: bool = False) -> list[dict]:
     locks = [stack.enter_context(train_lib._workdir_lock(r.workdir, force_lock)) for r in runs]
     for run in runs:
       train_lib.save_config(run.config, run.workdir)
+      # Trained in a pack: which runs shared its program (the sums' order depends on it).
+      provenance.write(run.workdir, pack=[os.path.abspath(r.workdir) for r in runs])
     return _train(runs, graphdef, shardings, mesh, locks)
 
 

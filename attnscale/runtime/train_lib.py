@@ -42,7 +42,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from attnscale import tasks
-from attnscale.runtime import configlib, interrupts, metrics_writer, run_lock
+from attnscale.runtime import configlib, interrupts, metrics_writer, provenance, run_lock
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
 
@@ -166,6 +166,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   os.makedirs(workdir, exist_ok=True)
   with _workdir_lock(workdir, force_lock) as lock:
     save_config(config, workdir)
+    provenance.write(workdir)  # which code, versions and devices: one record a (re)start
     return _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state,
                   shardings, lock)
 

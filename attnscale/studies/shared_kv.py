@@ -10,7 +10,8 @@ model, three seeds at the cpu preset's rate). Writes:
 
   shared_kv.md/csv   per scaling: separate vs shared (vs control) at each one's best
                      rate, mean ± s.e. over seeds, the difference and whether it is
-                     within noise, parameters, and the train/validation gap
+                     within noise (`stats.compare`: paired by seed, a 95% t-interval),
+                     parameters, and the train/validation gap
   shared_kv_diag.*   the seed-0 best run of each label: eval.py's attention
                      diagnostics and `diagnostics.value_alignment` (weight on self,
                      correlation of a key's weight with cos(q, v) and cos(v_i, v_j)),
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, sweep_results, sweeps
+from attnscale.experiments import reporting, stats, sweep_results, sweeps
 
 SHARED = "+shared_kv"
 CONTROL = re.compile(r"\+kv_heads\d+")  # grouped-query: the parameter-matched control
@@ -71,6 +72,11 @@ def _at_best(rows: Sequence[dict]) -> dict[str, dict]:
   return best
 
 
+def _by_seed(best: dict) -> dict:
+  """{seed: final training loss} of the runs at a label's best rate (`_at_best`)."""
+  return {r["seed"]: r["final_train_loss"] for r in best["runs"]}
+
+
 def comparison_rows(rows: Sequence[dict], workdir: str) -> list[dict]:
   """One row per label, grouped by scaling (separate first): loss, difference from
   the same scaling's separate projections and whether it is within noise."""
@@ -80,15 +86,17 @@ def comparison_rows(rows: Sequence[dict], workdir: str) -> list[dict]:
   out = []
   for label in order:
     b, ref = best[label], best.get(base_label(label))
-    same = sweep_results.within_noise(b, ref) if ref is not None and ref is not b else None
+    # Paired where the two share seeds, Welch otherwise (stats.compare: b - ref).
+    same = (stats.compare(_by_seed(ref), _by_seed(b)) if ref is not None and ref is not b
+            else None)
     diff = b["final_train_loss"] - ref["final_train_loss"] if ref is not None else math.nan
     out.append({
         "label": label, "params": num_params(os.path.join(workdir, b["runs"][0]["run"])),
         "best_lr": b["learning_rate"], "seeds": b["seeds"],
         "final_train_loss": b["final_train_loss"], "se": b["se"],
         "vs_separate": diff if ref is not b else 0.0,
-        "verdict": ("baseline" if ref is b else "-" if same is None else "within noise"
-                    if same else "better" if diff < 0 else "worse"),
+        "verdict": ("baseline" if ref is b else "-" if same is None or same.method == "none"
+                    else same.verdict),
         "best_val_loss": b["val"], "val_minus_train": b["gap"]})
   return out
 
@@ -160,8 +168,10 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   diag = diagnostic_rows(rows, workdir)
   notes = [f"{len(rows)} runs of the shared_kv sweep ({workdir}); final training loss = mean "
            "of the last 20 steps, mean ± s.e. over seeds at each label's best rate.",
-           "vs_separate: minus the same scaling with separate projections; verdict: within "
-           "noise = under 1.96 s.e. of the difference. +kv_heads2: separate K/V with "
+           "vs_separate: minus the same scaling with separate projections; verdict: its "
+           "95% t-interval (paired by seed where the two share seeds, else Welch; "
+           "attnscale.experiments.stats.compare) lies above 0 (worse), below (better) or "
+           "covers 0 (within noise). +kv_heads2: separate K/V with "
            "grouped-query attention (2 key/value heads), the same parameter count as shared.",
            "val_minus_train: best validation loss minus final training loss (a regulariser "
            "would shrink it)."]

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, sweeps
+from attnscale.experiments import reporting, stats, sweeps
 
 BAND = 0.02  # nats: rates whose loss is within this of the best are "near-best"
 # The study's axis -> the model field it reads from each run's config.json.
@@ -78,18 +78,9 @@ def _losses(rows, label, size, seed=0, axis="width") -> dict[float, float]:
 
 
 def interpolated_best(losses: dict[float, float]) -> tuple[float, float]:
-  """(grid best, interpolated best) in log2(rate); NaN when all diverged."""
-  finite = {x: v for x, v in losses.items() if math.isfinite(v)}
-  if not finite:
-    return math.nan, math.nan
-  x0 = min(finite, key=lambda x: (finite[x], x))
-  left, right = finite.get(x0 - 1), finite.get(x0 + 1)
-  if left is None or right is None:
-    return x0, x0
-  curvature = left - 2 * finite[x0] + right
-  if curvature <= 0:
-    return x0, x0
-  return x0, x0 + float(np.clip(0.5 * (left - right) / curvature, -1, 1))
+  """(grid best, interpolated best) in log2(rate); NaN when all diverged
+  (`stats.parabola_vertex`, the one implementation)."""
+  return stats.parabola_vertex(losses)
 
 
 def band(losses: dict[float, float], tol: float = BAND) -> tuple[float, float]:

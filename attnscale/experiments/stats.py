@@ -1,0 +1,490 @@
+"""Comparisons between runs: the one place where attnscale decides what is noise.
+
+Losses are final training losses in nats, one per seed; lower is better. With
+the 2-3 seeds a sweep can afford, the normal approximation (z = 1.96) is far
+too confident: the 97.5% point of Student's t is 12.71 with 2 seeds (1 degree of
+freedom) and 4.30 with 3, so every interval here uses t.
+
+    t_quantile(p, df)          Student's t quantile (no scipy: the incomplete beta, inverted)
+    mean_interval(values)      mean with its 95% t-interval
+    compare(a_by_seed, b_by_seed)
+                               b - a: paired by seed where the labels share seeds,
+                               Welch where they do not; interval, df and a verdict
+    compare_summaries(...)     Welch from means and standard errors (nothing to pair)
+    near_best_band(losses)     the rates that could still be the best (they need seeds)
+    parabola_vertex(losses)    the interpolated best log2 rate of one sweep line
+    best_rate_slope(sweep)     slope of log2(best rate) on log2(size), bootstrap interval
+
+Sources: Student (1908); Welch (1947) and Satterthwaite (1946) for unequal
+variances; Press et al., Numerical Recipes 3rd ed. section 6.4 (the regularised
+incomplete beta by Lentz's continued fraction); Efron & Tibshirani, An
+Introduction to the Bootstrap (1993), ch. 13 (percentile intervals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+LEVEL = 0.95  # every interval and verdict: two-sided 95%
+# Nats: the near-best margin where there are not yet the seeds to measure noise.
+# The width study's band (studies/width.py BAND); its best points' two seeds agree
+# within 0.025 nats (half-range) away from the edge of stability (docs/experiments/width.md).
+BAND_NATS = 0.02
+MIN_SEEDS = 3  # seeds the protocol runs at every near-best rate
+RESAMPLES = 2000  # bootstrap resamples of best_rate_slope
+TOO_FEW = "too few seeds"
+
+
+# ---------------------------------------------------------------------------
+# Student's t.
+
+def _betacf(a: float, b: float, x: float) -> float:
+  """The continued fraction of the incomplete beta (Numerical Recipes' betacf,
+  modified Lentz): converges fast for x < (a + 1) / (a + b + 2)."""
+  tiny, eps = 1e-300, 1e-15
+  qab, qap, qam = a + b, a + 1.0, a - 1.0
+  c, d = 1.0, 1.0 - qab * x / qap
+  d = 1.0 / (d if abs(d) > tiny else tiny)
+  h = d
+  for m in range(1, 1000):
+    m2 = 2 * m
+    for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+               -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+      d = 1.0 + aa * d
+      d = 1.0 / (d if abs(d) > tiny else tiny)
+      c = 1.0 + aa / c
+      c = c if abs(c) > tiny else tiny
+      h *= d * c
+    if abs(d * c - 1.0) < eps:
+      break
+  return h
+
+
+def incomplete_beta(x: float, a: float, b: float) -> float:
+  """The regularised incomplete beta I_x(a, b) = B(x; a, b) / B(a, b), 0 <= x <= 1.
+
+  I_x(a, b) = x^a (1-x)^b / (a B(a, b)) * betacf(a, b, x), using the symmetry
+  I_x(a, b) = 1 - I_{1-x}(b, a) where the fraction converges slowly (NR 6.4).
+  """
+  if x <= 0.0:
+    return 0.0
+  if x >= 1.0:
+    return 1.0
+  front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                   + a * math.log(x) + b * math.log1p(-x))
+  if x < (a + 1.0) / (a + b + 2.0):
+    return front * _betacf(a, b, x) / a
+  return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_tail(t: float, df: float) -> float:
+  """P(T > t) for Student's t with `df` degrees of freedom (df may be fractional,
+  as Welch's is; math.inf gives the normal tail).
+
+  For t >= 0, P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 (Abramowitz &
+  Stegun 26.7.1, through 26.5.27).
+  """
+  if math.isinf(df):
+    return 0.5 * math.erfc(t / math.sqrt(2.0))
+  tail = 0.5 * incomplete_beta(df / (df + t * t), 0.5 * df, 0.5)
+  return tail if t >= 0 else 1.0 - tail
+
+
+def t_quantile(p: float, df: float) -> float:
+  """The p quantile of Student's t with `df` degrees of freedom: t with P(T <= t) = p.
+
+  Bisection on the upper tail `t_tail` (monotone, so it always converges; a
+  tail probability avoids the cancellation of 1 - CDF near p = 1), to 1e-12
+  relative. t_quantile(0.975, 1) = 12.706, (0.975, 2) = 4.303, (0.975, 4) = 2.776,
+  (0.975, 9) = 2.262, (0.975, inf) = 1.960.
+
+  Raises:
+    ValueError: p outside (0, 1) or df not positive.
+  """
+  if not 0.0 < p < 1.0:
+    raise ValueError(f"t_quantile: p must be in (0, 1), got {p}")
+  if not df > 0:
+    raise ValueError(f"t_quantile: df must be positive, got {df}")
+  if p == 0.5:
+    return 0.0
+  if p < 0.5:
+    return -t_quantile(1.0 - p, df)
+  if df > 1e7:  # the beta's parameters lose precision; t is normal to 1e-7 there
+    df = math.inf
+  tail = 1.0 - p
+  lo, hi = 0.0, 1.0
+  while t_tail(hi, df) > tail:
+    lo, hi = hi, 2.0 * hi
+  while hi - lo > 1e-12 * hi:
+    mid = 0.5 * (lo + hi)
+    if t_tail(mid, df) > tail:
+      lo = mid
+    else:
+      hi = mid
+  return 0.5 * (lo + hi)
+
+
+def t_multiplier(df: float, level: float = LEVEL) -> float:
+  """The half-width of a two-sided `level` interval in standard errors: t_{(1+level)/2, df}."""
+  return t_quantile(0.5 + 0.5 * level, df)
+
+
+# ---------------------------------------------------------------------------
+# A mean and a comparison.
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+  """A mean with its two-sided t-interval: mean +- t_{0.975, n-1} s / sqrt(n)."""
+
+  mean: float
+  lo: float  # NaN with fewer than 2 values
+  hi: float
+  n: int
+  df: float  # n - 1
+
+  @property
+  def half(self) -> float:
+    return self.hi - self.mean
+
+
+def _finite(values: Iterable[float]) -> list[float]:
+  return [float(v) for v in values if math.isfinite(v)]
+
+
+def _mean_var(values: Sequence[float]) -> tuple[float, float]:
+  """Mean and sample variance (n - 1; NaN for one value)."""
+  n = len(values)
+  mean = sum(values) / n
+  var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else math.nan
+  return mean, var
+
+
+def mean_interval(values: Iterable[float], level: float = LEVEL) -> Interval:
+  """The mean of the finite `values` and its t-interval (NaN ends with fewer than 2).
+
+  Non-finite values (a diverged run's NaN) are left out: say so where it matters.
+  """
+  values = _finite(values)
+  if not values:
+    return Interval(math.nan, math.nan, math.nan, 0, math.nan)
+  mean, var = _mean_var(values)
+  n = len(values)
+  if n < 2:
+    return Interval(mean, math.nan, math.nan, n, math.nan)
+  half = t_multiplier(n - 1, level) * math.sqrt(var / n)
+  return Interval(mean, mean - half, mean + half, n, n - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """b against a: `effect` = b - a in nats of loss (positive: b is worse).
+
+  Paired: effect = mean over shared seeds s of (b_s - a_s), interval
+  effect +- t_{0.975, n-1} sd(b_s - a_s) / sqrt(n), n = shared seeds.
+  Welch: effect = mean(b) - mean(a), interval effect +- t_{0.975, df} se with
+  se^2 = s_a^2 / n_a + s_b^2 / n_b and the Welch-Satterthwaite
+  df = se^4 / ((s_a^2/n_a)^2 / (n_a-1) + (s_b^2/n_b)^2 / (n_b-1)).
+  verdict: "better" (b lower: the interval lies below 0), "worse" (above 0),
+  "within noise" (it covers 0), or "too few seeds" (no spread to judge by).
+  """
+
+  effect: float
+  lo: float
+  hi: float
+  df: float
+  n: int  # pairs (paired), or seeds of a + seeds of b (welch, "none")
+  method: str  # "paired", "welch", or "none" (too few seeds for either)
+  verdict: str
+  n_a: int = 0  # seeds of a that entered
+  n_b: int = 0
+  unpaired: int = 0  # paired only: seeds of one label only, left out
+
+  def format(self, verdict: bool = True) -> str:
+    """One table cell: "+0.080 [+0.052, +0.108] paired n=3: worse"."""
+    if self.method == "none":
+      text = (f"{self.effect:+.3f} n={self.n_a}+{self.n_b}" if math.isfinite(self.effect)
+              else f"n={self.n_a}+{self.n_b}")
+    else:
+      n = f"n={self.n}" if self.method == "paired" else f"n={self.n_a}+{self.n_b}"
+      text = f"{self.effect:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}] {self.method} {n}"
+      if self.unpaired:
+        text += f" ({self.unpaired} unpaired left out)"
+    return f"{text}: {self.verdict}" if verdict else text
+
+
+def _verdict(lo: float, hi: float) -> str:
+  if lo > 0:
+    return "worse"
+  if hi < 0:
+    return "better"
+  return "within noise"
+
+
+def compare(a_by_seed: Mapping[Hashable, float], b_by_seed: Mapping[Hashable, float],
+            level: float = LEVEL) -> Comparison:
+  """b against a, from {seed: loss} of each; `effect` = b - a (positive: b is worse).
+
+  Runs with the same seed share their initialisation and data order, so their
+  losses move together; the difference per seed cancels that shared part, which
+  an unpaired test counts as noise. So:
+
+  * The labels share >= 2 seeds: paired, on the shared seeds only. Seeds that
+    only one label has are left out (counted in `unpaired`): mixing them in
+    would need a model of how paired and unpaired draws combine, and the
+    protocol gives both labels the same seeds. The effect is then the mean of the
+    per-seed differences, which can differ from the difference of all-seed means.
+  * Otherwise, each has >= 2 seeds: Welch's unequal-variance t on all seeds,
+    with the Welch-Satterthwaite degrees of freedom.
+  * Otherwise: method "none", verdict "too few seeds" (never a z = 1.96 guess).
+
+  Non-finite losses (diverged runs) are left out first. The verdict is a
+  two-sided test at `level`: "better" or "worse" when the interval excludes 0.
+  """
+  a = {s: float(v) for s, v in a_by_seed.items() if math.isfinite(v)}
+  b = {s: float(v) for s, v in b_by_seed.items() if math.isfinite(v)}
+  shared = [s for s in a if s in b]
+  if len(shared) >= 2:
+    diffs = [b[s] - a[s] for s in shared]
+    mean, var = _mean_var(diffs)
+    n = len(diffs)
+    half = t_multiplier(n - 1, level) * math.sqrt(var / n)
+    unpaired = len(a) + len(b) - 2 * n
+    return Comparison(mean, mean - half, mean + half, n - 1, n, "paired",
+                      _verdict(mean - half, mean + half), n, n, unpaired)
+  if len(a) >= 2 and len(b) >= 2:
+    (mean_a, var_a), (mean_b, var_b) = _mean_var(list(a.values())), _mean_var(list(b.values()))
+    return compare_summaries(mean_a, math.sqrt(var_a / len(a)), len(a),
+                             mean_b, math.sqrt(var_b / len(b)), len(b), level)
+  effect = (sum(b.values()) / len(b) - sum(a.values()) / len(a)) if a and b else math.nan
+  return Comparison(effect, math.nan, math.nan, math.nan, len(a) + len(b), "none", TOO_FEW,
+                    len(a), len(b))
+
+
+def compare_summaries(mean_a: float, se_a: float, n_a: int, mean_b: float, se_b: float,
+                      n_b: int, level: float = LEVEL) -> Comparison:
+  """b against a by Welch's t from each side's mean, standard error and seed count,
+  for when the per-seed losses are not at hand (so nothing can be paired: prefer
+  `compare`). `effect` = mean_b - mean_a; "too few seeds" when a side has < 2.
+  """
+  if n_a < 2 or n_b < 2 or not (math.isfinite(se_a) and math.isfinite(se_b)):
+    return Comparison(mean_b - mean_a, math.nan, math.nan, math.nan, n_a + n_b, "none",
+                      TOO_FEW, n_a, n_b)
+  va, vb = se_a ** 2, se_b ** 2
+  se2 = va + vb
+  df = (se2 ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1)) if se2 > 0
+        else n_a + n_b - 2)  # no spread at all: the pooled df, a zero-width interval
+  effect = mean_b - mean_a
+  half = t_multiplier(df, level) * math.sqrt(se2)
+  return Comparison(effect, effect - half, effect + half, df, n_a + n_b, "welch",
+                    _verdict(effect - half, effect + half), n_a, n_b)
+
+
+# ---------------------------------------------------------------------------
+# The near-best band.
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+  """The rates that could be the best: `best` (lowest seed mean), `rates` (the
+  band, ascending, the best included) and `short` (the band's rates with fewer
+  than `min_seeds` seeds: what still has to run)."""
+
+  best: float
+  rates: tuple[float, ...]
+  short: tuple[float, ...]
+
+
+def near_best_band(losses: Mapping[float, Mapping[Hashable, float]], *,
+                   nats: float = BAND_NATS, min_seeds: int = MIN_SEEDS,
+                   level: float = LEVEL) -> Band:
+  """The rates whose loss could be the best's, from {rate: {seed: loss}}.
+
+  The best rate is the one with the lowest seed mean. A best chosen on one seed
+  is a draw: a rate whose loss is within noise of it may be the real best, so
+  the protocol runs >= `min_seeds` seeds at every rate of this band (`short`
+  lists those that still lack them) and then asks again. A rate is in the band
+  when it is not measurably worse than the best:
+
+  * where seeds allow a comparison (`compare(best, rate)`: >= 2 shared seeds,
+    or >= 2 each), its verdict is not "worse" at `level`;
+  * where they do not (one seed on a side, the search's stage 1), its seed mean
+    is within `nats` of the best's. The default, 0.02 nats, is the width study's
+    band; the two seeds at its best points agree within 0.025 nats (half-range)
+    away from the edge of stability, so a single-seed gap smaller than that is
+    not evidence.
+
+  A rate with any diverged seed (a non-finite loss) is never in the band: the
+  best rate must train on every seed. `rates` may be a rate or its log2, as the
+  caller keys them.
+
+  Raises:
+    ValueError: no rate has every seed finite.
+  """
+  means, seeds = {}, {}
+  for rate, by_seed in losses.items():
+    values = list(by_seed.values())
+    if values and all(math.isfinite(v) for v in values):
+      means[rate], seeds[rate] = sum(values) / len(values), by_seed
+  if not means:
+    raise ValueError("near_best_band: no rate with every seed finite (all diverged?)")
+  best = min(means, key=lambda r: (means[r], r))
+  band = []
+  for rate in sorted(means):
+    c = compare(seeds[best], seeds[rate], level)
+    if rate == best or (c.verdict != "worse" if c.method != "none"
+                        else means[rate] - means[best] <= nats):
+      band.append(rate)
+  return Band(best, tuple(band), tuple(r for r in band if len(seeds[r]) < min_seeds))
+
+
+# ---------------------------------------------------------------------------
+# The best rate and how it moves with size.
+
+def parabola_vertex(losses: Mapping[float, float]) -> tuple[float, float]:
+  """(grid best, interpolated best) of {log2 rate: loss}; NaN, NaN when all diverged.
+
+  The grid best is the lowest finite loss (a tie: the smaller rate). Interpolated:
+  the vertex of the parabola through it and its two neighbours on the grid,
+      x* = x0 - ((x0-x1)^2 (y0-y2) - (x0-x2)^2 (y0-y1))
+               / (2 ((x0-x1)(y0-y2) - (x0-x2)(y0-y1))),
+  which for neighbours one step h away is x0 + h/2 (y1 - y2) / (y1 - 2 y0 + y2).
+  Kept within the neighbours; the grid best itself when a neighbour is missing
+  or diverged (no bracket) or the three are not convex.
+  """
+  xs = sorted(losses)
+  finite = [x for x in xs if math.isfinite(losses[x])]
+  if not finite:
+    return math.nan, math.nan
+  x0 = min(finite, key=lambda x: (losses[x], x))
+  i = xs.index(x0)
+  if i == 0 or i == len(xs) - 1:
+    return x0, x0
+  x1, x2 = xs[i - 1], xs[i + 1]
+  y0, y1, y2 = losses[x0], losses[x1], losses[x2]
+  if not (math.isfinite(y1) and math.isfinite(y2)):
+    return x0, x0
+  curvature = ((y2 - y0) / (x2 - x0) - (y0 - y1) / (x0 - x1)) / (x2 - x1)
+  if curvature <= 0:
+    return x0, x0
+  num = (x0 - x1) ** 2 * (y0 - y2) - (x0 - x2) ** 2 * (y0 - y1)
+  den = 2 * ((x0 - x1) * (y0 - y2) - (x0 - x2) * (y0 - y1))
+  return x0, float(np.clip(x0 - num / den, x1, x2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Slope:
+  """log2(best rate) = slope * log2(size) + intercept, with a bootstrap interval.
+
+  `best`: size -> (grid, interpolated) best log2 rate on the seed means;
+  `best_lo`/`best_hi`: each size's percentile interval of the interpolated best.
+  `resamples` were drawn; `used` gave a fit (>= 2 sizes with a finite best).
+  """
+
+  slope: float
+  intercept: float
+  lo: float
+  hi: float
+  resamples: int
+  used: int
+  best: dict
+  best_lo: dict
+  best_hi: dict
+
+
+def _best_by_size(means: Mapping[float, Mapping[float, float]]) -> dict:
+  return {x: parabola_vertex(by_rate) for x, by_rate in means.items()}
+
+
+def _fit(points: Mapping[float, float]) -> tuple[float, float]:
+  """Least squares of y on log2(x) over the finite points: (slope, intercept)."""
+  xs = [x for x, y in points.items() if math.isfinite(y)]
+  if len(xs) < 2:
+    return math.nan, math.nan
+  slope, intercept = np.polyfit(np.log2(xs), [points[x] for x in xs], 1)
+  return float(slope), float(intercept)
+
+
+def _resampled_means(values: Sequence[float], resamples: int, rng) -> np.ndarray:
+  """`resamples` means of n draws with replacement from the n `values`, recentred
+  and widened by sqrt(n / (n - 1)) first: a plain resample's mean has variance
+  (n - 1)/n s^2/n, half the unbiased s^2/n at n = 2 (Davison & Hinkley 1997,
+  sec. 2.3 and 3.3: the adjusted bootstrap)."""
+  v_S = np.asarray(values, float)
+  n = len(v_S)
+  if n > 1:
+    mean = v_S.mean()
+    v_S = mean + math.sqrt(n / (n - 1)) * (v_S - mean)
+  return v_S[rng.integers(0, n, (resamples, n))].mean(axis=1)
+
+
+def best_rate_slope(sweep: Iterable[tuple[float, float, Hashable, float]], *,
+                    resamples: int = RESAMPLES, seed: int = 0,
+                    level: float = LEVEL) -> Slope:
+  """How the best learning rate moves with size, and how sure that is.
+
+  `sweep`: rows (x, log2 rate, seed, loss), x a size (width, depth). Per x the
+  best log2 rate is `parabola_vertex` of the seed-mean loss at each rate (a rate
+  whose mean is NaN diverged); then log2(best) = slope * log2(x) + intercept
+  by least squares (0: the rate transfers; -1: it falls as 1/x).
+
+  The interval: a bootstrap over seeds (Efron & Tibshirani ch. 13). Each
+  resample draws, independently for every (x, rate) point, as many of that
+  point's seeds as it has, with replacement (from the seeds widened by
+  sqrt(n / (n - 1)) about their mean, so that a resampled mean has the
+  unbiased variance s^2 / n: `_resampled_means`); re-finds every x's best on
+  the resampled means; refits. The `level` interval is the percentiles
+  (1-level)/2 and (1+level)/2 of the `resamples` slopes (2000 by default; the
+  same `seed`, the same interval).
+
+  How far to trust it: on synthetic sweeps (4 sizes, 12 rates, Gaussian seed
+  noise of 0.02 nats, 300 resamples; tests/test_stats.py) a 95% interval covered
+  the true slope in 88% of 100 sweeps with 2 seeds per point, 92% with 3 and 96% with 5
+  (without the widening: 77%, 85%, 93%). A bootstrap of 2-3 values cannot know
+  the tails of the noise, so with 2-3 seeds read it as roughly a 90% interval.
+  Independent draws per point ignore that seeds are shared across rates. A
+  point with one seed always resamples to itself: the interval knows only the
+  noise of points with seeds, which is why the protocol puts >= 3 seeds on
+  every near-best rate (`near_best_band`).
+
+  Raises:
+    ValueError: fewer than 2 sizes with a finite best rate (no slope).
+  """
+  grouped: dict[tuple[float, float], list[float]] = {}
+  for x, log2_lr, _, loss in sweep:
+    grouped.setdefault((x, float(log2_lr)), []).append(float(loss))
+  keys = sorted(grouped)
+
+  def best_of(point_means):
+    by_size: dict[float, dict[float, float]] = {}
+    for (x, rate), m in zip(keys, point_means):
+      by_size.setdefault(x, {})[rate] = m
+    return _best_by_size(by_size)
+
+  best = best_of([float(np.mean(grouped[k])) for k in keys])
+  slope, intercept = _fit({x: interp for x, (_, interp) in best.items()})
+  if not math.isfinite(slope):
+    raise ValueError(f"best_rate_slope needs 2 sizes with a finite best rate, got "
+                     f"{sum(math.isfinite(i) for _, i in best.values())}")
+  rng = np.random.default_rng(seed)
+  # (resamples, points): each point's resampled seed mean, drawn point by point.
+  means_RP = np.stack([_resampled_means(grouped[k], resamples, rng) for k in keys], axis=1)
+  slopes, per_size = [], {x: [] for x in best}
+  for row in means_RP:
+    b = best_of(row.tolist())
+    for x, (_, interp) in b.items():
+      per_size[x].append(interp)
+    slopes.append(_fit({x: interp for x, (_, interp) in b.items()})[0])
+  q = (50 * (1 - level), 50 * (1 + level))
+  finite = [s for s in slopes if math.isfinite(s)]
+  lo, hi = np.percentile(finite, q) if finite else (math.nan, math.nan)
+
+  def ends(values):
+    values = [v for v in values if math.isfinite(v)]
+    return tuple(float(e) for e in np.percentile(values, q)) if values else (math.nan,) * 2
+
+  intervals = {x: ends(v) for x, v in per_size.items()}
+  return Slope(slope, intercept, float(lo), float(hi), resamples, len(finite), best,
+               {x: e[0] for x, e in intervals.items()}, {x: e[1] for x, e in intervals.items()})

@@ -1,0 +1,132 @@
+"""Which code, software and machine a run came from: WORKDIR/provenance.json.
+
+A result is only as good as knowing what produced it. The training loop calls
+`write(workdir)` once per start, so a run that was resumed (perhaps after a
+code change) keeps one record per segment:
+
+    [{"commit": "8f57eff...", "dirty": false, "jax": "0.10.2", "jaxlib": "0.10.2",
+      "python": "3.11.9", "device_kind": "cpu", "device_count": 1, "process_count": 1,
+      "backend": "cpu", "platform": "Linux-6.8...-x86_64", "argv": ["train.py", ...],
+      "hostname": "...", "time_utc": "2026-11-25T10:00:00Z", "code": "/path/to/attnscale"},
+     ...]
+
+The commit is that of the git checkout attnscale was imported from ("unknown"
+when git is missing or the code is not in a checkout: an installed wheel);
+"dirty" is whether `git status --porcelain` lists anything outside runs/ (where
+sweeps keep their run directories), so uncommitted edits are on record.
+`read(run_dir)` returns the records, `commit_of(run_dir)` the one string a
+results table keeps.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+
+FILE = "provenance.json"
+UNKNOWN = "unknown"
+# The package's parent: a checkout's root when attnscale is not installed as a wheel.
+CODE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IGNORED = ("runs/",)  # run directories in the checkout are not code changes
+
+
+def _git(*args: str, cwd: str = CODE) -> str | None:
+  """git's stdout, or None when git is missing, fails, or hangs (5 s)."""
+  try:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout if out.returncode == 0 else None
+
+
+def git_state(cwd: str = CODE, tracked: str = os.path.abspath(__file__)
+              ) -> tuple[str, bool | None]:
+  """(commit, dirty) of the checkout at `cwd`: ("unknown", None) outside one, or
+  in one that does not track the file `tracked` (this module: the code that runs).
+
+  Dirty: `git status --porcelain` lists a tracked change or an untracked file
+  outside IGNORED (paths relative to the checkout's root).
+  """
+  commit = _git("rev-parse", "HEAD", cwd=cwd)
+  # The checkout must be this code's: a wheel installed in a venv inside some other
+  # checkout would otherwise report that checkout's commit.
+  if (commit is None or not commit.strip()
+      or _git("ls-files", "--error-unmatch", tracked, cwd=cwd) is None):
+    return UNKNOWN, None
+  status = _git("status", "--porcelain", cwd=cwd)
+  if status is None:
+    return commit.strip(), None
+  # A porcelain line is "XY path" (or "XY old -> new"); quoted when unusual.
+  paths = [line[3:].strip('"') for line in status.splitlines() if line.strip()]
+  return commit.strip(), any(not p.startswith(IGNORED) for p in paths)
+
+
+def record() -> dict:
+  """This process's provenance: code, versions, devices, command, host and time."""
+  import jax  # here, not at import: reading provenance needs no JAX
+
+  try:
+    import jaxlib
+    jaxlib_version = jaxlib.__version__
+  except (ImportError, AttributeError):
+    jaxlib_version = UNKNOWN
+  commit, dirty = git_state()
+  devices = jax.devices()
+  return {
+      "commit": commit, "dirty": dirty, "jax": jax.__version__, "jaxlib": jaxlib_version,
+      "python": platform.python_version(),
+      "device_kind": devices[0].device_kind if devices else UNKNOWN,
+      "device_count": jax.device_count(), "process_count": jax.process_count(),
+      "backend": jax.default_backend(), "platform": platform.platform(),
+      "argv": list(sys.argv), "hostname": socket.gethostname(),
+      "time_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+      "code": CODE,
+  }
+
+
+def read(run_dir: str) -> list[dict]:
+  """The records of WORKDIR/provenance.json, oldest first ([] when there is none)."""
+  path = os.path.join(run_dir, FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    records = json.load(f)
+  return records if isinstance(records, list) else [records]
+
+
+def write(workdir: str, **extra) -> dict | None:
+  """Appends this start's `record()` (and `extra`, e.g. a packed run's pack) to
+  WORKDIR/provenance.json (process 0 only; the others return None). Written whole
+  to a temporary file, then renamed: a killed process leaves the old list, not
+  half of a new one. Returns the record.
+  """
+  import jax
+
+  if jax.process_index() != 0:
+    return None
+  entry = record() | extra
+  path = os.path.join(workdir, FILE)
+  try:
+    records = read(workdir)
+  except (OSError, ValueError):  # unreadable: kept beside, not lost, not fatal
+    os.replace(path, path + ".unreadable")
+    records = []
+  with open(path + ".tmp", "w") as f:
+    json.dump(records + [entry], f, indent=2)
+  os.replace(path + ".tmp", path)
+  return entry
+
+
+def commit_of(run_dir: str) -> str:
+  """The code a run came from as one string: its commit ("unknown" without a
+  provenance.json), "+dirty" when any segment ran with uncommitted changes, and
+  the commits joined by "+" in order when a resumed segment ran other code."""
+  records = read(run_dir)
+  commits = list(dict.fromkeys(r.get("commit", UNKNOWN) for r in records)) or [UNKNOWN]
+  dirty = any(r.get("dirty") for r in records)
+  return "+".join(commits) + ("+dirty" if dirty else "")
