@@ -128,9 +128,9 @@ def accelerator_rows(args) -> None:
   from attnscale.runtime import aot, packed
   print(f"# compiled without the hardware (JAX {jax.__version__}): the packed train step of "
         "K runs on one device; not run")
-  print("| preset | target | K | memory / device | fits | step >= (roofline) | runs x steps "
-        "/ s <= |")
-  print("|---|---|---:|---:|---|---:|---:|")
+  print("| preset | target | kernel | K | memory / device | fits | step >= (roofline) "
+        "| runs x steps / s <= |")
+  print("|---|---|---|---:|---:|---|---:|---:|")
   for preset in args.presets:
     config = packing.load_config(f"{CONFIG}:preset={preset}")
     for name in args.targets:
@@ -155,7 +155,8 @@ def accelerator_rows(args) -> None:
         bound = row.get("roofline", {}).get("step_s_lower_bound")
         rate = f"{k / bound:,.0f}" if bound else "-"
         step = f"{bound * 1e3:.3f} ms" if bound else "-"
-        print(f"| {preset} | {name} | {k} | {mem['total'] / 2**30:.2f} GiB | "
+        print(f"| {preset} | {name} | {row.get('kernel', '-')} | {k} | "
+              f"{mem['total'] / 2**30:.2f} GiB | "
               f"{'yes' if fits else 'no'} | {step} | {rate} |", flush=True)
         if not fits:
           break
@@ -184,6 +185,8 @@ def main():
   args.packs = [int(k) for k in args.packs.split(",") if k]
   args.packs_jobs2 = [int(k) for k in args.packs_jobs2.split(",") if k]
   args.targets = [t for t in args.targets.split(",") if t]
+  if args.targets:  # compiled, never run: the host's CPU is the only backend needed (compile.py)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
   hostmem.reexec_with_tunables()  # as train.py, so its children inherit the tunables
   if any(args.packs):
     cpu_rows(args)

@@ -136,3 +136,46 @@ def test_transfer_runs_targets_at_the_sources_best():
   # A rate the target's own search tried is not run twice.
   again = lr_search.search({"small": 7, "big": 7}, lambda t: 1.0, transfer={"small": ["big"]})
   assert len(again) == len(set(again))
+
+
+def test_protocol_runs_three_seeds_at_every_near_best_rate_and_picks_on_the_mean():
+  # Seed noise of +-0.03 around a parabola with its minimum between 2^-9 and 2^-10:
+  # 2^-10 wins on seed 0 alone (by 0.01), 2^-9 on the mean of three seeds.
+  offsets = {(9, 0): 0.01, (9, 1): -0.03, (9, 2): -0.03, (10, 0): 0.0, (10, 1): 0.0,
+             (10, 2): 0.0}
+  finished: dict[Trial, float] = {}
+  while True:
+    trials = lr_search.search({"a": 9}, lambda t: finished.get(t), more_seeds=(),
+                              band_seeds=(1, 2))
+    new = [t for t in trials if t not in finished]
+    if not new:
+      break
+    for t in new:
+      finished[t] = 1.0 + 0.02 * abs(t.exponent - 9.6) ** 2 + offsets.get((t.exponent, t.seed),
+                                                                       0.01 * t.seed)
+  rates = {}
+  for t in trials:
+    rates.setdefault(t.exponent, set()).add(t.seed)
+  # Seed 0: 2^-10 best, 2^-9 0.014 behind (inside the 0.02-nat band), 2^-8 and 2^-11
+  # 0.048 and 0.036 behind (outside); on three seeds 2^-10 is not measurably worse.
+  assert rates[9] == rates[10] == {0, 1, 2}
+  assert rates[8] == {0} and rates[11] == {0}
+  means = {e: sum(finished[Trial("a", e, s)] for s in seeds) / len(seeds)
+           for e, seeds in rates.items()}
+  assert min(means, key=means.get) == 9
+  assert lr_search.best_exponent({e: finished[Trial("a", e, 0)] for e in rates}) == 10
+
+
+def test_protocol_treats_a_rate_with_one_diverged_seed_as_diverged():
+  loss = lambda t: math.nan if (t.exponent == 6 and t.seed == 2) else 1.0 + 0.01 * abs(t.exponent - 6)
+  finished: dict[Trial, float] = {}
+  while True:
+    trials = lr_search.search({"a": 7}, lambda t: finished.get(t), more_seeds=(),
+                              band_seeds=(1, 2), bounds=(3, 12))
+    new = [t for t in trials if t not in finished]
+    if not new:
+      break
+    finished.update({t: loss(t) for t in new})
+  seeds_at = lambda e: {t.seed for t in trials if t.exponent == e}
+  assert seeds_at(6) == {0, 1, 2}  # in the band on seed 0, then a seed diverged
+  assert seeds_at(7) == {0, 1, 2}  # the best on the mean once 2^-6 is out

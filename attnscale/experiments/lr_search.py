@@ -10,6 +10,16 @@ next step would leave the bounds.
 
 Stage 2: `more_seeds` at the bracketed best, so a table can give mean ± s.e.
 
+The study protocol (`band_seeds`, docs/guides/sweeps.md "The study protocol")
+replaces stage 2: the best is chosen on the seed mean, and every rate inside the
+near-best band (`attnscale.experiments.stats.near_best_band`: the rates that are
+not measurably worse than the best, so could be it) runs `band_seeds` too, 3 seeds
+in all with seed 0. With their losses the best is found again on the means; if it
+moved to an edge, the search steps on; the band is asked again, until the best is
+bracketed on the mean and every band rate has its seeds. A rate where any seed
+diverged counts as diverged. With packed sweeps (`sweep.py --pack`), each round's
+rates x seeds of a label train as one program.
+
 Transfer (optional): once a source label's best is bracketed, each of its
 target labels also runs (seed 0) at the source's best rate, if its own search did
 not try it: what a model tuned at one size gets at another (the width study:
@@ -53,9 +63,16 @@ def best_exponent(losses: Mapping[int, float]) -> int | None:
   return -min(finite)[1] if finite else None
 
 
+def _mean(by_seed: Mapping[int, float]) -> float:
+  """The seed mean of one rate's losses; NaN if any seed diverged."""
+  values = list(by_seed.values())
+  return sum(values) / len(values) if all(math.isfinite(v) for v in values) else math.nan
+
+
 def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
            bounds: tuple[int, int] = (3, 12),
            more_seeds: Sequence[int] = (1, 2),
+           band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None) -> list[Trial]:
   """The trials needed so far: stage 1 of every label (seed 0), then stage 2.
 
@@ -67,6 +84,9 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
     bounds: (lo, hi): the search never steps beyond lo <= e <= hi (the first
       three rates are the start's neighbours, whatever the bounds).
     more_seeds: the seeds added at each label's bracketed best.
+    band_seeds: the study protocol (module docstring): seeds added at every rate
+      of the near-best band, the best chosen on the seed mean (with `more_seeds`
+      usually empty).
     transfer: source label -> target labels run (seed 0) at the source's best.
 
   Returns:
@@ -77,14 +97,17 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
   lo, hi = bounds
   stage1, stage2, best_of = [], [], {}
   for label, start in starts.items():
-    tried = [start - 1, start, start + 1]
+    tried, banded = [start - 1, start, start + 1], set()
     while True:
-      trials = [Trial(label, e, 0) for e in tried]
+      trials = [Trial(label, e, seed) for e in tried
+                for seed in (0, *(band_seeds if e in banded else ()))]
       stage1 += [t for t in trials if t not in stage1]
-      losses = {t.exponent: loss(t) for t in trials}
-      if any(v is None for v in losses.values()):
+      by_seed: dict[int, dict[int, float | None]] = {}
+      for t in trials:
+        by_seed.setdefault(t.exponent, {})[t.seed] = loss(t)
+      if any(v is None for seeds in by_seed.values() for v in seeds.values()):
         break  # this label's search is still running
-      best = best_exponent(losses)
+      best = best_exponent({e: _mean(seeds) for e, seeds in by_seed.items()})
       # All diverged: a smaller rate; best at an edge: one step beyond it.
       if best is None or best == max(tried):
         beyond = max(tried) + 1
@@ -95,6 +118,12 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
       if beyond is not None and lo <= beyond <= hi and beyond not in tried:
         tried = sorted(tried + [beyond])
         continue
+      if band_seeds and best is not None:
+        from attnscale.experiments import stats
+        band = stats.near_best_band(by_seed).rates
+        if set(band) - banded:
+          banded |= set(band)
+          continue
       if best is not None:
         stage2 += [Trial(label, best, seed) for seed in more_seeds]
         best_of[label] = best
@@ -107,7 +136,7 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
 
 def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[str, int],
            workdir: str | None, *, bounds: tuple[int, int] = (3, 12),
-           more_seeds: Sequence[int] = (1, 2),
+           more_seeds: Sequence[int] = (1, 2), band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None) -> list[dict]:
   """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
   finished runs in `workdir` (None: nothing has run, stage 1's first trials).
@@ -135,4 +164,5 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
     return row["final_train_loss"] if row["status"] == "done" else math.nan
 
   return [point(t) for t in search({label: starts[label] for label in labels}, loss,
-                                   bounds=bounds, more_seeds=more_seeds, transfer=transfer)]
+                                   bounds=bounds, more_seeds=more_seeds,
+                                   band_seeds=band_seeds, transfer=transfer)]
