@@ -20,10 +20,13 @@ against `--jobs=2`, measured in the same invocation.
 Accelerator rows (--targets; needs JAX 0.12 with libtpu and the CUDA plugin, as
 compile.py): the packed train step compiled for one H100 or one TPU v5e chip
 without the hardware (`attnscale.runtime.packed.lower`, `attnscale.runtime.aot`),
-for K = 1, 2, 4, ... until it no longer fits: memory per device, the roofline
-step time (a lower bound: max(FLOPs / peak, bytes / bandwidth)) and the runs x
-steps per second it bounds. The largest K that fits is a power of two found so.
-Compiled, not run.
+at K = 1 and --probe_pack: memory per device, the roofline step time (a lower
+bound: max(FLOPs / peak, bytes / bandwidth); on GPUs the FLOPs' alone, XLA's GPU
+compiler gives no byte count) and the runs x steps per second it bounds. Memory
+is linear in K, so the two give the largest K that fits, which is compiled too.
+Compiled, not run: a tiny model's real step on a GPU is bound by its kernels'
+launches (a few microseconds each, hundreds a step), far above this roofline,
+which is what packing amortises.
 """
 
 from __future__ import annotations
@@ -122,10 +125,36 @@ def cpu_rows(args) -> None:
             f"| {run_s:.0f} | {per_hour:.0f} | {per_hour / baseline:.2f} |", flush=True)
 
 
-def accelerator_rows(args) -> None:
+def accelerator_row(preset: str, config, name: str, k: int) -> dict:
+  """Compiles the packed step of `k` runs for target `name`, prints its row and
+  returns its memory (`aot._compile`'s)."""
   import jax
 
   from attnscale.runtime import aot, packed
+  t = aot.target(name)
+  lowered, info = packed.lower(config, k, name)
+  state, cfg = info["state"], info["model"]
+  fixed = {"parameters": aot._sharded_bytes(state["params"]),
+           "optimizer_state": aot._sharded_bytes(state["opt_state"]),
+           "batch": aot._sharded_bytes(info["train_batch"])}
+  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state["params"])
+  num_params = sum(x.size for x in jax.tree.leaves(one))
+  analytic = k * aot.analytic_flops(cfg, num_params, aot._position_params(one),
+                                    config.batch_size * config.seq_len, train=True)
+  r = aot._compile(lowered, t, fixed, t.memory_bytes, analytic, one, info["train_batch"], 1,
+                   (cfg.num_heads, cfg.kv_heads, cfg.head_dim))
+  bound = r.get("roofline", {}).get("step_s_lower_bound")
+  print(f"| {preset} | {name} | {r.get('kernel', '-')} | {k} | "
+        f"{r['memory']['total'] / 2**30:.2f} GiB | {'yes' if r['memory']['fits'] else 'no'} "
+        f"| {f'{bound * 1e3:.3f} ms' if bound else '-'} "
+        f"| {f'{k / bound:,.0f}' if bound else '-'} |", flush=True)
+  return r["memory"]
+
+
+def accelerator_rows(args) -> None:
+  import jax
+
+  from attnscale.runtime import aot
   print(f"# compiled without the hardware (JAX {jax.__version__}): the packed train step of "
         "K runs on one device; not run")
   print("| preset | target | kernel | K | memory / device | fits | step >= (roofline) "
@@ -134,35 +163,18 @@ def accelerator_rows(args) -> None:
   for preset in args.presets:
     config = packing.load_config(f"{CONFIG}:preset={preset}")
     for name in args.targets:
-      t = aot.target(name)
-      largest = None
-      k = 1
-      while k <= args.max_pack:
-        lowered, info = packed.lower(config, k, name)
-        state = info["state"]
-        fixed = {"parameters": aot._sharded_bytes(state["params"]),
-                 "optimizer_state": aot._sharded_bytes(state["opt_state"]),
-                 "batch": aot._sharded_bytes(info["train_batch"])}
-        cfg = info["model"]
-        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state["params"])
-        num_params = sum(x.size for x in jax.tree.leaves(one))
-        analytic = k * aot.analytic_flops(cfg, num_params, aot._position_params(one),
-                                          config.batch_size * config.seq_len, train=True)
-        row = aot._compile(lowered, t, fixed, t.memory_bytes, analytic, one,
-                           info["train_batch"], 1, (cfg.num_heads, cfg.kv_heads, cfg.head_dim))
-        mem = row["memory"]
-        fits = mem["fits"]
-        bound = row.get("roofline", {}).get("step_s_lower_bound")
-        rate = f"{k / bound:,.0f}" if bound else "-"
-        step = f"{bound * 1e3:.3f} ms" if bound else "-"
-        print(f"| {preset} | {name} | {row.get('kernel', '-')} | {k} | "
-              f"{mem['total'] / 2**30:.2f} GiB | "
-              f"{'yes' if fits else 'no'} | {step} | {rate} |", flush=True)
-        if not fits:
-          break
-        largest = k
-        k *= 2
-      print(f"# {preset} on {name}: the largest K that fits (a power of two) is {largest}")
+      # Memory grows linearly in K (each run its own state and activations): two
+      # compiles give the line, a third checks the largest K it predicts.
+      small = accelerator_row(preset, config, name, 1)
+      large = accelerator_row(preset, config, name, args.probe_pack)
+      per_run = (large["total"] - small["total"]) / (args.probe_pack - 1)
+      fixed_bytes = small["total"] - per_run
+      memory = aot.target(name).memory_bytes
+      largest = int((memory - fixed_bytes) // per_run) if per_run > 0 else None
+      fits = (largest is not None and largest > args.probe_pack
+              and accelerator_row(preset, config, name, largest)["fits"])
+      print(f"# {preset} on {name}: {per_run / 2**20:.1f} MiB a run, the largest K that fits "
+            f"is about {largest} ({'compiled and fits' if fits else 'not confirmed'})")
 
 
 def _versions() -> str:
@@ -179,7 +191,8 @@ def main():
   parser.add_argument("--steps", type=int, default=100, help="steps a measurement")
   parser.add_argument("--targets", default="", help="compile targets (aot.TARGETS), e.g. "
                       "gpu-h100x1,tpu-v5e-1")
-  parser.add_argument("--max_pack", type=int, default=4096)
+  parser.add_argument("--probe_pack", type=int, default=16,
+                      help="the second K compiled for the memory line (the first is 1)")
   args = parser.parse_args()
   args.presets = args.presets.split(",")
   args.packs = [int(k) for k in args.packs.split(",") if k]
