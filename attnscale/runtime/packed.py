@@ -245,8 +245,10 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
     train_lib.log(f"  [{i}] {configlib.run_label(run.config)} | lr {run.config.learning_rate:g} "
                   f"| seed {run.config.seed} | {run.workdir} | "
                   f"{'done' if not run.active else f'from step {run.step}'}")
-  pending, first, iteration = [], True, 0
-  tick, tick_steps = time.perf_counter(), [r.step for r in runs]
+  pending, first, iteration, preempted = [], True, 0, False
+  # Each run's speed interval: since its last log row (time, step), as train_lib's.
+  ticks, tick_steps = [time.perf_counter()] * len(runs), [r.step for r in runs]
+  last_batch = [None] * len(runs)  # a stopped run's slot reuses its last batch
 
   def release_all():
     for lock in locks:
@@ -255,9 +257,10 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
   with train_lib._Preemption(before_exit=release_all) as preemption:
     while any(r.active for r in runs):
       active = [r.active for r in runs]
-      batch = train_lib.global_batch(
-          _stack([r.task.train_batch(min(r.step, r.config.num_train_steps - 1)) for r in runs]),
-          batch_sharding)
+      for k, run in enumerate(runs):
+        if run.active or last_batch[k] is None:
+          last_batch[k] = run.task.train_batch(min(run.step, run.config.num_train_steps - 1))
+      batch = train_lib.global_batch(_stack(last_batch), batch_sharding)
       logged = log_step is not None and any(
           r.active and train_lib._logs(r.config, r.step + 1) for r in runs)
       active_K = jnp.asarray(active)
@@ -270,7 +273,9 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
                                                                  active_K)
         jax.block_until_ready(metrics)
         train_lib.log(f"compiled and ran the first step in {time.perf_counter() - start:.1f}s")
-        tick, tick_steps = time.perf_counter(), [r.step + a for r, a in zip(runs, active)]
+        # Speed excludes compilation: intervals start after the first step.
+        ticks = [time.perf_counter()] * len(runs)
+        tick_steps = [r.step + a for r, a in zip(runs, active)]
       else:
         state_K, metrics = (log_step if logged else train_step)(state_K, batch, hparams_K,
                                                                  active_K)
@@ -302,14 +307,15 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
         pending = []
         now = time.perf_counter()
         for k in logs:
-          _log(runs[k], k, now, tick, tick_steps[k])
-          tick_steps[k] = runs[k].step
-        tick = now
+          _log(runs[k], k, now, ticks[k], tick_steps[k])
+          ticks[k], tick_steps[k] = now, runs[k].step
         _progress(runs, logs)
       evals = [k for k in evals if runs[k].active]
       if evals:
+        start = time.perf_counter()
         _evaluate(runs, evals, eval_step, state_K["params"], batch_sharding)
-        tick = time.perf_counter()  # validation time is not training speed
+        spent = time.perf_counter() - start  # validation time is not training speed
+        ticks = [t + spent for t in ticks]
       for k in saves:
         run = runs[k]
         if not run.active:  # diverged in this interval: its last good checkpoint stays
