@@ -48,6 +48,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting
+from attnscale.studies import registry
 
 # The axis -> (the model field it sets, {parameterisation: its model overrides}).
 AXES = {
@@ -263,3 +264,19 @@ def run_cli(args) -> tuple[list[str], list[str]]:
                                   title=f"Coordinate check: activation scale against {axis}",
                                   notes=notes)
   return paths, notes
+
+
+def add_arguments(p) -> None:
+  g = p.add_argument_group("coord_check (trains: never part of all)")
+  g.add_argument("--config", default="configs/shakespeare_char.py:preset=graphcore_cpu",
+                 help="the train.py config (FILE.py[:ARG]) trained at each width")
+  g.add_argument("--widths", default="32,64,128,256,512",
+                 help="comma-separated model widths (num_heads must divide each)")
+  g.add_argument("--depths", default=None,
+                 help="comma-separated depths (num_layers): the depth check, sp against "
+                      "the depth rule (model.depth_alpha 1 and 1/2), instead of --widths")
+  g.add_argument("--steps", type=int, default=4, help="training steps recorded at each size")
+
+
+# Trains models: only when asked for.
+STUDY = registry.Study(run_cli, in_all=False, arguments=add_arguments)

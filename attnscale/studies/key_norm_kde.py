@@ -36,6 +36,7 @@ from matplotlib import ticker
 from attnscale.core import scalings
 from attnscale.core.attention import attention_weights
 from attnscale.experiments import reporting
+from attnscale.studies import registry
 
 DISTRIBUTIONS = ("normal", "uniform", "student_t", "nonzero_mean", "unequal_lengths")
 
@@ -253,3 +254,35 @@ def plot_key_norms(result: KeyNormResult):
                "2023: 1/sum ||k|| keeps the Gaussian shape of q.k, 1/sqrt(d) is right-skewed",
                fontsize=9)
   return fig
+
+
+# ---------------------------------------------------------------------------
+# The command line: python -m attnscale.studies key_norms
+
+def add_arguments(p) -> None:
+  g = p.add_argument_group("key_norms")
+  g.add_argument("--dims", type=int, nargs="+", default=[16, 256], help="head dims d")
+  g.add_argument("--queries", type=int, default=500, help="queries")
+  g.add_argument("--keys", type=int, default=32, help="keys (drawn once, shared)")
+  g.add_argument("--dist", choices=DISTRIBUTIONS, default="normal",
+                 help="distribution of the q and k components")
+  g.add_argument("--df", type=float, default=3.0, help="student_t degrees of freedom")
+  g.add_argument("--mean", type=float, default=1.0, help="nonzero_mean: the mean")
+  g.add_argument("--length-range", type=float, nargs=2, default=[0.5, 2.0],
+                 help="unequal_lengths: key lengths ~ U(lo, hi)")
+
+
+def run_key_norms(a):
+  params = {"student_t": {"df": a.df}, "nonzero_mean": {"mean": a.mean},
+            "unequal_lengths": {"length_range": tuple(a.length_range)}}.get(a.dist, {})
+  r = key_norms(a.dims, queries=a.queries, keys=a.keys, dist=a.dist, seed=a.seed,
+                        **params)
+  notes = [f"{r.keys} keys drawn once and shared by {r.queries} queries; q, k components "
+           f"iid {a.dist}{' ' + str(params) if params else ''}, seed = {r.seed}.",
+           "Statistics of the first key's logit (raw dot product) or attention weight across "
+           "queries; skewness and excess kurtosis are 0 for a Gaussian."]
+  return reporting.write_study(plot_key_norms(r), r.rows(), a.out, "key_norms",
+                "Key-norm simulations (Bernhard 2023)", notes)
+
+
+STUDY = registry.Study(run_key_norms, arguments=add_arguments)

@@ -23,6 +23,7 @@ import numpy as np
 
 from attnscale.experiments import reporting
 from attnscale.runtime import configlib
+from attnscale.studies import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,3 +173,28 @@ def plot_length(result: LengthResult):
     ax_len.set_ylim(top=min(ax_len.get_ylim()[1], top))
     ax_pos.set_ylim(top=min(ax_pos.get_ylim()[1], top))
   return fig
+
+
+# ---------------------------------------------------------------------------
+# The command line: python -m attnscale.studies length --workdirs RUN ...
+
+def run_length(a):
+  try:
+    r = length_study(a.workdirs)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from None
+  first, last = r.lengths[0], r.lengths[-1]
+  notes = [f"{len(r.runs)} runs; validation loss (nats/char) over the whole split at each "
+           f"evaluation length (eval.py --lengths), mean ± standard error over seeds.",
+           f"Last column: loss at {last} minus loss at {first} (how much worse the model "
+           "gets with longer windows; negative = longer context helps).",
+           "Per-run values: length_runs.csv."]
+  paths = reporting.write_tables(r.rows(), a.out, "length_runs", title="Length study, every run")
+  written, notes = reporting.write_study(plot_length(r), r.summary_rows(), a.out, "length",
+                          "Loss against evaluation length", notes)
+  return written + paths, notes
+
+
+# In `all` only when every run given was evaluated with eval.py --lengths.
+STUDY = registry.Study(run_length, needs_workdirs=True,
+                       in_all=lambda args: all(map(has_lengths, args.workdirs)))

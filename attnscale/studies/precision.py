@@ -36,6 +36,7 @@ import numpy as np
 
 from attnscale.experiments import reporting
 from attnscale.numerics import precision, scale_tracking
+from attnscale.studies import registry
 
 PLOT_FORMATS = ("float16", "e4m3", "e5m2")
 DTYPE_ORDER = ("float32", "bfloat16", "float16", "fp8", "fp8/per_tensor")
@@ -362,3 +363,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
                "(grad); the smallest gradient's log2 std; fractions e4m3 / e5m2 / fp16 would "
                "flush; log2 RMS std of the gradient at q (`scale_summary`)."])
   return paths, notes
+
+
+# Reads one precision sweep's runs and every checkpoint: only when asked for.
+STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True)

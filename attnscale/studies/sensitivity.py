@@ -41,6 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, sweeps
+from attnscale.studies import registry
 
 MAX_LOGIT = "train/attn/max_logit/layer_"  # + layer index: metrics.jsonl's keys
 HIGH_RATES = (2.0**-7, 2.0**-5, 2.0**-3)  # the logit figure's panels
@@ -220,3 +221,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   paths.append(reporting.save_figure(plot_loss(rows), args.out, "sensitivity_loss"))
   paths.append(reporting.save_figure(plot_logits(rows), args.out, "sensitivity_logits"))
   return paths, notes
+
+
+# Reads the sensitivity sweep's layout: only when asked for.
+STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True)

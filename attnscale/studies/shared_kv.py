@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, stats, sweep_results, sweeps
+from attnscale.studies import registry
 
 SHARED = "+shared_kv"
 CONTROL = re.compile(r"\+kv_heads\d+")  # grouped-query: the parameter-matched control
@@ -196,3 +197,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
         notes=[f"{len(cpu)} runs ({args.workdirs[1]}), the preset's learning rate 2e-3 with "
                "cosine decay; mean ± s.e. over seeds."], **fmt)
   return paths, notes
+
+
+# Reads the shared_kv sweeps' layout: only when asked for.
+STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting
+from attnscale.studies import registry
 
 STATS = (("output_std", "attention output std"), ("entropy", "attention entropy (nats)"),
          ("max_logit", "max logit"), ("sink_rate", "weight on the first key"))
@@ -145,3 +146,31 @@ def plot_trained(result: TrainedResult):
              ncol=min(len(result.runs), 4), fontsize=8)
   fig.suptitle("Attention diagnostics of trained runs (first validation batch)")
   return fig
+
+
+# ---------------------------------------------------------------------------
+# The command line: python -m attnscale.studies trained --workdirs RUN ...
+
+def add_arguments(p) -> None:
+  p.add_argument_group("trained").add_argument(
+      "--recompute", action="store_true",
+      help="ignore eval.json and compute from the latest checkpoint")
+
+
+def run_trained(a):
+  if not a.workdirs:
+    raise SystemExit("trained: give one or more --workdirs (train.py run directories)")
+  r = trained_diagnostics(a.workdirs, recompute=a.recompute)
+  notes = ["Per-layer attention statistics on the first validation batch "
+           "(eval.py's diagnostics); per head in trained_heads.csv / .md, per run "
+           "over layers and heads in trained_summary.csv / .md."]
+  heads = reporting.write_tables(r.head_rows(), a.out, "trained_heads",
+                                 title="Attention diagnostics per head")
+  heads += reporting.write_tables(r.summary_rows(), a.out, "trained_summary",
+                                  title="Attention diagnostics per run, over layers and heads")
+  paths, notes = reporting.write_study(plot_trained(r), r.rows(), a.out, "trained",
+                        "Attention diagnostics of trained runs", notes)
+  return paths + heads, notes
+
+
+STUDY = registry.Study(run_trained, needs_workdirs=True, arguments=add_arguments)

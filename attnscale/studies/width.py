@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, stats, sweeps
+from attnscale.studies import registry
 
 BAND = 0.02  # nats: rates whose loss is within this of the best are "near-best"
 # The study's axis -> the model field it reads from each run's config.json.
@@ -248,3 +249,8 @@ def run_cli(args, axis: str = "width") -> tuple[list[str], list[str]]:
 def run_depth_cli(args) -> tuple[list[str], list[str]]:
   """`python -m attnscale.studies depth --out DIR --workdirs SWEEP_DIR`."""
   return run_cli(args, axis="depth")
+
+
+# Read the width and depth sweeps' layouts: only when asked for.
+WIDTH = registry.Study(run_cli, in_all=False, needs_workdirs=True)
+DEPTH = registry.Study(run_depth_cli, in_all=False, needs_workdirs=True)

@@ -36,3 +36,10 @@ __all__ = [
     "DPI", "FloatFormat", "PNG_METADATA", "Row", "format_value", "label_axes", "new_figure",
     "power_of_two", "save_figure", "style", "to_csv", "to_markdown", "write_tables",
 ]
+
+
+def write_study(fig, rows, out_dir: str, name: str, title: str, notes: list[str]):
+  """A study's PNG, CSV and Markdown in `out_dir`: (their paths, `notes`), what a
+  study's runner returns (`attnscale.studies.registry.Study.run`)."""
+  paths = [save_figure(fig, out_dir, name)]
+  return paths + write_tables(rows, out_dir, name, title=title, notes=notes), notes
