@@ -186,7 +186,7 @@ def test_the_transfer_sweeps():
   from attnscale.experiments import sweeps
   from configs import shakespeare_char
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  for name, widths, kinds in [("transfer", {32, 64, 128, 256}, 10), ("transfer_test", {16, 32}, 5)]:
+  for name, widths, kinds in [("transfer", {32, 64, 128, 256}, 11), ("transfer_test", {16, 32}, 5)]:
     points = sweeps.load_sweep(os.path.join(root, "configs/shakespeare_char.py"), name)
     assert {dict(p.overrides)["model.width"] for p in points} == widths
     seen = set()
