@@ -161,6 +161,67 @@ def _depth_sweep(preset, labels, depths, seeds):
   return (preset, points, starts, seeds, transfer)
 
 
+# The transfer study (issue #41, docs/experiments/width.md "Transfer"): how should
+# attention be scaled as the model grows, and which parameterisation or optimizer makes
+# the best learning rate transfer across width? {sp + Adam, muP + Adam, sp + Muon} x
+# attention {standard, qk_rmsnorm, cosine} (muP is defined for all three:
+# attnscale/models/mup.py), plus u-muP (the unit model with u-muP's attention, residual
+# and per-parameter rates) and sp + Muon + QK-clip (standard, tau = 50 as the
+# sensitivity study's). Widths 32 ... 256 at 4 layers, graphcore_cpu's recipe otherwise:
+# its Adam with weight decay 0 is AdamW with decay 0, so "Adam" here is the issue's AdamW.
+# Muon takes Moonlight's rule (config.muon_lr_rule's default): its update RMS matches
+# AdamW's, so one learning rate serves its matrices and its Adam parameters.
+#
+# Rates: the staged search with the study protocol (band seeds 1 and 2 at every
+# near-best rate, the best on the seed mean), in whole octaves: lr_search's exponents
+# are integers throughout (trial names, run directories, the near-best band), and the
+# band's three seeds already say which neighbouring octaves are within noise; a
+# half-octave grid would about double the runs. The search at each width is its own;
+# the smallest width's best also runs at every other width (transfer).
+TRANSFER_ATTENTIONS = ("standard", "qk_rmsnorm", "cosine")
+UMUP = {"model.parameterization": "umup", "model.scaling": "umup",
+        "model.unit.attn_residual": "rule"}
+TRANSFER_LABELS = {
+    **{f"sp_adam_{a}": (a, {}) for a in TRANSFER_ATTENTIONS},
+    **{f"mup_adam_{a}": (a, {"model.parameterization": "mup"}) for a in TRANSFER_ATTENTIONS},
+    **{f"sp_muon_{a}": (a, {"optimizer": "muon"}) for a in TRANSFER_ATTENTIONS},
+    "umup": ("unit_scaled", UMUP),
+    "sp_muon_qk_clip": ("standard", {"optimizer": "muon", "qk_clip": 50.0}),
+}
+# Starts at width 64 (e for 2^-e): graphcore_cpu's best for the Adam labels (muP equals
+# sp at its base width 64) and for Muon (Moonlight's rule matches AdamW's update RMS);
+# u-muP's rates are absolute (hidden matrices at lr / sqrt(fan_in L) = lr/16 at 64),
+# so its start is the unit model's 2^-5 x 16 = 2^-1. sp's start moves one octave per
+# doubling of width; the others' stay put (the rules they claim).
+TRANSFER_START_64 = dict.fromkeys(TRANSFER_LABELS, 9) | {"umup": 1}
+TRANSFER_MOVES = tuple(label for label in TRANSFER_LABELS if label.startswith("sp_adam"))
+TRANSFER_BOUNDS = (-3, 15)  # 2^3 (u-muP's room) ... 2^-15
+
+
+def _transfer_sweep(preset, labels, widths, start_64):
+  points = {f"{label}@{w}": (scaling, overrides | {"model.width": w})
+            for w in widths for label, (scaling, overrides) in labels.items()}
+  starts = {f"{label}@{w}": start_64[label]
+            + (round(math.log2(w / 64)) if label in TRANSFER_MOVES else 0)
+            for w in widths for label in labels}
+  transfer = {f"{label}@{widths[0]}": [f"{label}@{w}" for w in widths[1:]] for label in labels}
+  return (preset, points, starts, (), transfer)
+
+
+# Size: 11 labels x 4 widths = 44 searches. Each is about 4 rates at seed 0 and seeds 1
+# and 2 at 2-3 near-best rates, about 9 runs, plus the 33 transfer runs: about 430 runs.
+# At graphcore_cpu's 50 s a run at width 64 (the width study measured 144 s a run on
+# average over widths 32 ... 256), about 17 hours of run time: 8-9 hours on 2 cores
+# with --jobs=2, perhaps 5-6 with packing (8 a pack; the widths 32 and 64 gain most).
+# An estimate, not measured.
+SWEEPS["transfer"] = _transfer_sweep("graphcore_cpu", TRANSFER_LABELS, WIDTHS,
+                                     TRANSFER_START_64)
+# Seconds: one label of each kind at widths 16 and 32 of the test preset (2 layers).
+SWEEPS["transfer_test"] = _transfer_sweep(
+    "test", {k: TRANSFER_LABELS[k] for k in ("sp_adam_standard", "mup_adam_qk_rmsnorm",
+                                             "sp_muon_cosine", "umup", "sp_muon_qk_clip")},
+    (16, 32), dict.fromkeys(TRANSFER_LABELS, 7) | {"umup": 1})
+
 SWEEPS["depth"] = _depth_sweep("graphcore_cpu", DEPTH_LABELS, DEPTHS, (1,))
 SWEEPS["depth_test"] = _depth_sweep("test", {k: DEPTH_LABELS[k] for k in ("sp", "complete_p")},
                                     (1, 2), (1,))
@@ -271,6 +332,11 @@ def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
              "overrides": {"learning_rate": 2.0**-e, **overrides}}
             for seed in seeds for e in range(SENSITIVITY_TOP, max(best.values()) + 3)
             for label, (scaling, overrides) in labels.items() if e <= best[label] + 2]
+  if name.startswith("transfer"):
+    from attnscale.experiments import lr_search
+    preset, labels, starts, more_seeds, transfer = SWEEPS[name]
+    return lr_search.points(preset, labels, starts, workdir, bounds=TRANSFER_BOUNDS,
+                            more_seeds=more_seeds, band_seeds=(1, 2), transfer=transfer)
   if name.startswith(("width", "depth")):
     from attnscale.experiments import lr_search
     preset, labels, starts, more_seeds, transfer = SWEEPS[name]

@@ -306,17 +306,19 @@ class QKLayerNorm:
 
   Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"
   (arXiv 2302.05442); Flax's `normalize_qk`. `q_scale` / `k_scale` are the
-  LayerNorm gains (shape [H] or [N|K, H], learnable), None = 1.
+  LayerNorm gains (shape [H] or [N|K, H], learnable), None = 1. `mult` multiplies
+  s (1: the paper's; muP's sqrt(d_base/d) under model.parameterization=mup).
   """
 
   q_scale: Any = None
   k_scale: Any = None
   eps: float = 1e-6
+  mult: float = 1.0  # logits x mult: muP's width factor (attnscale/models/mup.py)
 
   def __call__(self, q, k, keys):
     return Scaled(layer_norm(q, self.q_scale, self.eps),
                   layer_norm(k, self.k_scale, self.eps),
-                  logit_scale=q.shape[-1] ** -0.5)
+                  logit_scale=self.mult * q.shape[-1] ** -0.5)
 
 
 def layer_norm(x_XH, scale_H=None, eps=1e-6):
@@ -339,16 +341,18 @@ class QKRMSNorm:
   x / sqrt(mean(x^2) + eps) * g: Zhang & Sennrich 2019's RMSNorm applied to
   queries and keys, as OLMo 2 (arXiv 2501.00656), Qwen3 and Gemma 3 ship it. It
   differs from `QKLayerNorm` only in not subtracting the mean. `q_scale` /
-  `k_scale` are the gains ([H] or [N|K, H], learnable), None = 1.
+  `k_scale` are the gains ([H] or [N|K, H], learnable), None = 1. `mult` as
+  `QKLayerNorm`'s.
   """
 
   q_scale: Any = None
   k_scale: Any = None
   eps: float = 1e-6
+  mult: float = 1.0  # logits x mult: muP's width factor (attnscale/models/mup.py)
 
   def __call__(self, q, k, keys):
     return Scaled(rms_norm(q, self.q_scale, self.eps), rms_norm(k, self.k_scale, self.eps),
-                  logit_scale=q.shape[-1] ** -0.5)
+                  logit_scale=self.mult * q.shape[-1] ** -0.5)
 
 
 def rms_norm(x_XH, scale_H=None, eps=1e-6):

@@ -26,7 +26,7 @@ SINKS = ("none", "zero", "learned")
 GATES = ("none", "headwise", "elementwise")
 HEADS = ("lm", "mlm")
 QK_NORMS = ("none", "layernorm", "rmsnorm")  # model.qk_norm: the model's own, no scaling
-PARAMETERIZATIONS = ("sp", "mup")  # model.parameterization: attnscale/models/mup.py
+PARAMETERIZATIONS = ("sp", "mup", "umup")  # model.parameterization: attnscale/models/mup.py
 REMATS = ("none", "full", "dots")  # config.remat: see models.base.REMAT_POLICIES
 # The model variants by name, filled by attnscale/models/__init__.py (the variants
 # import this module, so it cannot import them).
@@ -97,9 +97,12 @@ class ModelConfig:
       "none", "dtype=fp8: none | per_tensor (power-of-2 scale from the current amax)")
   init_std: float = field(0.02, "std of the weights' normal init (residual outputs / sqrt(2 L))")
   parameterization: str = field(
-      "sp", "sp (standard) | mup: muP for Adam, standard variant and scaling only: hidden init "
-      "x sqrt(base_width/width), hidden LR x base_width/width, logits x base_width/width, "
-      "attention sqrt(base_width/num_heads)/d (docs/experiments/width.md)")
+      "sp", "sp (standard) | mup: muP for Adam, standard variant (scalings standard, "
+      "qk_rmsnorm, qk_layernorm, cosine, inverse_d): hidden init x sqrt(base_width/width), "
+      "hidden LR x base_width/width, logits x base_width/width, attention "
+      "sqrt(base_width/num_heads)/d (cosine unchanged) | umup: u-muP, unit variant with "
+      "scaling umup: LR x L^-1/2 fan_in^-1/2 on block matrices, untied 1/fan_in readout "
+      "(attnscale/models/mup.py; docs/experiments/width.md)")
   base_width: int = field(
       64, "mup: the width at which mup equals sp (64: graphcore_cpu's, where its LR was tuned)")
   mup_output_mult: float = field(
@@ -205,9 +208,15 @@ class ModelConfig:
     if self.parameterization == "mup" and self.variant != "standard":
       raise ValueError(f"model.parameterization='mup' needs model.variant='standard', got "
                        f"{self.variant!r} (the unit variant is u-muP already)")
-    if self.parameterization == "mup" and self.scaling != "standard":
-      raise ValueError(f"model.parameterization='mup' needs model.scaling='standard' (mup "
-                       f"replaces it by sqrt(base_width/num_heads)/d), got {self.scaling!r}")
+    if self.parameterization == "mup":
+      from attnscale.models import mup  # the rules' module imports this one
+      reason = mup.mup_refusal(self)
+      if reason:
+        raise ValueError(f"model.parameterization='mup' cannot apply: {reason}")
+    if self.parameterization == "umup" and (self.variant, self.scaling) != ("unit", "umup"):
+      raise ValueError(f"model.parameterization='umup' needs model.variant='unit' and "
+                       f"model.scaling='umup' (u-muP's attention), got {self.variant!r} and "
+                       f"{self.scaling!r}")
 
     for name in ("mup_output_mult", "mup_attn_mult"):
       value = getattr(self, name)

@@ -46,6 +46,47 @@ et al. 2023), as EleutherAI's nanoGPT-mup `completep` branch implements it:
 
 At num_layers == base_depth every factor is exactly 1. With depth_alpha = 0
 (the default) none of these multiplications exists in the program.
+
+Attention under mup, by scaling (`attention_scaling`; d = head_dim, d_base =
+base_width / num_heads; ModelConfig refuses the rest in one line):
+
+    standard, qk_rmsnorm,   logit scale 1/sqrt(d) -> a_attn sqrt(d_base)/d. muP's 1/d is
+      qk_layernorm          about *alignment*: after training q and k have O(1)
+                            coordinates that are correlated, so q.k grows like d, not
+                            sqrt(d). Normalising q and k fixes their RMS (O(1) per
+                            coordinate, as muP already has it) but not their alignment,
+                            so q.k/sqrt(d) still grows like sqrt(d): the normalised
+                            scalings keep their norm and take muP's 1/d (Yang et al.
+                            2022, section J.2.1's argument, unchanged by the norm).
+    inverse_d               already 1/d: its own mult, times a_attn.
+    cosine                  unchanged: g cos(q, k) is bounded by the learned temperature
+                            g whatever the width (cos is O(1) aligned or not), so there
+                            is no width exponent to fix; a_attn must be 1.
+    key_norm_* and the      refused: their logit scale is not a constant but depends on
+      length scalings       the keys' norms or the sequence, and no published muP rule
+                            covers them (muP's exponent for 1/sum ||k_j||^p would depend
+                            on p and on the keys' alignment).
+
+u-muP (`model.parameterization = "umup"`, the unit variant): Blake et al. 2024,
+"u-muP: The Unit-Scaled Maximal Update Parametrization" (arXiv 2407.17465, Table 2),
+as graphcore-research/unit-scaling 0.3.5 implements it (`unit_scaling/optim.py`
+`lr_scale_func_adam`, `_get_fan_in`, `lr_scale_for_depth`; `_modules.py` tags
+Embedding weights "weight", LayerNorm/RMSNorm gains "norm", LinearReadout "output",
+and `DepthSequential` sets mup_scaling_depth = L, the number of layers, on every
+parameter of the transformer stack). Adam's learning rate per parameter:
+
+    hidden matrices (in a block)   lr L^-1/2 fan_in^-1/2   (fan_in = the input axis)
+    norm gains, vectors in a block lr L^-1/2
+    embeddings (token, position)   lr D^-1/2  (the library's "fan_in" of an embedding
+                                   is its output width D)
+    readout (untied), final norm   lr
+    attention                      u-muP's `umup` scaling (mult/d logits, unit output)
+    readout op                     `linear_readout`: logits x / fan_in (not / sqrt(fan_in))
+    residual                       u-muP's rule (`model.unit.residual_rule="umup"`, taus
+                                   from `transformer_residual_scaling_rule`), as before
+
+The multipliers are absolute (no base width): u-muP's learning rate is of order 1
+(the paper's best is about 2^1.5), far above sp's.
 """
 
 from __future__ import annotations
@@ -59,6 +100,27 @@ from attnscale.models.config import ModelConfig
 # The leaves trained at lr / m: the Dense layers' weight matrices (attnscale.numerics.layers).
 HIDDEN_LEAF = "kernel"
 BLOCKS = "blocks"  # the transformer blocks' list (attnscale/models/transformer.py)
+
+
+# model.parameterization values that are muP (the rules above) and u-muP.
+MUP, UMUP = "mup", "umup"
+# Scalings mup keeps, with their logit scale made muP's (`attention_scaling`), and
+# the one whose logits need no width rule.
+MUP_NORMALIZED = ("qk_rmsnorm", "qk_layernorm")
+MUP_SCALINGS = ("standard", "inverse_d", "cosine", *MUP_NORMALIZED)
+
+
+def mup_refusal(cfg: ModelConfig) -> str | None:
+  """Why mup does not apply to `cfg`'s attention scaling (one clause), or None."""
+  if cfg.scaling in MUP_SCALINGS:
+    if cfg.scaling == "cosine" and cfg.mup_attn_mult != 1:
+      return ("cosine's logits g cos(q, k) have no width exponent for mup_attn_mult to "
+              "fix (its temperature g is learned): use model.mup_attn_mult=1")
+    return None
+  if cfg.scaling.startswith("key_norm"):
+    return (f"scaling={cfg.scaling!r} divides by data-dependent key norms, and no muP "
+            "rule is defined for that")
+  return (f"scaling={cfg.scaling!r} has no muP rule here (defined: {list(MUP_SCALINGS)})")
 
 
 def width_mult(cfg: ModelConfig) -> float:
@@ -107,13 +169,22 @@ def readout_mult(cfg: ModelConfig) -> float | None:
 
 
 def attention_scaling(cfg: ModelConfig) -> tuple[str, dict]:
-  """(registered name, params) of the attention's scaling: the configured one under sp;
-  under mup `inverse_d` with mult a_attn sqrt(d_base), so s = a_attn sqrt(d_base)/d
-  (1/sqrt(d) at the base width with a_attn = 1). ModelConfig refuses mup with any
-  scaling but standard."""
-  if cfg.parameterization != "mup":
-    return cfg.scaling, dict(cfg.scaling_params or {})
-  return "inverse_d", {"mult": cfg.mup_attn_mult * math.sqrt(cfg.base_width / cfg.num_heads)}
+  """(registered name, params) of the attention's scaling: the configured one under sp
+  (and umup); under mup (the module docstring's table) standard becomes `inverse_d`
+  with mult a_attn sqrt(d_base), so s = a_attn sqrt(d_base)/d; qk_rmsnorm and
+  qk_layernorm keep their norm with mult a_attn sqrt(d_base/d) on their 1/sqrt(d);
+  inverse_d's own mult is multiplied by a_attn; cosine is unchanged. Every factor is
+  exactly 1 at the base width with a_attn = 1 (sqrt(1.0) = 1.0)."""
+  params = dict(cfg.scaling_params or {})
+  if cfg.parameterization != MUP or cfg.scaling == "cosine":
+    return cfg.scaling, params
+  d_base = cfg.base_width / cfg.num_heads
+  if cfg.scaling == "standard":
+    return "inverse_d", {"mult": cfg.mup_attn_mult * math.sqrt(d_base)}
+  if cfg.scaling == "inverse_d":
+    return "inverse_d", params | {"mult": params.get("mult", 1.0) * cfg.mup_attn_mult}
+  # qk_rmsnorm / qk_layernorm: a_attn sqrt(d_base)/d = (a_attn sqrt(d_base/d)) / sqrt(d).
+  return cfg.scaling, params | {"mult": cfg.mup_attn_mult * math.sqrt(d_base / cfg.head_dim)}
 
 
 def _names(path) -> list[str]:
@@ -132,13 +203,16 @@ def in_block(path) -> bool:
 
 def has_lr_multipliers(cfg: ModelConfig) -> bool:
   """Whether any parameter's learning rate is not the configured one."""
-  return cfg.parameterization == "mup" or (cfg.depth_alpha not in (0, 1)
+  return cfg.parameterization in (MUP, UMUP) or (cfg.depth_alpha not in (0, 1)
                                             and cfg.num_layers != cfg.base_depth)
 
 
 def lr_multipliers(cfg: ModelConfig, params):
   """The pytree of `params`' learning-rate multipliers: 1/m on hidden matrices (mup),
   times r^(alpha - 1) on every block parameter (the depth rule), 1 elsewhere."""
+  if cfg.parameterization == UMUP:
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: umup_lr_multiplier(cfg, path, p.shape), params)
   m = width_mult(cfg)
   depth = depth_mult(cfg) ** (cfg.depth_alpha - 1)  # r = 1 when the rule is off
 
@@ -146,3 +220,23 @@ def lr_multipliers(cfg: ModelConfig, params):
     return (1.0 / m if is_hidden(path) else 1.0) * (depth if in_block(path) else 1.0)
 
   return jax.tree_util.tree_map_with_path(mult, params)
+
+
+# The unit model's embedding tables (attnscale/models/unit_transformer.py): u-muP's
+# "weight" type with the library's embedding fan_in, the output width D.
+UMUP_EMBEDDINGS = ("embed", "pos_embed")
+
+
+def umup_lr_multiplier(cfg: ModelConfig, path, shape) -> float:
+  """u-muP's Adam learning-rate multiplier of the unit model's parameter at `path`
+  (the module docstring's table; unit_scaling 0.3.5's `lr_scale_func_adam`):
+  L^-1/2 fan_in^-1/2 on block matrices (fan_in = shape[0], Flax's (in, out); the
+  library's torch (out, in) reads shape[1]), L^-1/2 on block vectors, D^-1/2 on the
+  embeddings, 1 on the readout and the final norm."""
+  names = _names(path)
+  depth = cfg.num_layers ** -0.5 if BLOCKS in names else 1.0
+  if BLOCKS in names and len(shape) == 2:
+    return depth * shape[0] ** -0.5
+  if names and names[0] in UMUP_EMBEDDINGS:
+    return shape[-1] ** -0.5
+  return depth

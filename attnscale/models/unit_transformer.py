@@ -217,6 +217,10 @@ class UnitScaledTransformer(base.Model):
     self.blocks = nnx.List([UnitBlock(cfg, taus[2 * l], taus[2 * l + 1], rngs=rngs)
                             for l in range(cfg.num_layers)])
     self.ln_f = _LayerNorm(cfg.width)
+    # u-muP's readout is its own "output" parameter (its LR rule differs from the
+    # embedding's: attnscale/models/mup.py), so model.parameterization=umup unties it.
+    self.readout = (_unit_normal(rngs, (cfg.width, cfg.vocab_size))
+                    if cfg.parameterization == "umup" else None)
 
   def embed_tokens(self, tokens_BT, dropout_key=None):
     T = tokens_BT.shape[1]
@@ -234,13 +238,19 @@ class UnitScaledTransformer(base.Model):
     `us.linear` (1/sqrt(fan_in)), not u-muP's `us.linear_readout` (1/fan_in):
     this model's criterion is unit scale at init, and u-muP's readout would
     start the logits at std 1/sqrt(D) (it is muP's rule for transferring
-    learning rates across widths, which this model does not claim). In the
+    learning rates across widths). Under model.parameterization=umup, which claims
+    that transfer, the readout is u-muP's: untied and `us.linear_readout`. In the
     compute dtype, accumulated in float32 (at least) as the standard model's.
     """
     h_BPD = self.ln_f(x_BPD).astype(precision.compute_dtype(self.cfg.dtype))
-    logits_BPV = us.linear(h_BPD, sharding.gathered(self.embed[...]).T.astype(h_BPD.dtype),
-                           preferred_element_type=jnp.promote_types(h_BPD.dtype, jnp.float32),
-                           fp8=precision.fp8_of(self.cfg))
+    accumulate = jnp.promote_types(h_BPD.dtype, jnp.float32)
+    if self.readout is not None:  # u-muP: untied, logits = LN(x) @ W_out / D
+      logits_BPV = us.linear_readout(h_BPD, self.readout[...].astype(h_BPD.dtype),
+                                     preferred_element_type=accumulate,
+                                     fp8=precision.fp8_of(self.cfg))
+    else:
+      logits_BPV = us.linear(h_BPD, sharding.gathered(self.embed[...]).T.astype(h_BPD.dtype),
+                             preferred_element_type=accumulate, fp8=precision.fp8_of(self.cfg))
     # The backward starts at unit scale (see `loss_grad_scale`).
     return us.scale_bwd(logits_BPV, self.loss_grad_scale(math.prod(logits_BPV.shape[:-1])))
 

@@ -24,6 +24,10 @@ from ml_collections import config_dict
 from attnscale.checks import check_choice, check_positive  # noqa: F401 (configs use them here)
 from attnscale.models.config import ModelConfig
 
+OPTIMIZERS = ("adamw", "adam", "muon")  # config.optimizer (attnscale/runtime/train_state.py)
+# config.muon_lr_rule: how Muon's update is scaled across matrix shapes.
+MUON_LR_RULES = ("moonlight", "modded_nanogpt")
+
 # Fields that may change when a run resumes: bookkeeping, not the experiment
 # ("mesh": all its fields; the devices change, the losses agree within float
 # rounding and orbax restores across mesh shapes; "imports": where the user's
@@ -163,7 +167,8 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 # Top-level fields added since runs were saved: name -> the value that reproduces
 # an older run (`migrate` fills them in, and model fields from ModelConfig's
 # defaults, so an old config.json loads and resumes).
-ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0}
+ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0,
+                                "muon_lr_rule": "moonlight"}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -323,6 +328,9 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += f"+depth_alpha{m.depth_alpha:g}"
   if config.get("qk_clip"):  # a training rule, but it changes the attention's logits
     label += f"+qk_clip{config.qk_clip:g}"
+  if config.get("optimizer") == "muon":  # the optimizer decides what transfers across width
+    rule = config.get("muon_lr_rule", "moonlight")
+    label += "+muon" + ("" if rule == "moonlight" else f"_{rule}")
   return label
 
 
@@ -361,7 +369,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
   from attnscale import tasks
   import_modules(config)  # the user's scalings, variants, tasks: before they are checked
   task_cls = tasks.task_class(config)
-  check_choice("config.optimizer", config.optimizer, ("adamw", "adam"))
+  check_choice("config.optimizer", config.optimizer, OPTIMIZERS)
+  check_choice("config.muon_lr_rule", config.get("muon_lr_rule", "moonlight"), MUON_LR_RULES)
   check_choice("config.lr_schedule", config.lr_schedule, ("constant", "cosine"))
   for field in ("batch_size", "seq_len", "num_train_steps", "log_every", "eval_every",
                 "checkpoint_every", "keep_checkpoints", "eval_batches"):
@@ -378,6 +387,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
                      "config.mesh.data x config.mesh.fsdp, every device")
   task_cls.validate_config(config)
   cfg = model_config(config)  # every model field: ModelConfig's checks
+  if config.optimizer == "muon" and (cfg.variant, cfg.parameterization) != ("standard", "sp"):
+    raise ValueError(f"config.optimizer='muon' needs model.variant='standard' and "
+                     f"model.parameterization='sp' (Muon's shape rule is its own width rule, "
+                     f"and it finds the matrices by the Dense kernels), got "
+                     f"{cfg.variant!r} and {cfg.parameterization!r}")
   check_positive("config.qk_clip", config.get("qk_clip", 0.0), allow_zero=True)
   if config.get("qk_clip", 0.0):
     from attnscale.models import base  # the model layer's rule of what QK-clip can scale
