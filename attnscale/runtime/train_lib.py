@@ -59,12 +59,13 @@ from attnscale.runtime.steps import (  # noqa: F401
 # Fields that may change when a run resumes: bookkeeping, not the experiment
 # ("mesh": all its fields; the devices change, the losses agree within float
 # rounding and orbax restores across mesh shapes; "imports": where the user's
-# modules live). num_train_steps joins them
+# modules live; "grad_accum_steps": the same batch in other micro-batches, so the same
+# losses within float rounding, dropout masks aside). num_train_steps joins them
 # only under a constant learning rate: it is the length of the cosine decay, so
 # changing it would change the finished steps' run.
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
-                     "attn_metrics")
+                     "attn_metrics", "grad_accum_steps", "eval_tokens")
 
 
 LAST_LOSSES = ts.LAST_LOSSES  # Graphcore's final training loss: the mean of the last 20 steps
