@@ -99,7 +99,8 @@ SWEEPS_FILE = "sweeps.py"  # a config's sweeps: this file in the config's direct
 def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[Point]:
   """The points of sweep `name` of `config_file`.
 
-  A config's sweeps are data in `sweeps.py` next to it (configs/sweeps.py), which
+  A config's sweeps are data in its own `<name>_sweeps.py` next to it
+  (configs/gpt2_sweeps.py), else in `sweeps.py` there (configs/sweeps.py), which
   names the config file it is for (`CONFIG`, a file name in the same directory)
   and defines `SWEEPS` (the sweeps' names) and `get_sweep(name)`. A staged
   sweep's `get_sweep(name, workdir=...)` may add points from the results so far
@@ -129,9 +130,12 @@ def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[
 
 
 def _sweeps_module(config_file: str):
-  """The sweeps module of `config_file` (SWEEPS_FILE in its directory, naming it)."""
+  """The sweeps module of `config_file`: its own <name>_sweeps.py beside it
+  (configs/gpt2_sweeps.py), else SWEEPS_FILE in its directory; either names it."""
   directory, config_name = os.path.split(os.path.abspath(config_file))
-  path = os.path.join(directory, SWEEPS_FILE)
+  path = os.path.join(directory, config_name.removesuffix(".py") + "_" + SWEEPS_FILE)
+  if not os.path.isfile(path):
+    path = os.path.join(directory, SWEEPS_FILE)
   module = None
   if os.path.isfile(path) and path != os.path.abspath(config_file):
     spec = importlib.util.spec_from_file_location("_sweeps", path)

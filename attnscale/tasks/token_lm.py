@@ -115,6 +115,8 @@ class TokenLMTask(Task):
     except ValueError as e:
       print(f"warning: no sample: {e}", file=sys.stderr, flush=True)
       return None
-    return functools.partial(sample, encode=tok.encode, decode=tok.decode)
+    # The model's padded ids past the tokenizer's (never targets) decode to nothing.
+    decode = lambda ids: tok.decode([i for i in ids if i < tok.vocab_size])
+    return functools.partial(sample, encode=tok.encode, decode=decode)
 
   # attention_masks: the base's (None, None): causal, no padding.
