@@ -92,7 +92,9 @@ def test_prepare_writes_the_tokenizers_tokens(shards, shakespeare):
     assert data.meta["tokenizer"] == "bytes" and data.vocab_size == 257
   # llm.c's numbering: the validation shard first, then 400k-token training shards.
   names = sorted(f for f in os.listdir(shards["llmc"]) if f.endswith(".bin"))
-  assert names[0].endswith("_val_000000.bin") and len(names) == 4, names
+  prefix = os.path.basename(shards["llmc"])  # --out's name
+  assert names == [f"{prefix}_train_00000{i}.bin" for i in (1, 2, 3)] + [
+      f"{prefix}_val_000000.bin"], names
   assert sorted(f for f in os.listdir(shards["nanogpt"]) if f.endswith(".bin")) == [
       "train.bin", "val.bin"]
 
