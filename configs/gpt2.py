@@ -89,8 +89,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   configlib.add_devices(c)  # config.mesh (data x fsdp), config.remat, config.grad_accum_steps
   configlib.add_attention_health(c)  # config.attn_metrics and config.qk_clip
-  # 8 micro-batches of 64 rows: 8 rows a device on 8 devices, within a v5e chip's 16 GiB
-  # (compile.py); on 64 or more chips, --config.grad_accum_steps=1.
+  # Micro-batches a step: 8 of 64 rows (8 rows a device on 8 devices) fit a v5e chip's
+  # 16 GiB (compile.py); on 64 or more chips, --config.grad_accum_steps=1.
   c.grad_accum_steps = 8
 
   # Model: GPT-2 small (nanoGPT's GPTConfig: tied embedding, learned positions, pre-LN,
