@@ -50,7 +50,8 @@ def test_tokens_prints_the_best_case_time(tmp_path):
   out = tmp_path / "r.json"
   result = subprocess.run(
       [sys.executable, "compile.py", "--config=configs/gpt2.py:preset=test",
-       "--target=tpu-v5e-8", "--config.mesh.fsdp=8", "--tokens=1e6", f"--out={out}"],
+       "--target=tpu-v5e-8", "--config.mesh.fsdp=8", "--config.grad_accum_steps=1",
+       "--tokens=1e6", f"--out={out}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   report = json.loads(out.read_text())
