@@ -7,6 +7,7 @@ perplexity and masked-token accuracy (the sampling flags do not apply to it).
   python eval.py --workdir=runs/char_cpu --prompt="ROMEO:" --length=500 --temperature=0.8 --top_k=40
   python eval.py --workdir=runs/bert_cpu
   python eval.py --workdir=runs/char_rope --lengths=128,256,512,1024,2048
+  python eval.py --workdir=runs/gpt2_small --whole_split
 
 In several processes, add train.py's --multihost flags to each
 (docs/guides/pods-and-gpus.md); process 0 writes eval.json and prints the summary.
@@ -31,6 +32,9 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _LENGTHS = flags.DEFINE_string(
     "lengths", None, "Comma-separated context lengths, e.g. 128,256,512,1024,2048: the "
     "validation loss at each and by position in the window (eval.json 'lengths').")
+_WHOLE_SPLIT = flags.DEFINE_bool(
+    "whole_split", False, "Score the whole validation split where the config scores only its "
+    "first config.eval_tokens targets (the token LM, configs/gpt2.py).")
 _MULTIHOST = cli.define_multihost_flags()  # as train.py's: one of several processes
 flags.mark_flag_as_required("workdir")
 
@@ -46,7 +50,8 @@ def main(argv):
     result = eval_lib.evaluate_run(_WORKDIR.value, step=_STEP.value, prompt=_PROMPT.value,
                                    sample_length=_LENGTH.value,
                                    temperature=_TEMPERATURE.value, top_k=_TOP_K.value or None,
-                                   seed=_SEED.value, lengths=lengths)
+                                   seed=_SEED.value, lengths=lengths,
+                                   whole_split=_WHOLE_SPLIT.value)
   except (ValueError, FileNotFoundError) as e:
     cli.fail(str(e))
   import jax

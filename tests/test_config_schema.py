@@ -17,7 +17,7 @@ from attnscale import models
 from attnscale.core import scalings
 from attnscale.models import ModelConfig, UnitConfig
 from attnscale.runtime import cli, config_reference, configlib, train_lib
-from configs import bert_small, shakespeare_char
+from configs import bert_small, gpt2, shakespeare_char
 
 
 def _all_fields(schema, prefix=""):
@@ -35,7 +35,8 @@ def test_every_field_has_a_one_line_doc():
 
 
 @pytest.mark.parametrize("module, presets", [(shakespeare_char, shakespeare_char.PRESETS),
-                                             (bert_small, bert_small.PRESETS)])
+                                             (bert_small, bert_small.PRESETS),
+                                             (gpt2, gpt2.PRESETS)])
 def test_configs_build_config_model_from_the_schema(module, presets):
   fields = {f.name for f in configlib.schema_fields(ModelConfig)}
   unit_fields = {f.name for f in dataclasses.fields(UnitConfig)}

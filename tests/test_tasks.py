@@ -18,20 +18,21 @@ from attnscale.data import char_lm, paths, wikitext
 from attnscale.evaluation import eval_lib
 from attnscale.runtime import configlib
 from attnscale.tasks import base
-from configs import bert_small, shakespeare_char
+from configs import bert_small, gpt2, shakespeare_char
 
 # ---------------------------------------------------------------------------
 # The registry and the contract.
 
 
 def test_registry_names_every_task_once():
-  assert list(tasks.TASKS) == ["char_lm", "mlm"]
+  assert list(tasks.TASKS) == ["char_lm", "mlm", "token_lm"]
   assert tasks.TASKS["char_lm"] is tasks.CharLMTask and tasks.TASKS["mlm"] is tasks.MLMTask
+  assert tasks.TASKS["token_lm"] is tasks.TokenLMTask
   for cls in tasks.TASKS.values():
     assert issubclass(cls, base.Task) and not inspect.isabstract(cls), cls
     assert cls.DATASETS, cls  # every task names the corpora it can load
   for config in (shakespeare_char.get_config("preset=test"),
-                 bert_small.get_config("preset=test")):
+                 bert_small.get_config("preset=test"), gpt2.get_config("preset=test")):
     assert tasks.task_class(config) is tasks.TASKS[config.task]
 
 
@@ -47,7 +48,7 @@ def test_unknown_task_is_a_one_line_error():
   config.task = "mlx"
   for check in (configlib.validate, tasks.get_task):
     with pytest.raises(ValueError, match=re.escape(
-        "config.task must be one of ['char_lm', 'mlm'], got 'mlx'")):
+        "config.task must be one of ['char_lm', 'mlm', 'token_lm'], got 'mlx'")):
       check(config)
 
 
@@ -137,6 +138,8 @@ def no_data(monkeypatch):
   monkeypatch.setattr(char_lm, "load", fail)
   from attnscale.data import mlm
   monkeypatch.setattr(mlm, "load_wikitext", fail)
+  from attnscale.data import tokens
+  monkeypatch.setattr(tokens, "load", fail)
 
 
 @pytest.mark.parametrize("preset_module, overrides, message", [
@@ -149,8 +152,11 @@ def no_data(monkeypatch):
     (bert_small, {"model.causal": True}, "model.causal must be False for task 'mlm'"),
     (bert_small, {"seq_len": 2}, "config.seq_len must be >= 3 for task 'mlm'"),
     (bert_small, {"mask_rate": 0.0}, "config.mask_rate must be > 0, got 0"),
+    (gpt2, {"dataset": "bin"}, "config.dataset must be one of ['auto', 'nanogpt', 'llmc'], "
+     "got 'bin'"),
+    (gpt2, {"eval_tokens": -1}, "config.eval_tokens must be >= 0"),
 ], ids=["char_dataset", "char_causal", "mlm_dataset", "mlm_causal", "mlm_seq_len",
-        "mlm_mask_rate"])
+        "mlm_mask_rate", "token_dataset", "token_eval_tokens"])
 def test_validate_config_errors(no_data, preset_module, overrides, message):
   config = preset_module.get_config("preset=test")
   if "model.causal" in overrides and "causal" not in config.model:
@@ -164,7 +170,7 @@ def test_validate_config_errors(no_data, preset_module, overrides, message):
 
 
 def test_presets_pass_their_tasks_checks(no_data):
-  for module in (shakespeare_char, bert_small):
+  for module in (shakespeare_char, bert_small, gpt2):
     for preset in module.PRESETS:
       config = module.get_config(f"preset={preset}")
       tasks.task_class(config).validate_config(config)

@@ -73,13 +73,18 @@ def restore(config, workdir, step=None):
 
 def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
                  sample_length: int = 300, temperature: float = 0.8, top_k: int | None = 200,
-                 seed: int = 0, lengths: list[int] | None = None) -> dict:
+                 seed: int = 0, lengths: list[int] | None = None,
+                 whole_split: bool = False) -> dict:
   """Evaluates the run in `workdir`, writes WORKDIR/eval.json, returns its contents.
 
   `lengths`: also the loss at each of these context lengths and by position in
   the window (`attnscale.evaluation.length_eval`), under eval.json's "lengths" key.
+  `whole_split`: a config that scores only the first `eval_tokens` validation
+  targets (the token LM) scores all of them.
   """
   config = load_config(workdir)
+  if whole_split and "eval_tokens" in config:
+    config.eval_tokens = 0
   task = tasks.get_task(config)
   if lengths:  # a length the model cannot take fails before any work
     length_eval.check_lengths(ts.model_config(config), task, lengths)

@@ -200,8 +200,11 @@ def compile_report(config, target_name: str) -> dict[str, Any]:
     analytic = analytic_flops(cfg, num_params, _position_params(params), tokens[name],
                               train=name == "train_step") / len(devs)
     batch = info["train_batch" if name == "train_step" else "eval_batch"]
+    # XLA's cost analysis counts a loop's body once: the accumulated train step's
+    # micro-batch loop runs grad_accum_steps times.
+    trips = int(config.get("grad_accum_steps", 1)) if name == "train_step" else 1
     report[name] = _compile(low, t, fixed, memory_bytes, analytic, params, batch, len(devs),
-                            (cfg.num_heads, cfg.kv_heads, cfg.head_dim))
+                            (cfg.num_heads, cfg.kv_heads, cfg.head_dim), loop_trips=trips)
   return report
 
 
@@ -232,7 +235,7 @@ def analytic_flops(cfg, num_params: int, position_params: int, tokens: int, *,
 
 def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
              analytic_per_device: float, params, batch, num_devices: int,
-             model_dims) -> dict[str, Any]:
+             model_dims, loop_trips: int = 1) -> dict[str, Any]:
   row: dict[str, Any] = {"memory": dict(fixed)}
   try:
     compiled = lowered.compile()
@@ -260,8 +263,11 @@ def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
                                                          model_dims)
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
-  flops = float(cost.get("flops", 0.0)) or None
-  bytes_accessed = float(cost.get("bytes accessed", 0.0)) or None
+  # x loop_trips: the gradient-accumulation loop's body counted as often as it runs (and
+  # the optimizer's update after it as often too: an overcount of the state's bytes,
+  # small where the micro-batches' activations dominate).
+  flops = float(cost.get("flops", 0.0)) * loop_trips or None
+  bytes_accessed = float(cost.get("bytes accessed", 0.0)) * loop_trips or None
   row["flops"] = {"compiled_per_device": flops, "analytic_per_device": analytic_per_device}
   row["bytes_accessed_per_device"] = bytes_accessed
   if t.peak_flops:
@@ -381,6 +387,27 @@ def format_report(report: dict[str, Any]) -> str:
   lines.append("Compiled, not run: memory, kernel and collectives are the compiler's; the "
                "step time is a lower bound.")
   return "\n".join(lines)
+
+
+def training_time(report: dict[str, Any], tokens: int, tokens_per_step: int) -> dict[str, Any]:
+  """The best case for training `tokens` tokens on the report's target: the
+  roofline step time times the steps (ceil(tokens / tokens_per_step)). A lower
+  bound, never a measurement: no input pipeline, logging, evaluation, checkpoints
+  or collectives' latency, and the chip at its peak FLOPs or bandwidth."""
+  steps = -(-tokens // tokens_per_step)
+  step_s = report["train_step"].get("roofline", {}).get("step_s_lower_bound")
+  return {"tokens": tokens, "tokens_per_step": tokens_per_step, "steps": steps,
+          "seconds_lower_bound": None if step_s is None else steps * step_s}
+
+
+def format_training_time(t: dict[str, Any], target_name: str) -> str:
+  """compile.py --tokens' line."""
+  if t["seconds_lower_bound"] is None:
+    return f"training {t['tokens']:.3g} tokens on {target_name}: no roofline for this target"
+  s = t["seconds_lower_bound"]
+  return (f"training {t['tokens']:.3g} tokens on {target_name}: >= {s / 3600:.2f} hours "
+          f"({t['steps']:,} steps of {t['tokens_per_step']:,} tokens at the roofline step "
+          "time; a lower bound, not an estimate of a real run)")
 
 
 def _count(row, kind):

@@ -21,7 +21,7 @@ from attnscale.models.config import ModelConfig
 from attnscale.runtime import configlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = ("configs/shakespeare_char.py", "configs/bert_small.py")
+CONFIGS = ("configs/shakespeare_char.py", "configs/bert_small.py", "configs/gpt2.py")
 OUTPUT = "docs/reference/config.md"
 COMMAND = "python -m attnscale.runtime.config_reference"
 

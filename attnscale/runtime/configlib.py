@@ -31,12 +31,13 @@ MUON_LR_RULES = ("moonlight", "modded_nanogpt")
 # Fields that may change when a run resumes: bookkeeping, not the experiment
 # ("mesh": all its fields; the devices change, the losses agree within float
 # rounding and orbax restores across mesh shapes; "imports": where the user's
-# modules live). num_train_steps joins them only under a constant learning rate:
-# it is the length of the cosine decay, so changing it would change the finished
-# steps' run (`train_lib.save_config`).
+# modules live; "grad_accum_steps": the same batch in other micro-batches, so the
+# same losses within float rounding, dropout masks aside). num_train_steps joins
+# them only under a constant learning rate: it is the length of the cosine decay,
+# so changing it would change the finished steps' run (`train_lib.save_config`).
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
-                     "attn_metrics")
+                     "attn_metrics", "grad_accum_steps", "eval_tokens")
 
 
 def flat_diff(old: dict, new: dict, prefix: str = ""):
@@ -168,7 +169,7 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 # an older run (`migrate` fills them in, and model fields from ModelConfig's
 # defaults, so an old config.json loads and resumes).
 ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0,
-                                "muon_lr_rule": "moonlight"}
+                                "muon_lr_rule": "moonlight", "grad_accum_steps": 1}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -345,6 +346,9 @@ def add_devices(c: ml_collections.ConfigDict) -> None:
   # Rematerialisation of each block, for models that do not fit: none | full (keep
   # only each block's input) | dots (keep matmul outputs). compile.py shows the saving.
   c.remat = "none"
+  # Gradient accumulation: each step's batch_size rows in this many micro-batches run one
+  # after another (activation memory / this); the loss and gradient are the one batch's.
+  c.grad_accum_steps = 1
 
 
 def add_attention_health(c: ml_collections.ConfigDict) -> None:
@@ -385,6 +389,14 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
     raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by the "
                      f"number of devices ({num_devices}): the batch is sharded on "
                      "config.mesh.data x config.mesh.fsdp, every device")
+  accum = config.get("grad_accum_steps", 1)
+  if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
+    raise ValueError(f"config.grad_accum_steps must be an integer >= 1, got {accum!r}")
+  if config.batch_size % (accum * num_devices):
+    raise ValueError(f"config.batch_size ({config.batch_size}) must be divisible by "
+                     f"config.grad_accum_steps x the number of devices ({accum} x "
+                     f"{num_devices} = {accum * num_devices}): each device's rows are split "
+                     "into grad_accum_steps micro-batches")
   task_cls.validate_config(config)
   cfg = model_config(config)  # every model field: ModelConfig's checks
   if config.optimizer == "muon" and (cfg.variant, cfg.parameterization) != ("standard", "sp"):

@@ -31,9 +31,10 @@ TRACED_FIELDS = ("seed", "learning_rate", "min_learning_rate", "weight_decay", "
 # TRACED_FIELDS that are also a branch (on when > 0): on in every run of a pack or in none.
 SWITCHES = ("grad_clip", "qk_clip")
 # What may differ between the runs of a pack: the traced fields and bookkeeping
-# (configlib.RESUMABLE_CHANGES less mesh and remat, which change the program).
+# (configlib.RESUMABLE_CHANGES less mesh, remat and grad_accum_steps, which change
+# the program).
 PACK_FREE_FIELDS = TRACED_FIELDS + tuple(
-    f for f in configlib.RESUMABLE_CHANGES if f not in ("mesh", "remat"))
+    f for f in configlib.RESUMABLE_CHANGES if f not in ("mesh", "remat", "grad_accum_steps"))
 
 
 def pack_key(config: ml_collections.ConfigDict) -> str:

@@ -86,6 +86,7 @@ def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | 
   if attn_metrics is None:
     attn_metrics = bool(config.get("attn_metrics", False))
   clip = float(config.get("qk_clip", 0.0)) > 0  # whether, not how much: a branch
+  accum_steps = int(config.get("grad_accum_steps", 1))
   with_stats = attn_metrics or clip  # QK-clip reads the stats even when not logged
 
   def train_step(state, batch, hparams=None):
@@ -98,21 +99,23 @@ def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | 
       opt, schedule = ts.make_optimizer(config, hparams), ts.learning_rate_schedule(
           config, hparams)
 
-    def loss_fn(params):
+    def loss_fn(params, batch, key):
       model = nnx.merge(graphdef, params)
-      run = lambda m: task.loss(m, batch, dropout_key(seed, step))
+      run = lambda m: task.loss(m, batch, key)
       if not with_stats:
         return run(model)
       (loss, sums), stats = models_base.attention_stats(model, run)
       return loss, (sums, stats)
 
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    (loss, aux), grads = loss_and_grads(loss_fn, state["params"], batch,
+                                        dropout_key(seed, step), accum_steps)
     health = {}
     if with_stats:
       health = attention_health(aux[1], task.attention_masks(batch)[1])
     # A model whose backward runs at a fixed scale (the unit variant's unit-scaled
     # loss) hands the optimizer the true gradient: divided back here, in float32.
-    grad_scale = nnx.merge(graphdef, state["params"]).loss_grad_scale(batch["targets"].size)
+    grad_scale = nnx.merge(graphdef, state["params"]).loss_grad_scale(
+        batch["targets"].size // accum_steps)  # each micro-batch's backward ran at its own
     if grad_scale != 1.0:
       grads = jax.tree.map(lambda g: g / grad_scale, grads)
     updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
@@ -133,6 +136,53 @@ def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | 
     return new_state, metrics
 
   return train_step
+
+
+def loss_and_grads(loss_fn, params, batch, key, accum_steps: int = 1):
+  """((loss, aux), grads) of `loss_fn(params, batch, key)` over `batch`, reached in
+  `accum_steps` micro-batches (gradient accumulation); the one-batch value when 1.
+
+  Micro-batch m holds rows m, m + A, m + 2A, ... (A = accum_steps): each device's
+  rows of the batch split evenly between the micro-batches, so no row moves between
+  devices. The micro-batches run one after another (`jax.lax.scan`): activations
+  are held for one micro-batch at a time. The task's loss is a mean over its
+  (weighted) targets, so each micro-batch's loss and gradient weigh by its share of
+  the targets (aux's "count"; equal shares without one): the result equals the
+  one-batch step's up to float rounding. Scalar aux (the loss sums) add; aux with
+  a batch axis (the attention statistics) come back with their rows in batch order.
+  Micro-batch m's dropout key is `key` folded with m (with dropout the masks differ
+  from the one-batch step's; the expectation does not).
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if accum_steps == 1:
+    return grad_fn(params, batch, key)
+
+  def split(x_B):  # [B, ...] -> [A, B / A, ...], micro-batch m = rows m::A
+    x_bA = x_B.reshape(x_B.shape[0] // accum_steps, accum_steps, *x_B.shape[1:])
+    return jnp.swapaxes(x_bA, 0, 1)
+
+  def micro_step(carry, xs):
+    m, micro_batch = xs
+    (loss, aux), grads = grad_fn(params, micro_batch, jax.random.fold_in(key, m))
+    sums = aux[0] if isinstance(aux, tuple) else aux
+    count = sums.get("count", jnp.float32(1.0))
+    grads = jax.tree.map(lambda acc, g: acc + g * count, carry[1], grads)
+    return (carry[0] + loss * count, grads, carry[2] + count), aux
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  (loss_x_count, grads_x_count, count), aux_A = jax.lax.scan(
+      micro_step, (jnp.float32(0.0), zeros, jnp.float32(0.0)),
+      (jnp.arange(accum_steps), jax.tree.map(split, batch)))
+  count = jnp.maximum(count, 1e-30)  # no target at all: 0 / 0 would be NaN
+
+  def merge(x_A):  # scalars: the sum over micro-batches; rows: back in batch order
+    if x_A.ndim == 1:
+      return jnp.sum(x_A, axis=0)
+    x_bA = jnp.swapaxes(x_A, 0, 1)
+    return x_bA.reshape(x_bA.shape[0] * accum_steps, *x_bA.shape[2:])
+
+  grads = jax.tree.map(lambda g: (g / count).astype(g.dtype), grads_x_count)
+  return (loss_x_count / count, jax.tree.map(merge, aux_A)), grads
 
 
 def attention_health(stats, query_mask_BT) -> dict[str, jax.Array]:

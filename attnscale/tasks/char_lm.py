@@ -49,13 +49,14 @@ def sample(model, encode, decode, *, prompt: str, length: int, temperature: floa
     return jax.random.categorical(key, logits_V)
 
   tokens = list(encode(prompt))
+  num_prompt = len(tokens)  # a subword prompt's tokens are fewer than its characters
   key = jax.random.key(seed)
   for i in range(length):
     context = tokens[-T:]
     window_1T = np.zeros((1, T), np.int32)
     window_1T[0, :len(context)] = context
     tokens.append(int(next_token(window_1T, len(context) - 1, jax.random.fold_in(key, i))))
-  return decode(tokens[len(prompt):])
+  return decode(tokens[num_prompt:])
 
 
 class CharLMTask(Task):

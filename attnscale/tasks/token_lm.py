@@ -1,0 +1,122 @@
+"""Token-level language modelling on pre-tokenized shards: GPT-2 on OpenWebText / FineWeb.
+
+The data is a folder of shards (`config.data_dir`, nanoGPT's or llm.c's format:
+`attnscale.data.tokens`; `config.dataset` says which, or auto) made by
+`python -m attnscale.data.prepare_tokens` or by nanoGPT's / llm.c's own scripts.
+Training batches are random windows drawn from (seed, step), each process reading
+only its rows; the periodic estimate is `eval_batches` fixed validation windows;
+eval.py scores the first `config.eval_tokens` validation targets once (0, or
+eval.py --whole_split: all of them). The loss is the mean next-token cross-entropy.
+The model's vocabulary may be larger than the tokenizer's (GPT-2's 50257 padded to
+50304, a multiple of 64, as nanoGPT does for speed); the extra ids are never targets.
+
+Dimension legend: T sequence, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from attnscale.data import lm_tokenizers, tokens
+from attnscale.tasks.base import Sampler, Task, cross_entropy
+from attnscale.tasks.char_lm import sample
+
+
+class TokenLMTask(Task):
+  """Next-token prediction on the token shards in `config.data_dir`."""
+
+  DATASETS = tokens.FORMATS  # config.dataset: the shards' format (auto reads each header)
+
+  @classmethod
+  def validate_config(cls, config) -> None:
+    super().validate_config(config)
+    if not config.model.get("causal", True):
+      raise ValueError("model.causal must be True for task 'token_lm' (next-token "
+                       "prediction needs a causal decoder)")
+    if config.get("eval_tokens", 0) < 0:
+      raise ValueError(f"config.eval_tokens must be >= 0 (0 = the whole validation split), "
+                       f"got {config.eval_tokens}")
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.data = tokens.load(config.data_dir, config.dataset)
+    if config.model.vocab_size < self.data.vocab_size:
+      raise ValueError(f"model.vocab_size ({config.model.vocab_size}) must be >= the "
+                       f"vocabulary of the shards in {config.data_dir} "
+                       f"({self.data.meta['tokenizer']}: {self.data.vocab_size}): set "
+                       f"--config.model.vocab_size={-(-self.data.vocab_size // 64) * 64}")
+
+  @classmethod
+  def batch_spec(cls, config, *, train=True):
+    spec = {k: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
+            for k in ("inputs", "targets")}
+    if not train:  # eval_batches weigh each target (0 for the last batch's filler)
+      spec["weights"] = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.float32)
+    return spec
+
+  def train_batch(self, step: int):
+    return self._random_batch(self.data.train, self.config.seed, step)
+
+  def val_batch(self, index: int):
+    # A seed disjoint from training's, and the same windows at every estimate.
+    return self._random_batch(self.data.validation, 2**31 - 1 - self.config.seed, index)
+
+  def _random_batch(self, stream, seed, step):
+    inputs, targets = tokens.get_batch(
+        stream, batch_size=self.config.batch_size, seq_len=self.config.seq_len, seed=seed,
+        step=step, process_index=jax.process_index(), process_count=jax.process_count())
+    return {"inputs": inputs, "targets": targets}
+
+  def eval_batches(self, batch_size: int | None = None):
+    """Non-overlapping windows over the first `config.eval_tokens` validation
+    targets (0: the whole split), every one of them once."""
+    return tokens.eval_batches(
+        self.data.validation, batch_size=batch_size or self.config.batch_size,
+        seq_len=self.config.seq_len, max_tokens=self.config.get("eval_tokens", 0),
+        process_index=jax.process_index(), process_count=jax.process_count())
+
+  def loss(self, model, batch, dropout_key=None):
+    """Mean cross-entropy per (weighted) target token, and metrics to sum."""
+    logits_BTV = model(batch["inputs"], dropout_key=dropout_key)
+    total, count = cross_entropy(logits_BTV, batch["targets"], batch.get("weights"))
+    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count}
+
+  def eval_metrics(self, sums):
+    loss = sums["loss_sum"] / max(sums["count"], 1.0)
+    return {"val_loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+            "val_tokens": int(sums["count"]),
+            "val_split_tokens": int(len(self.data.validation) - 1),
+            "tokenizer": self.data.meta["tokenizer"]}
+
+  @classmethod
+  def format_summary(cls, result):
+    scored = ("all" if result["val_tokens"] == result["val_split_tokens"]
+              else f"the first {result['val_tokens']:,} of")
+    lines = [f"  validation loss {result['val_loss']:.4f} | perplexity "
+             f"{result['perplexity']:.2f} over {scored} {result['val_split_tokens']:,} "
+             f"validation targets ({result['tokenizer']} tokens)"]
+    s = result.get("sample")
+    if s:
+      lines += [f"  sample (temperature {s['temperature']}, top-k {s['top_k']}, seed "
+                f"{s['seed']}):", "  " + "-" * 60, s["prompt"] + s["text"], "  " + "-" * 60]
+    return lines
+
+  @functools.cached_property
+  def sampler(self) -> Sampler | None:
+    """Sampling with the shards' tokenizer, or None (one line on stderr) when its
+    vocabulary cannot be read here (GPT-2's, offline without a local copy)."""
+    try:
+      tok = lm_tokenizers.get(self.data.meta["tokenizer"])
+    except ValueError as e:
+      print(f"warning: no sample: {e}", file=sys.stderr, flush=True)
+      return None
+    # The model's padded ids past the tokenizer's (never targets) decode to nothing.
+    decode = lambda ids: tok.decode([i for i in ids if i < tok.vocab_size])
+    return functools.partial(sample, encode=tok.encode, decode=decode)
+
+  # attention_masks: the base's (None, None): causal, no padding.
