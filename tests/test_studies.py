@@ -233,3 +233,24 @@ def test_notebook_executes(tmp_path, trained_run):
   nb = testing.execute_notebook(NOTEBOOK, tmp_path, ATTNSCALE_WORKDIRS=trained_run)
   images = testing.notebook_outputs(nb, "image/png")
   assert len(images) >= 4  # one figure per study
+
+
+def test_a_new_study_is_one_module_and_one_registry_line(tmp_path, monkeypatch, capsys):
+  from attnscale.studies import registry
+  module = tmp_path / "toy_study.py"
+  module.write_text(
+      "from attnscale.experiments import reporting\n"
+      "from attnscale.studies import registry\n\n"
+      "def run_cli(args):\n"
+      "  fig = reporting.new_figure(2, 2)\n"
+      "  rows = [{'x': 1, 'y': args.toy_factor}]\n"
+      "  return reporting.write_study(fig, rows, args.out, 'toy', 'Toy', ['a toy study'])\n\n"
+      "def add_arguments(p):\n"
+      "  p.add_argument_group('toy').add_argument('--toy-factor', type=float, default=2.0)\n\n"
+      "STUDY = registry.Study(run_cli, in_all=False, arguments=add_arguments)\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setitem(registry.REGISTRY, "toy", "toy_study:STUDY")
+  cli.main(["toy", "--out", str(tmp_path / "out"), "--toy-factor", "3"])
+  assert "a toy study" in capsys.readouterr().out
+  assert (tmp_path / "out" / "toy.csv").read_text().splitlines() == ["x,y", "1,3"]
+  assert "toy" not in cli.selected(cli.parse_args(["all", "--out", "unused"]))
