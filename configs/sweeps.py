@@ -14,24 +14,60 @@ argument plus field overrides (and eval.py flags to run after training):
 of the practice sweeps is library code: attnscale/experiments/lr_search.py.
 """
 
+import dataclasses
 import math
+from collections.abc import Callable
 
 from attnscale.checks import check_choice
 
 CONFIG = "shakespeare_char.py"  # the config file (next to this one) these sweeps run
 
-# Learning-rate x scaling grids: name -> (preset, scalings, learning rates, seeds).
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """One named sweep: its preset (which sets its default pack) and its points, a
+  function of the sweep's workdir (a staged search reads what has finished there)."""
+
+  preset: str
+  points: Callable[[str | None], list[dict]]
+
+
+def _arg(preset, scaling, seed):
+  return f"preset={preset},scaling={scaling},seed={seed}"
+
+
+def grid(preset, scalings, learning_rates, seeds) -> Sweep:
+  """Every scaling x learning rate x seed."""
+  return Sweep(preset, lambda workdir: [
+      {"arg": _arg(preset, scaling, seed), "overrides": {"learning_rate": lr}}
+      for scaling in scalings for lr in learning_rates for seed in seeds])
+
+
+def staged(preset, labels, starts, *, bounds, more_seeds=(1, 2), band_seeds=(),
+           transfer=None) -> Sweep:
+  """The staged learning-rate search over {label: (scaling, overrides)}
+  (attnscale/experiments/lr_search.py; `band_seeds`: the study protocol)."""
+  def points(workdir):
+    from attnscale.experiments import lr_search  # only the staged sweeps read results
+    return lr_search.points(preset, labels, starts, workdir, bounds=bounds,
+                            more_seeds=more_seeds, band_seeds=band_seeds, transfer=transfer)
+  return Sweep(preset, points)
+
+
+# The sweeps: name -> Sweep, each registered below beside what it is for.
+# Learning-rate x scaling grids.
 SWEEP_SCALINGS = ("standard", "fully_scaled", "unit_scaled", "key_norm_sum", "cosine")
 SWEEPS = {
     # Graphcore's almost-scaled attention sweep at full size (a GPU job):
     # Adam at constant LR 2^-7 ... 2^-12, 5000 steps.
-    "graphcore": ("graphcore", SWEEP_SCALINGS, [2.0**-e for e in range(7, 13)], (0,)),
+    "graphcore": grid("graphcore", SWEEP_SCALINGS, [2.0**-e for e in range(7, 13)], (0,)),
     # The same at CPU size (preset graphcore_cpu): 50 runs, about an hour on 2
     # cores. The grid is wider than Graphcore's: the unit-scaled model's and
     # key_norm_sum's best learning rates sit far above the standard model's.
-    "graphcore_cpu": ("graphcore_cpu", SWEEP_SCALINGS, [2.0**-e for e in range(3, 13)], (0,)),
+    "graphcore_cpu": grid("graphcore_cpu", SWEEP_SCALINGS, [2.0**-e for e in range(3, 13)],
+                          (0,)),
     # Seconds: the test suite's.
-    "test": ("test", ("standard", "fully_scaled"), [2.0**-8, 2.0**-6], (0,)),
+    "test": grid("test", ("standard", "fully_scaled"), [2.0**-8, 2.0**-6], (0,)),
 }
 # Today's practice against the seeds' scalings (README, "Today's practice"): every
 # registered scaling and attention option at the graphcore_cpu size. Label ->
@@ -70,10 +106,11 @@ PRACTICE_LR_RANGE = (3, 12)  # the search never leaves 2^-3 ... 2^-12
 # further while the best is at an edge of those tried ("bracketed"). Stage 2:
 # seeds 1 and 2 at the bracketed best, so the table gives mean ± s.e. over 3 seeds
 # (attnscale/experiments/lr_search.py).
-# (preset, {label: (scaling, overrides)}, {label: start exponent}, stage 2's seeds)
-SWEEPS["practice"] = ("graphcore_cpu", PRACTICE, PRACTICE_LR_START, (1, 2))
-SWEEPS["practice_test"] = ("test", {k: PRACTICE[k] for k in ("standard", "sink_zero")},
-                           {"standard": 7, "sink_zero": 7}, (1,))
+SWEEPS["practice"] = staged("graphcore_cpu", PRACTICE, PRACTICE_LR_START,
+                            bounds=PRACTICE_LR_RANGE)
+SWEEPS["practice_test"] = staged("test", {k: PRACTICE[k] for k in ("standard", "sink_zero")},
+                                 {"standard": 7, "sink_zero": 7}, bounds=PRACTICE_LR_RANGE,
+                                 more_seeds=(1,))
 
 # Shared keys and values (docs/experiments/shared_kv.md): model.shared_kv=True (W_K =
 # W_V) beside the same scalings with separate projections, re-run here so both sit in
@@ -88,14 +125,18 @@ for _name in ("standard", "cosine", "qk_rmsnorm", "key_norm_sum"):
 SHARED_KV["standard_kv2"] = ("standard", {"model.num_kv_heads": 2})
 # Starts: the practice sweep's best (docs/results/practice), the same for shared.
 SHARED_KV_LR_START = {k: 4 if k.startswith("key_norm_sum") else 9 for k in SHARED_KV}
-SWEEPS["shared_kv"] = ("graphcore_cpu", SHARED_KV, SHARED_KV_LR_START, (1, 2))
-SWEEPS["shared_kv_test"] = ("test", {k: SHARED_KV[k] for k in ("standard", "standard_shared")},
-                            {"standard": 7, "standard_shared": 7}, (1,))
+SWEEPS["shared_kv"] = staged("graphcore_cpu", SHARED_KV, SHARED_KV_LR_START,
+                             bounds=PRACTICE_LR_RANGE)
+SWEEPS["shared_kv_test"] = staged(
+    "test", {k: SHARED_KV[k] for k in ("standard", "standard_shared")},
+    {"standard": 7, "standard_shared": 7}, bounds=PRACTICE_LR_RANGE, more_seeds=(1,))
 # The larger model: the cpu preset (width 128, 1000 steps) at its own rate, standard
 # scaling, separate vs shared vs the parameter-matched control, three seeds.
-# (preset, {label: overrides}, seeds)
-SWEEPS["shared_kv_cpu"] = ("cpu", {"separate": {}, "shared": {"model.shared_kv": True},
-                                   "kv2": {"model.num_kv_heads": 2}}, (0, 1, 2))
+SHARED_KV_CPU = {"separate": {}, "shared": {"model.shared_kv": True},
+                 "kv2": {"model.num_kv_heads": 2}}
+SWEEPS["shared_kv_cpu"] = Sweep("cpu", lambda workdir: [
+    {"arg": _arg("cpu", "standard", seed), "overrides": overrides}
+    for seed in (0, 1, 2) for overrides in SHARED_KV_CPU.values()])
 
 # The width study (docs/experiments/width.md): does the best learning rate transfer
 # across width? Graphcore's recipe (graphcore_cpu: 4 layers, 4 heads, Adam at a
@@ -128,9 +169,11 @@ def _width_sweep(preset, labels, widths, seeds):
             + (0 if label in WIDTH_FIXED else round(math.log2(w / 64)))
             for w in widths for label in labels}
   transfer = {f"{label}@{widths[0]}": [f"{label}@{w}" for w in widths[1:]] for label in labels}
-  return (preset, points, starts, seeds, transfer)
+  return staged(preset, points, starts, bounds=WIDTH_BOUNDS, more_seeds=seeds,
+                transfer=transfer)
 
 
+WIDTH_BOUNDS = (2, 15)  # the search never leaves 2^-2 ... 2^-15
 # Width-major (every label at 32, then 64, ...), seed 1 at each best, then the transfer
 # runs: 24 (label, width) points, 110 runs in all, about 3 hours on 2 cores with --jobs=2
 # (4.4 hours of run time; measured 2026-11-24).
@@ -158,7 +201,8 @@ def _depth_sweep(preset, labels, depths, seeds):
   starts = dict.fromkeys(points, 9)
   transfer = {f"{label}@L{depths[0]}": [f"{label}@L{n}" for n in depths[1:]]
               for label in labels}
-  return (preset, points, starts, seeds, transfer)
+  return staged(preset, points, starts, bounds=WIDTH_BOUNDS, more_seeds=seeds,
+                transfer=transfer)
 
 
 # The transfer study (issue #41, docs/experiments/width.md "Transfer"): how should
@@ -205,7 +249,8 @@ def _transfer_sweep(preset, labels, widths, start_64):
             + (round(math.log2(w / 64)) if label in TRANSFER_MOVES else 0)
             for w in widths for label in labels}
   transfer = {f"{label}@{widths[0]}": [f"{label}@{w}" for w in widths[1:]] for label in labels}
-  return (preset, points, starts, (), transfer)
+  return staged(preset, points, starts, bounds=TRANSFER_BOUNDS, more_seeds=(),
+                band_seeds=(1, 2), transfer=transfer)
 
 
 # Size: 11 labels x 4 widths = 44 searches. Each is about 4 rates at seed 0 and seeds 1
@@ -225,7 +270,6 @@ SWEEPS["transfer_test"] = _transfer_sweep(
 SWEEPS["depth"] = _depth_sweep("graphcore_cpu", DEPTH_LABELS, DEPTHS, (1,))
 SWEEPS["depth_test"] = _depth_sweep("test", {k: DEPTH_LABELS[k] for k in ("sp", "complete_p")},
                                     (1, 2), (1,))
-WIDTH_BOUNDS = (2, 15)  # the search never leaves 2^-2 ... 2^-15
 
 # The learning-rate sensitivity study (docs/experiments/sensitivity.md; Wortsman et
 # al. 2023): each label from two rates below its best (the practice sweep's,
@@ -243,10 +287,23 @@ SENSITIVITY = {
 }
 SENSITIVITY_BEST = dict.fromkeys(SENSITIVITY, 9) | {"unit_scaled": 5}  # practice's best e
 SENSITIVITY_TOP = 2  # the largest rate: 2^-2
-# (preset, {label: (scaling, overrides)}, {label: best exponent}, seeds)
-SWEEPS["sensitivity"] = ("graphcore_cpu", SENSITIVITY, SENSITIVITY_BEST, (0, 1))
-SWEEPS["sensitivity_test"] = ("test", {k: SENSITIVITY[k] for k in ("standard", "qk_clip")},
-                              {"standard": 4, "qk_clip": 4}, (0,))
+
+
+def sensitivity(preset, labels, best, seeds) -> Sweep:
+  """Each label from two rates below its best exponent up to 2^-SENSITIVITY_TOP.
+  Seed-major, and within a seed the highest rates first, every label at each: a
+  sweep stopped early has every label where they differ most (and the diverging
+  runs are the short ones)."""
+  return Sweep(preset, lambda workdir: [
+      {"arg": _arg(preset, scaling, seed), "overrides": {"learning_rate": 2.0**-e, **overrides}}
+      for seed in seeds for e in range(SENSITIVITY_TOP, max(best.values()) + 3)
+      for label, (scaling, overrides) in labels.items() if e <= best[label] + 2])
+
+
+SWEEPS["sensitivity"] = sensitivity("graphcore_cpu", SENSITIVITY, SENSITIVITY_BEST, (0, 1))
+SWEEPS["sensitivity_test"] = sensitivity(
+    "test", {k: SENSITIVITY[k] for k in ("standard", "qk_clip")}, {"standard": 4, "qk_clip": 4},
+    (0,))
 
 # The length study's learning rates: each scaling's best in the graphcore_cpu sweep
 # (docs/results/graphcore_cpu/results.md); the scalings that sweep did not cover
@@ -258,9 +315,20 @@ LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
 # The length study (README, "Length generalisation"): trained at 64 (preset
 # graphcore_cpu), evaluated at 1x ... 16x; rotary and no positions, two seeds,
 # each scaling at its LENGTH_LRS rate. 32 runs, about an hour.
-# (preset, {scaling: learning rate}, positions, eval.py --lengths flag, seeds)
-SWEEPS["length"] = ("graphcore_cpu", LENGTH_LRS, ("rope", "none"),
-                    "--lengths=64,128,256,512,1024", (0, 1))
+
+
+def length(preset, lrs, positions, lengths, seeds) -> Sweep:
+  """Each {scaling: learning rate} x positions x seed, then eval.py `lengths`.
+  Seed-major: after the first half, every (scaling, positions) has one run."""
+  return Sweep(preset, lambda workdir: [
+      {"arg": _arg(preset, scaling, seed),
+       "overrides": {"learning_rate": lr, "model.positions": pos},
+       "eval": [lengths, "--length=100"]}
+      for seed in seeds for pos in positions for scaling, lr in lrs.items()])
+
+
+SWEEPS["length"] = length("graphcore_cpu", LENGTH_LRS, ("rope", "none"),
+                          "--lengths=64,128,256,512,1024", (0, 1))
 # The 2025 temperature scalings in the same study (rotary only, two seeds), with
 # standard and learned log_n again as the baselines in the same table: Llama 4's
 # temperature_tuning and YaRN's temperature (both standard within the training
@@ -269,11 +337,11 @@ SWEEPS["length"] = ("graphcore_cpu", LENGTH_LRS, ("rope", "none"),
 # config arguments; every label at standard's rate. 12 runs, about 20 minutes.
 LENGTH_2025_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "temperature_tuning": 2.0**-9,
                    "yarn": 2.0**-9, "log_n,s=1": 2.0**-9, "log_n,s=2": 2.0**-9}
-SWEEPS["length_2025"] = ("graphcore_cpu", LENGTH_2025_LRS, ("rope",),
-                         "--lengths=64,128,256,512,1024", (0, 1))
+SWEEPS["length_2025"] = length("graphcore_cpu", LENGTH_2025_LRS, ("rope",),
+                               "--lengths=64,128,256,512,1024", (0, 1))
 # Seconds: the test suite's length sweep.
-SWEEPS["length_test"] = ("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),
-                         "--lengths=32,64", (0,))
+SWEEPS["length_test"] = length("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),
+                               "--lengths=32,64", (0,))
 
 
 # The precision study (README, "Low precision"; docs/science.md, "Low precision"):
@@ -291,16 +359,28 @@ PRECISION_FORMATS = {  # label -> field overrides (float32: none)
 }
 # Seed 0 in every format; seed 1 in float32 and unscaled fp8 (the two ends), for
 # the seed spread: 6 x (5 + 2) = 42 runs.
-# (preset, scalings, {label: overrides}, {seed: its formats})
-SWEEPS["precision"] = ("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
-                       {0: tuple(PRECISION_FORMATS), 1: ("float32", "fp8")})
+
+
+def precision(preset, scalings, formats, seeds, lrs=None) -> Sweep:
+  """Each scaling x format ({label: overrides}) x seed ({seed: its formats}), at
+  `lrs[scaling]` (None: the preset's rate)."""
+  lr = lambda scaling: {"learning_rate": lrs[scaling]} if lrs else {}
+  return Sweep(preset, lambda workdir: [
+      {"arg": _arg(preset, scaling, seed), "overrides": lr(scaling) | formats[f]}
+      for seed, seed_formats in seeds.items() for scaling in scalings for f in seed_formats])
+
+
+SWEEPS["precision"] = precision("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
+                                {0: tuple(PRECISION_FORMATS), 1: ("float32", "fp8")},
+                                lrs=LENGTH_LRS)
 # The same at the cpu preset (about 6 hours), each scaling at the preset's 2e-3.
-SWEEPS["precision_cpu"] = ("cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
-                           {0: tuple(PRECISION_FORMATS)})
+SWEEPS["precision_cpu"] = precision("cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
+                                    {0: tuple(PRECISION_FORMATS)})
 # Seconds: the test suite's.
-SWEEPS["precision_test"] = ("test", ("standard", "unit_scaled"),
-                            {k: PRECISION_FORMATS[k] for k in ("float32", "float16", "fp8")},
-                            {0: ("float32", "float16", "fp8")})
+SWEEPS["precision_test"] = precision(
+    "test", ("standard", "unit_scaled"),
+    {k: PRECISION_FORMATS[k] for k in ("float32", "float16", "fp8")},
+    {0: ("float32", "float16", "fp8")})
 
 
 # Points trained together in one vmapped program by default (sweep.py --pack=K
@@ -314,59 +394,11 @@ PACK_BY_PRESET = {"graphcore_cpu": 8, "test": 4, "cpu": 2, "graphcore": 8}
 def default_pack(name: str) -> int:
   """How many points of sweep `name` sweep.py packs into one program by default."""
   check_choice("sweep", name, SWEEPS)
-  return PACK_BY_PRESET.get(SWEEPS[name][0], 1)
+  return PACK_BY_PRESET.get(SWEEPS[name].preset, 1)
 
 
 def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
-  """The points of sweep `name`: scaling x learning rate x seed (the length
-  sweeps: scaling at its LENGTH_LRS rate x positions x seed, then eval.py
-  --lengths; the precision sweeps: scaling x format x seed; the practice sweeps:
-  staged, see PRACTICE, reading the finished runs in `workdir`)."""
+  """The points of sweep `name` (`SWEEPS`), reading the finished runs in `workdir`
+  where it is staged."""
   check_choice("sweep", name, SWEEPS)
-  if name.startswith("sensitivity"):
-    # Seed-major, and within a seed the highest rates first, every label at each:
-    # a sweep stopped early has every label where they differ most (and the
-    # diverging runs are the short ones).
-    preset, labels, best, seeds = SWEEPS[name]
-    return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
-             "overrides": {"learning_rate": 2.0**-e, **overrides}}
-            for seed in seeds for e in range(SENSITIVITY_TOP, max(best.values()) + 3)
-            for label, (scaling, overrides) in labels.items() if e <= best[label] + 2]
-  if name.startswith("transfer"):
-    from attnscale.experiments import lr_search
-    preset, labels, starts, more_seeds, transfer = SWEEPS[name]
-    return lr_search.points(preset, labels, starts, workdir, bounds=TRANSFER_BOUNDS,
-                            more_seeds=more_seeds, band_seeds=(1, 2), transfer=transfer)
-  if name.startswith(("width", "depth")):
-    from attnscale.experiments import lr_search
-    preset, labels, starts, more_seeds, transfer = SWEEPS[name]
-    return lr_search.points(preset, labels, starts, workdir, bounds=WIDTH_BOUNDS,
-                            more_seeds=more_seeds, transfer=transfer)
-  if name.startswith(("practice", "shared_kv")) and name != "shared_kv_cpu":
-    from attnscale.experiments import lr_search  # only the staged sweep reads results
-    preset, labels, starts, more_seeds = SWEEPS[name]
-    return lr_search.points(preset, labels, starts, workdir, bounds=PRACTICE_LR_RANGE,
-                            more_seeds=more_seeds)
-  if name == "shared_kv_cpu":
-    preset, labels, seeds = SWEEPS[name]
-    return [{"arg": f"preset={preset},scaling=standard,seed={seed}", "overrides": overrides}
-            for seed in seeds for overrides in labels.values()]
-  if name.startswith("precision"):
-    preset, scalings, formats, seeds = SWEEPS[name]
-    # The full-size sweep at each scaling's LENGTH_LRS rate; the others at the preset's.
-    lr = lambda scaling: {"learning_rate": LENGTH_LRS[scaling]} if name == "precision" else {}
-    return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
-             "overrides": lr(scaling) | formats[f]}
-            for seed, seed_formats in seeds.items() for scaling in scalings
-            for f in seed_formats]
-  if name.startswith("length"):
-    preset, lrs, positions, lengths, seeds = SWEEPS[name]
-    # Seed-major: after the first half, every (scaling, positions) has one run.
-    return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
-             "overrides": {"learning_rate": lr, "model.positions": pos},
-             "eval": [lengths, "--length=100"]}
-            for seed in seeds for pos in positions for scaling, lr in lrs.items()]
-  preset, scalings, learning_rates, seeds = SWEEPS[name]
-  return [{"arg": f"preset={preset},scaling={scaling},seed={seed}",
-           "overrides": {"learning_rate": lr}}
-          for scaling in scalings for lr in learning_rates for seed in seeds]
+  return SWEEPS[name].points(workdir)
