@@ -10,8 +10,11 @@ argument plus field overrides (and eval.py flags to run after training):
     {"arg": "preset=graphcore,scaling=fully_scaled,seed=0",
      "overrides": {"learning_rate": 2**-9}}
 
-(attnscale/experiments/sweeps.py, `load_sweep`). The staged learning-rate search
-of the practice sweeps is library code: attnscale/experiments/lr_search.py.
+(attnscale/experiments/sweeps.py, `load_sweep`). Here `SWEEPS` is a registry:
+name -> `Sweep(preset, points)`, built by `grid`, `staged` (the staged learning-
+rate search, library code: attnscale/experiments/lr_search.py; with `band_seeds`,
+the study protocol), `sensitivity`, `length` or `precision`; a new sweep is one
+entry. `default_pack` gives each sweep's pack size by its preset.
 """
 
 import dataclasses
