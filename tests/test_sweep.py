@@ -50,7 +50,7 @@ def test_print_commands_gives_one_line_per_point_or_pack(tmp_path):
   # train as a pack of 8 and one of 2.
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        check=True).stdout.splitlines()
-  assert len(out) == 10 and all("-m attnscale.runtime.packed --runs=" in line for line in out)
+  assert len(out) == 10 and all("-m attnscale.runtime.packed '--runs=[" in line for line in out)
   assert not os.listdir(tmp_path)  # printing runs nothing
 
 

@@ -209,8 +209,7 @@ class ModelConfig:
       raise ValueError(f"model.parameterization='mup' needs model.variant='standard', got "
                        f"{self.variant!r} (the unit variant is u-muP already)")
     if self.parameterization == "mup":
-      from attnscale.models import mup  # the rules' module imports this one
-      reason = mup.mup_refusal(self)
+      reason = mup_refusal(self)
       if reason:
         raise ValueError(f"model.parameterization='mup' cannot apply: {reason}")
     if self.parameterization == "umup" and (self.variant, self.scaling) != ("unit", "umup"):
@@ -250,3 +249,22 @@ class ModelConfig:
     """The sizes a scaling's learned parameters are shaped and initialised by."""
     return scalings.Dims(heads=self.num_heads, kv_heads=self.kv_heads,
                          head_dim=self.head_dim, train_len=self.block_size)
+
+
+# Scalings mup keeps, with their logit scale made muP's (attnscale/models/mup.py,
+# `attention_scaling`), and the one whose logits need no width rule.
+MUP_NORMALIZED = ("qk_rmsnorm", "qk_layernorm")
+MUP_SCALINGS = ("standard", "inverse_d", "cosine", *MUP_NORMALIZED)
+
+
+def mup_refusal(cfg: ModelConfig) -> str | None:
+  """Why mup does not apply to `cfg`'s attention scaling (one clause), or None."""
+  if cfg.scaling in MUP_SCALINGS:
+    if cfg.scaling == "cosine" and cfg.mup_attn_mult != 1:
+      return ("cosine's logits g cos(q, k) have no width exponent for mup_attn_mult to "
+              "fix (its temperature g is learned): use model.mup_attn_mult=1")
+    return None
+  if cfg.scaling.startswith("key_norm"):
+    return (f"scaling={cfg.scaling!r} divides by data-dependent key norms, and no muP "
+            "rule is defined for that")
+  return (f"scaling={cfg.scaling!r} has no muP rule here (defined: {list(MUP_SCALINGS)})")

@@ -95,7 +95,8 @@ import math
 
 import jax
 
-from attnscale.models.config import ModelConfig
+# The scalings muP is defined for, and why not others: the config's own check.
+from attnscale.models.config import MUP_NORMALIZED, MUP_SCALINGS, ModelConfig, mup_refusal  # noqa: F401
 
 # The leaves trained at lr / m: the Dense layers' weight matrices (attnscale.numerics.layers).
 HIDDEN_LEAF = "kernel"
@@ -104,23 +105,6 @@ BLOCKS = "blocks"  # the transformer blocks' list (attnscale/models/transformer.
 
 # model.parameterization values that are muP (the rules above) and u-muP.
 MUP, UMUP = "mup", "umup"
-# Scalings mup keeps, with their logit scale made muP's (`attention_scaling`), and
-# the one whose logits need no width rule.
-MUP_NORMALIZED = ("qk_rmsnorm", "qk_layernorm")
-MUP_SCALINGS = ("standard", "inverse_d", "cosine", *MUP_NORMALIZED)
-
-
-def mup_refusal(cfg: ModelConfig) -> str | None:
-  """Why mup does not apply to `cfg`'s attention scaling (one clause), or None."""
-  if cfg.scaling in MUP_SCALINGS:
-    if cfg.scaling == "cosine" and cfg.mup_attn_mult != 1:
-      return ("cosine's logits g cos(q, k) have no width exponent for mup_attn_mult to "
-              "fix (its temperature g is learned): use model.mup_attn_mult=1")
-    return None
-  if cfg.scaling.startswith("key_norm"):
-    return (f"scaling={cfg.scaling!r} divides by data-dependent key norms, and no muP "
-            "rule is defined for that")
-  return (f"scaling={cfg.scaling!r} has no muP rule here (defined: {list(MUP_SCALINGS)})")
 
 
 def width_mult(cfg: ModelConfig) -> float:
