@@ -7,7 +7,9 @@ Targets: tpu-v4-8, tpu-v5e-8, tpu-v5e-256, tpu-v5p-8, tpu-v5p-128, tpu-v6e-8,
 tpu-v6e-64, gpu-h100x1, gpu-h100x8, cpu (attnscale/runtime/aot.py). Prints one table
 (per-device memory against the device's, whether it fits, the attention kernel,
 the collectives, FLOPs, a roofline lower bound on the step time) and writes the
-same as JSON to --out. TPU targets need `pip install -e ".[tpu]"`, GPU targets
+same as JSON to --out. A program that does not fit the device exits 1 after the
+table, with one line saying by how much and why (--norequire_fit: exit 0, for
+scripts that collect every row). TPU targets need `pip install -e ".[tpu]"`, GPU targets
 `".[cuda12]"` (JAX 0.12, Python >= 3.12); run with JAX_PLATFORMS=cpu on a machine
 without the accelerator (this script sets it when unset). What is compiled is
 not run: docs say what that does and does not verify (docs/guides/pods-and-gpus.md).
@@ -33,6 +35,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:arg].",
 _TARGET = flags.DEFINE_string("target", None, "What to compile for: tpu-v5e-8, gpu-h100x8, "
                               "cpu, ... (attnscale.runtime.aot.TARGETS).")
 _OUT = flags.DEFINE_string("out", None, "Also write the report to this JSON file.")
+_REQUIRE_FIT = flags.DEFINE_bool(
+    "require_fit", True, "Exit 1 when a step does not fit the device (after the table and "
+    "--out); --norequire_fit exits 0 whatever fits, for tables that want every row.")
 flags.mark_flags_as_required(["config", "target"])
 
 
@@ -50,6 +55,8 @@ def main(argv):
     with open(_OUT.value, "w") as f:
       json.dump(report, f, indent=2, default=str)
     print(f"wrote {_OUT.value}")
+  if _REQUIRE_FIT.value and not report["fits"]:
+    cli.fail(aot.not_fitting(report) + " (--norequire_fit to exit 0)")
 
 
 parse_flags = functools.partial(cli.parse_flags, config_flag="config")
