@@ -275,9 +275,10 @@ def _call(command: list[str], cpus) -> int:
   Ctrl-C: the child runs in a process group of its own, so a terminal's Ctrl-C
   reaches this process alone, which passes one SIGINT on and waits for the child
   to save and exit (train.py: a checkpoint, exit 130), then raises
-  KeyboardInterrupt. A second Ctrl-C while it saves kills it. (The terminal's
-  own SIGINT and a forwarded one would be two Ctrl-Cs to train.py, which exits
-  without saving on the second.)
+  KeyboardInterrupt. A second Ctrl-C while it saves is passed on too (train.py
+  exits at once), then SIGKILL after 10 s (`_interrupt`). (In this process's
+  group, the terminal's own SIGINT and a forwarded one would be two Ctrl-Cs to
+  train.py, which exits without saving on the second.)
   """
   with _RUNNING_LOCK:
     if _STOPPING.is_set():  # a Ctrl-C came while this point waited for a CPU share
