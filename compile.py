@@ -10,8 +10,11 @@ tpu-v6e-64, gpu-h100x1, gpu-h100x8, cpu (attnscale/runtime/aot.py). Prints one t
 (per-device memory against the device's, whether it fits, the attention kernel,
 the collectives, FLOPs, a roofline lower bound on the step time) and writes the
 same as JSON to --out; --tokens=N adds the best-case time to train N tokens (the
-roofline step time x the steps: a lower bound). TPU targets need `pip install -e
-".[tpu]"`, GPU targets `".[cuda12]"` (JAX 0.12, Python >= 3.12); run with JAX_PLATFORMS=cpu on a machine
+roofline step time x the steps: a lower bound). A program that does not fit the
+device exits 1 after the table, with one line saying by how much and why
+(--norequire_fit: exit 0, for scripts that collect every row). TPU targets need
+`pip install -e ".[tpu]"`, GPU targets `".[cuda12]"` (JAX 0.12, Python >= 3.12); run
+with JAX_PLATFORMS=cpu on a machine
 without the accelerator (this script sets it when unset). What is compiled is
 not run: docs say what that does and does not verify (docs/guides/pods-and-gpus.md).
 """
@@ -38,6 +41,9 @@ _TARGET = flags.DEFINE_string("target", None, "What to compile for: tpu-v5e-8, g
 _OUT = flags.DEFINE_string("out", None, "Also write the report to this JSON file.")
 _TOKENS = flags.DEFINE_float("tokens", None, "Also print the best-case time to train this many "
                              "tokens on the target (a lower bound: roofline step time x steps).")
+_REQUIRE_FIT = flags.DEFINE_bool(
+    "require_fit", True, "Exit 1 when a step does not fit the device (after the table and "
+    "--out); --norequire_fit exits 0 whatever fits, for tables that want every row.")
 flags.mark_flags_as_required(["config", "target"])
 
 
@@ -62,6 +68,8 @@ def main(argv):
     with open(_OUT.value, "w") as f:
       json.dump(report, f, indent=2, default=str)
     print(f"wrote {_OUT.value}")
+  if _REQUIRE_FIT.value and not report["fits"]:
+    cli.fail(aot.not_fitting(report) + " (--norequire_fit to exit 0)")
 
 
 parse_flags = functools.partial(cli.parse_flags, config_flag="config")

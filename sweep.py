@@ -75,17 +75,22 @@ def main(argv):
       _import_modules(_CONFIG.value, points)
     except ValueError as e:
       cli.fail(str(e))
-    failures = sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value,
-                                pack=pack)
-    # A staged sweep adds points from its results (seeds at the best learning
-    # rates): run until a reload adds nothing.
-    while True:
-      more = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
-      if {p.name for p in more} <= {p.name for p in points}:
-        break
-      points = more
-      failures += sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value,
-                                 pack=pack)
+    try:
+      failures = sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value,
+                                  pack=pack)
+      # A staged sweep adds points from its results (seeds at the best learning
+      # rates): run until a reload adds nothing.
+      while True:
+        more = sweeps.load_sweep(_CONFIG.value, _SWEEP.value, _WORKDIR.value)
+        if {p.name for p in more} <= {p.name for p in points}:
+          break
+        points = more
+        failures += sweeps.run_sweep(_CONFIG.value, points, _WORKDIR.value, jobs=_JOBS.value,
+                                   pack=pack)
+    except KeyboardInterrupt:  # the running points have saved (sweeps._call)
+      print("Ctrl-C: the sweep stopped after its running points saved; rerunning the same "
+            "command resumes it", file=sys.stderr)
+      sys.exit(130)
   rows = sweeps.collect(_WORKDIR.value, points)
   paths = sweep_results.write_results(rows, _WORKDIR.value, title=f"{_SWEEP.value} sweep")
   print(sweep_results.markdown_table(rows))

@@ -15,6 +15,7 @@ import hashlib
 import http.server
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -49,10 +50,50 @@ SCALING_CASES = [
 
 def subprocess_env(xla_flags: Sequence[str] = (), **extra: str) -> dict[str, str]:
   """os.environ plus `extra`, with `xla_flags` added to the XLA_FLAGS already set
-  (the tests' -O0, tests/conftest.py), replacing any of the same name."""
+  (the tests' -O0, tests/conftest.py), replacing any of the same name.
+
+  PYTHONFAULTHANDLER=1: a child that a test stops for taking too long prints
+  every thread's Python stack as it goes (`stop_with_stacks`)."""
   names = {f.split("=", 1)[0] for f in xla_flags}
   kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=", 1)[0] not in names]
-  return dict(os.environ, **extra, XLA_FLAGS=" ".join(kept + list(xla_flags)))
+  return dict(os.environ, PYTHONFAULTHANDLER="1", **extra,
+              XLA_FLAGS=" ".join(kept + list(xla_flags)))
+
+
+def stop_with_stacks(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
+  """Ends every process of `procs` that still runs, each printing its threads'
+  Python stacks to its stderr first: SIGABRT, which `faulthandler` takes in a
+  process started with PYTHONFAULTHANDLER=1 (`subprocess_env`) and dumps the
+  stacks before the abort; SIGKILL for what is left after `grace_s`.
+
+  A test that waits for several processes calls it when time runs out, so that
+  a hang shows where each process was, not only that one did not exit.
+  """
+  running = [p for p in procs if p.poll() is None]
+  for p in running:
+    p.send_signal(signal.SIGABRT)
+  deadline = time.monotonic() + grace_s
+  for p in running:
+    try:
+      p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+
+
+def wait_all(procs: Sequence[subprocess.Popen], timeout_s: float,
+             describe: Callable[[], str]) -> None:
+  """Waits for every process of `procs`; if one still runs after `timeout_s`,
+  stops them all with their stacks (`stop_with_stacks`) and fails with
+  `describe()` (their logs, stacks included)."""
+  deadline = time.monotonic() + timeout_s
+  while any(p.poll() is None for p in procs):
+    if time.monotonic() > deadline:
+      late = [i for i, p in enumerate(procs) if p.poll() is None]
+      stop_with_stacks(procs)
+      raise AssertionError(f"processes {late} did not exit within {timeout_s:.0f} s; their "
+                           f"stacks are in their logs:\n{describe()}")
+    time.sleep(0.05)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -97,6 +138,10 @@ def finish(proc: subprocess.Popen, log_path, returncode: int = 0,
   returns what it wrote to `log_path`."""
   try:
     proc.wait(timeout=timeout_s)
+  except subprocess.TimeoutExpired:
+    _stop(proc)
+    raise AssertionError(f"did not exit within {timeout_s:.0f} s; its stacks are at the end: "
+                         f"{_tail(log_path, 6000)}") from None
   finally:
     _stop(proc)
   output = _tail(log_path, None)
@@ -105,9 +150,7 @@ def finish(proc: subprocess.Popen, log_path, returncode: int = 0,
 
 
 def _stop(proc: subprocess.Popen) -> None:
-  if proc.poll() is None:
-    proc.kill()
-    proc.wait()
+  stop_with_stacks([proc])  # only a process still running: a timeout or a failed wait
 
 
 def _tail(log_path, chars: int | None = 3000) -> str:

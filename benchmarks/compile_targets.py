@@ -6,7 +6,8 @@
     python benchmarks/compile_targets.py --scalings --targets tpu-v5e-8 --models nanogpt
 
 Each row is `compile.py`'s report of one train step (attnscale/runtime/aot.py) in bf16 with
-every device on fsdp: per-device memory against the device's, the attention kernel,
+every device on fsdp: per-device memory against the device's (a row that does not fit
+says why, and the table goes on), the attention kernel,
 the collectives, FLOPs and the roofline lower bound. `--scalings`: instead, every
 registered scaling's compiled FLOPs and per-device memory against standard's. Nothing runs on a chip: the
 step time is an estimate. Needs libtpu and the CUDA plugin
@@ -71,11 +72,11 @@ def main():
         c = row.get("collectives", {})
         flops = row.get("flops", {}).get("compiled_per_device")
         roof = row.get("roofline", {})
-        cells = [model, f"{target} ({n})", remat,
-                 f"{(mem['parameters'] + mem['optimizer_state']) / GiB:.3f} GiB",
-                 f"{(mem.get('temporaries') or 0) / GiB:.2f} GiB",
+        cells = [model, f"{target} ({n} {'GPUs' if r['platform'] == 'gpu' else 'chips'})",
+                 remat, aot.format_bytes(mem["parameters"] + mem["optimizer_state"]),
+                 aot.format_bytes(mem.get("temporaries") or 0),
                  f"{mem['total'] / GiB:.2f} / {r['device_memory_bytes'] / GiB:.0f} GiB",
-                 "yes" if mem["fits"] else "no", row.get("kernel", "-"),
+                 "yes" if mem["fits"] else f"no: {row['why']}", row.get("kernel", "-"),
                  " / ".join(str(c[k]) for k in ("all-gather", "reduce-scatter", "all-reduce",
                                                 "all-to-all")) if c else "-",
                  f"{flops / 1e12:.3f}" if flops else "-",

@@ -3,7 +3,8 @@ compiled by XLA's CUDA compiler for 8 H100s on this CPU machine (the CUDA plugin
 GPU target config, attnscale/runtime/targets/h100_sxm.txtpb), FSDP over all 8.
 
 cuDNN flash attention in the compiled program, fits, FSDP's bytes and collectives, no
-more temporaries per device than data parallelism, every scaling lowered to cuDNN.
+more temporaries per device than data parallelism, every scaling lowered to cuDNN, a
+program too large for one H100 reported as a row that says why.
 Needs the CUDA plugin and cuDNN (`pip install -e ".[cuda12-compile]"`, JAX 0.12);
 skipped without them. tests/test_compile_tpu.py does the TPU slice.
 """
@@ -51,3 +52,17 @@ def test_every_scaling_lowers_to_cudnn():
   for name in [*scalings.names(), "unit_scaled"]:
     lowered, _ = aot.lower_steps(compile_config("test", name), TARGET)
     assert "CustomSPMDPartitioning" in lowered["train_step"].as_text(), name
+
+
+def test_too_large_is_a_row_that_says_why_without_xla_s_error_lines(capfd):
+  """A program larger than one H100: XLA compiles it, logging an 'error in the
+  calculation' and a failed rematerialization, which the report's row says in
+  its own words (compile.py then exits 1: tests/test_aot.py)."""
+  c = compile_config("test", **{"model.num_layers": 2, "model.width": 24576,
+                                "model.num_heads": 192, "mesh.fsdp": 1})
+  report = aot.compile_report(c, "gpu-h100x1")
+  assert report["fits"] is False and report["train_step"]["memory"]["over_by"] > 0
+  assert ("train_step does not fit: XLA compiled it; its memory analysis exceeds the "
+          "device's memory") in aot.format_report(report)
+  err = capfd.readouterr().err
+  assert "error in the calculation" not in err and "rematerialization" not in err, err

@@ -3,8 +3,9 @@ eval steps compiled by libtpu for a v5e-8 slice on this CPU machine, FSDP over a
 
 Checked on the compiled programs: splash attention, that they fit, per-device parameter
 and optimizer bytes (the analytic count over fsdp), no all-to-all and no all-gathered
-activation, every scaling's FLOPs and memory against standard's, remat's saving, and a
-model too large for the chip reported as a row. Needs libtpu (`pip install -e
+activation, every scaling's FLOPs and memory against standard's, remat's saving, a
+model too large for the chip reported as a row that says why, and a v5p-128 at fsdp=64
+that gathers no activation. Needs libtpu (`pip install -e
 ".[tpu]"`, JAX 0.12); skipped without it. tests/test_compile_gpu.py does the H100s.
 """
 
@@ -36,6 +37,10 @@ def test_compile_py_nanogpt(tmp_path):
        f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "attention kernel" in result.stdout and "splash" in result.stdout
+  # libtpu's start-up banner on a machine that is not a TPU VM is not shown.
+  for noise in ("E0000", "INVALID_ARGUMENT", "could not determine TPU", "InitGoogle"):
+    assert noise not in result.stderr, result.stderr[-2000:]
+  assert "8 chips of TPU v5e (1 TensorCore each), 16.00 GiB HBM each" in result.stdout
   report = json.loads(out.read_text())
   assert report["target"] == TARGET and report["mesh"] == {"data": 1, "fsdp": 8}
   check_fsdp_report(report, compile_config(), "splash")
@@ -78,13 +83,38 @@ def test_remat_saves_activation_memory():
   assert temps["full"] < 0.6 * temps["none"] and temps["dots"] < temps["none"], temps
 
 
-def test_too_large_is_a_row_not_a_crash():
+def test_too_large_is_a_row_that_says_why(capfd):
+  """XLA's compile-time out-of-memory is the row's reason, in the table (not only in
+  the JSON), and its log line is not printed besides; compile.py then exits 1
+  (tests/test_aot.py)."""
   c = compile_config("test", **{"model.num_layers": 2, "model.width": 24576,
                                 "model.num_heads": 192})
   report = aot.compile_report(c, TARGET)
   memory = report["train_step"]["memory"]
-  assert memory["fits"] is False and memory["over_by"] > 0, memory
-  assert "no (+" in aot.format_report(report)
+  assert memory["fits"] is False and memory["over_by"] > 0 and report["fits"] is False, memory
+  table = aot.format_report(report)
+  assert "no (+" in table
+  assert ("train_step does not fit (not compiled: the rows below fits are -): XLA's "
+          "compile-time out-of-memory: CompileTimeHbmOom: Ran out of memory on HBM, the total "
+          "memory required for HLO temporaries (") in table, table
+  assert "RESOURCE_EXHAUSTED" not in capfd.readouterr().err
+
+
+def test_fsdp_over_a_v5p_128_gathers_weights_not_activations():
+  """64 chips (the name counts 128 cores), fsdp=64: no collective moves an
+  activation. The TPU compiler gathers some weights in two stages, the first a
+  bf16[32,6,384] (32 devices' shards of 6 rows) whose 32 is also the batch over 2
+  devices; those are weights (aot._staged_weight_gather)."""
+  c = compile_config(**{"mesh.fsdp": 64})
+  report = aot.compile_report(c, "tpu-v5p-128")
+  assert report["num_devices"] == 64 and report["fits"]
+  for step in ("train_step", "eval_step"):
+    assert report[step]["activation_collectives"] == [], report[step]["activation_collectives"]
+  assert report["train_step"]["collectives"]["all-gather"] > 0
+  table = aot.format_report(report)
+  assert ("target tpu-v5p-128: 64 chips of TPU v5p (2 TensorCores each, one JAX device: the "
+          "name counts 128 cores), 95.00 GiB HBM each") in table
+  assert "MiB" in table.splitlines()[4]  # the parameters per device: 0.66 MiB, not 0.00 GiB
 
 
 def test_unknown_target_and_bad_mesh_are_one_line():

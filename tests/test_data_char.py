@@ -8,8 +8,10 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -208,3 +210,52 @@ def test_download_path_checks_sha256(monkeypatch, tmp_path, source_file):
     # TFDS's NonMatchingChecksumError, which tfds does not export publicly.
     with pytest.raises(Exception, match="has wrong checksum"):
       data.load_tiny_shakespeare(str(tmp_path / "bad"))
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+  """os.environ as on a machine without network: every proxy variable points at a
+  closed localhost port, so `requests` (the probe's and TFDS's download alike)
+  cannot connect, and ATTNSCALE_DATA is unset."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+  env = {k: v for k, v in os.environ.items()
+         if k.lower() not in ("no_proxy", "all_proxy") and k != paths.ENV_VAR}
+  for name in ("http_proxy", "https_proxy"):
+    env[name] = env[name.upper()] = closed
+  return {**env, **extra}
+
+
+def test_offline_without_data_root_is_one_line_naming_it_in_seconds(tmp_path):
+  """train.py with a fresh TFDS data dir, no ATTNSCALE_DATA and no network: the
+  download's own path (TFDS retries for about 200 s, then a long traceback)
+  is cut short by a probe that names ATTNSCALE_DATA and the file."""
+  start = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, "train.py", "--config=configs/shakespeare_char.py:preset=test",
+       f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path / 'tfds'}"],
+      cwd=REPO, capture_output=True, text=True, timeout=120,
+      env=offline_env(JAX_PLATFORMS="cpu"))
+  elapsed = time.monotonic() - start
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last == (f"error: cannot reach raw.githubusercontent.com to download "
+                  f"{tiny_shakespeare.TinyShakespeareChar.URL} (ProxyError): offline, set "
+                  f"ATTNSCALE_DATA to a folder holding {RELPATH} "
+                  "(docs/guides/training.md#offline-data)"), proc.stderr[-3000:]
+  assert elapsed < 30, elapsed
+
+
+def test_wrong_data_root_is_never_ignored(prepared, monkeypatch, tmp_path, capsys):
+  """The dataset is prepared (its source is not read again): a root that does not
+  exist is an error, one without the file a warning naming it."""
+  data_dir = str(prepared[0])
+  monkeypatch.setenv(paths.ENV_VAR, str(tmp_path / "nosuch"))
+  with pytest.raises(FileNotFoundError) as err:
+    data.load_tiny_shakespeare(data_dir)
+  assert str(err.value).startswith(f"ATTNSCALE_DATA={tmp_path / 'nosuch'} is not a folder")
+  monkeypatch.setenv(paths.ENV_VAR, str(tmp_path))
+  assert len(data.load_tiny_shakespeare(data_dir).validation) == 111540
+  assert capsys.readouterr().err.splitlines() == [
+      f"warning: ATTNSCALE_DATA={tmp_path} holds no {RELPATH}; reading the copy prepared "
+      f"before in {prepared[0]}/tiny_shakespeare_char/1.0.0"]

@@ -1,6 +1,7 @@
 """Faults a long run meets, with real signals and real files: Ctrl-C (once, and
 twice), a truncated file in the newest checkpoint (and in every checkpoint), a
-second train.py on a run directory in use, and the lock a killed process left.
+second train.py on a run directory in use, the lock a killed process left, and a
+sweep's Ctrl-C and damaged final checkpoint.
 
 Each end-to-end test ends where one uninterrupted train.py run of the same
 command does (module fixture): every step logged once, the same losses, bit
@@ -21,6 +22,7 @@ import pytest
 
 from attnscale import testing
 from attnscale.evaluation import eval_lib
+from attnscale.experiments import sweeps
 from attnscale.experiments.sweeps import checkpoint_steps
 from attnscale.runtime import metrics_writer, run_lock, train_lib
 from attnscale.runtime import train_state as ts
@@ -299,3 +301,61 @@ def test_lock_of_a_reused_pid_is_stale_and_an_unreadable_one_is_reported(tmp_pat
   path.write_text("")  # torn, or made by hand
   with pytest.raises(run_lock.LockedError, match="holds an unreadable .*--force_lock"):
     run_lock.RunLock(str(tmp_path)).acquire()
+
+
+# ---------------------------------------------------------------------------
+# A sweep (attnscale/experiments/sweeps.py): Ctrl-C and a damaged final checkpoint.
+
+# A sweep of long points in a process of its own; Ctrl-C reaches it alone (its points
+# run in process groups of their own, as a terminal's Ctrl-C would find them).
+_SWEEP = r"""
+import sys
+from attnscale.experiments import sweeps
+workdir, data_dir, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+points = [sweeps.Point(f"preset=test,seed={seed}", (
+    ("checkpoint_every", 100000), ("data_dir", data_dir), ("eval_every", 100000),
+    ("log_every", 1), ("num_train_steps", 100000))) for seed in range(jobs)]
+try:
+  sweeps.run_sweep("configs/shakespeare_char.py", points, workdir, jobs=jobs)
+except KeyboardInterrupt:
+  print("sweep: KeyboardInterrupt", flush=True)
+  sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_of_a_sweep_reaches_its_running_points_which_save(tfds_dir, cache_dir, tmp_path,
+                                                                 jobs):
+  """One SIGINT to the sweep's process: each running train.py gets it once, saves a
+  checkpoint at its step and exits 130; then the sweep raises KeyboardInterrupt.
+  (It used to SIGKILL them: the steps since their last checkpoint were lost.)"""
+  workdir, log = tmp_path / "sweep", tmp_path / "log"
+  env = testing.subprocess_env(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  with open(log, "w") as out:
+    proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(workdir), tfds_dir, str(jobs)],
+                            cwd=testing.ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+  running = lambda: sorted(str(p) for p in workdir.iterdir()) if workdir.exists() else []
+  testing.wait_for(proc, lambda: len(running()) == jobs and all(training(r)() for r in running()),
+                   "a logged step in every point", log)
+  runs = running()
+  proc.send_signal(signal.SIGINT)
+  output = finish(proc, log, returncode=130, timeout_s=120)
+  assert "sweep: KeyboardInterrupt" in output
+  saved = lines_starting(output, "Ctrl-C: saved a checkpoint at step")
+  assert len(saved) == jobs, output[-3000:]
+  for run in runs:
+    step = checkpoint_steps(run)[-1]
+    assert 1 < step < 100000 and f"Ctrl-C: saved a checkpoint at step {step} in {run}; " \
+        "rerunning the same command resumes from it" in saved, output[-3000:]
+    assert not os.path.exists(os.path.join(run, run_lock.LOCK_FILE))
+    assert sweeps.status(run) == "partial"
+
+
+def test_sweep_status_reads_a_damaged_final_checkpoint_as_not_done(uninterrupted, tmp_path):
+  run = str(tmp_path / "run")
+  shutil.copytree(uninterrupted, run)
+  assert sweeps.status(run) == "done"
+  truncate(os.path.join(run, "checkpoints", str(NUM_STEPS), "default", "_sharding"))
+  assert sweeps.status(run) == "partial"  # a sweep reruns it: train.py sets it aside
+  assert sweeps.status(run, read_checkpoint=False) == "done"  # the step numbers alone

@@ -45,6 +45,10 @@ DOC = os.path.join("docs", "guides", "pods-and-gpus.md")
 DOC_SECTION = "## Try it on one machine before a pod"
 NUM_PROCESSES = 2
 TIMEOUT_S = 300
+# The small two-process tests: from the signal (or the start) to both exits. A
+# process that hangs fails the test here, with every process's stacks in its log
+# (testing.stop_with_stacks), instead of holding the suite.
+STOP_TIMEOUT_S = 120
 
 
 # ---------------------------------------------------------------------------
@@ -144,8 +148,8 @@ class Processes:
   def stdout(self, i: int) -> str:
     return self.logs[i][0].read_text()
 
-  def tails(self) -> str:
-    return "\n".join(f"--- process {i}:\n{out.read_text()[-1500:]}\n{err.read_text()[-1500:]}"
+  def tails(self, chars: int = 1500) -> str:
+    return "\n".join(f"--- process {i}:\n{out.read_text()[-1500:]}\n{err.read_text()[-chars:]}"
                      for i, (out, err) in enumerate(self.logs))
 
   def running(self) -> bool:
@@ -156,18 +160,21 @@ class Processes:
       p.send_signal(signum)
 
   def wait(self) -> None:
-    """Waits for all; kills all if one fails or time runs out; asserts exit 0."""
+    """Waits for all; asserts exit 0. If one fails (the others would wait for it)
+    or time runs out, stops the rest with their stacks and fails with the logs."""
     deadline = time.monotonic() + TIMEOUT_S
     try:
       while any(p.poll() is None for p in self.procs):
         failed = [p for p in self.procs if p.poll() not in (None, 0)]
-        assert not failed and time.monotonic() < deadline, self.tails()
+        if failed or time.monotonic() > deadline:
+          testing.stop_with_stacks(self.procs)
+          raise AssertionError(("a process failed" if failed else
+                                f"not done after {TIMEOUT_S} s") + f"; stacks of those that "
+                               f"were still running at the end of their logs:\n"
+                               f"{self.tails(6000)}")
         time.sleep(0.05)
     finally:
-      for p in self.procs:
-        if p.poll() is None:
-          p.kill()
-          p.wait()
+      testing.stop_with_stacks(self.procs)
     assert [p.returncode for p in self.procs] == [0] * NUM_PROCESSES, self.tails()
 
 
@@ -402,8 +409,11 @@ checkpoints = ts.Checkpoints(workdir, keep=1)
 checkpoints.save(7, state)
 checkpoints.close()
 
-print("looping", flush=True)
 with train_lib._Preemption() as preemption:
+  # Said once the handlers are in place: a signal the test sends on reading it
+  # must find them (before, a Ctrl-C was Python's KeyboardInterrupt and process 1
+  # died alone, leaving process 0 at its sync point until the test's limit).
+  print("looping", flush=True)
   step = 0
   while not preemption.reached(step := step + 1):
     time.sleep(0.01)
@@ -426,21 +436,20 @@ def test_two_processes_rows_checkpoint_and_preemption(tmp_path, signum):
       procs.append(subprocess.Popen(
           [sys.executable, "-c", _PIECES, str(i), str(port), workdir], cwd=ROOT, env=env,
           stdout=out, stderr=subprocess.STDOUT))
+  describe = lambda: "\n".join(f"--- process {i}:\n{log.read_text()[-6000:]}"
+                               for i, log in enumerate(logs))
   try:
     deadline = time.monotonic() + TIMEOUT_S
     while not all("looping" in log.read_text() for log in logs):
-      assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, [
-          log.read_text()[-2000:] for log in logs]
+      if not all(p.poll() is None for p in procs) or time.monotonic() > deadline:
+        testing.stop_with_stacks(procs)
+        raise AssertionError(f"not both looping:\n{describe()}")
       time.sleep(0.05)
     procs[1].send_signal(signum)  # one process only: both must stop
-    for p in procs:
-      p.wait(timeout=TIMEOUT_S)
+    testing.wait_all(procs, STOP_TIMEOUT_S, describe)
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  assert [p.returncode for p in procs] == [0, 0], [log.read_text()[-2000:] for log in logs]
+    testing.stop_with_stacks(procs)
+  assert [p.returncode for p in procs] == [0, 0], describe()
   reports = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
   for report in reports:
     assert report["rows_in_place"]  # process p's rows are global rows [p b, (p + 1) b)
@@ -461,6 +470,79 @@ def test_two_processes_rows_checkpoint_and_preemption(tmp_path, signum):
     checkpoints.close()
   np.testing.assert_array_equal(restored["w"], np.arange(24.0).reshape(6, 4))
   np.testing.assert_array_equal(restored["g"], np.ones(6))
+
+
+# Checkpoints 5 and 7 written by both processes; step 7 then fails to read in the
+# processes named by argv[4] (a read that raises, as a truncated file does), then
+# both look for the newest checkpoint they can read.
+_SOME_CANNOT_READ = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+process_id, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+cannot = [int(i) for i in sys.argv[4].split(",")]
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
+import ml_collections
+from attnscale.runtime import train_state as ts
+
+mesh = ts.make_mesh(ml_collections.ConfigDict({"mesh": {"data": 1, "fsdp": -1}}))
+abstract = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
+shardings = ts.state_shardings(abstract, mesh)
+checkpoints = ts.Checkpoints(workdir, keep=2)
+for step in (5, 7):
+  checkpoints.save(step, jax.jit(lambda s=step: {"w": jnp.full((8, 4), float(s))},
+                                 out_shardings=shardings)())
+checkpoints.manager.wait_until_finished()
+if process_id in cannot:
+  restore = ts.Checkpoints.restore
+  def restore_but_7(self, state, shardings, step=None, **kwargs):
+    if step == 7:
+      raise ts.DamagedCheckpointError(self.directory, 7, "simulated")
+    return restore(self, state, shardings, step, **kwargs)
+  ts.Checkpoints.restore = restore_but_7
+try:
+  state, step, damaged = checkpoints.restore_newest_intact(abstract, shardings)
+  shard = np.asarray(state["w"].addressable_shards[0].data)
+  out = {"step": step, "damaged": [e.step for e in damaged], "w": float(shard.mean())}
+except ValueError as e:
+  out = {"error": str(e)}
+checkpoints.close()
+print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize("cannot", ["1", "0,1"], ids=["one_process", "every_process"])
+def test_a_checkpoint_some_processes_cannot_read(tmp_path, cannot):
+  """Every process ends within seconds, none at orbax's barrier after a read (which a
+  process whose read failed never reaches): a step that no process reads is
+  damaged and both take the previous one; a step that only some read stops
+  both with one line."""
+  port, workdir = free_port(), str(tmp_path / "run")
+  logs = [tmp_path / f"{i}.out" for i in range(NUM_PROCESSES)]
+  procs = []
+  for i, log in enumerate(logs):
+    with open(log, "w") as out:
+      procs.append(subprocess.Popen(
+          [sys.executable, "-c", _SOME_CANNOT_READ, str(i), str(port), workdir, cannot],
+          cwd=ROOT, env=readme_env(), stdout=out, stderr=subprocess.STDOUT))
+  describe = lambda: "\n".join(f"--- process {i}:\n{log.read_text()[-6000:]}"
+                               for i, log in enumerate(logs))
+  try:
+    testing.wait_all(procs, STOP_TIMEOUT_S, describe)
+  finally:
+    testing.stop_with_stacks(procs)
+  assert [p.returncode for p in procs] == [0, 0], describe()
+  reports = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
+  if cannot == "0,1":
+    assert reports == [{"step": 5, "damaged": [7], "w": 5.0}] * 2
+    return
+  directory = os.path.join(workdir, "checkpoints")
+  assert reports == [
+      {"error": f"checkpoint 7 in {directory} cannot be read by process 1 of 2 but can by "
+                "the others: do all processes see the same --workdir? Nothing was changed"},
+      {"error": f"checkpoint 7 in {directory} cannot be read by process 1 of 2 (simulated) "
+                "but can by the others: do all processes see the same --workdir? Nothing "
+                "was changed"}]
+  assert checkpoint_steps(workdir) == [5, 7]
 
 
 def test_process_flags_need_multihost(tmp_path):

@@ -10,6 +10,13 @@ When it is set, the dataset builders read their source files from there and
 never touch the network; when it is unset they download (with a checksum check).
 Every local copy is checked against the same sha256 as a download would be, so a
 run never silently trains on a different file.
+
+Both ways fail in one line that names `$ATTNSCALE_DATA` and the file it needs:
+unset on a machine that cannot reach the download (`check_reachable`, seconds,
+where TFDS's own retries would take minutes and end in a traceback), or set to
+a folder that does not exist, even when the dataset was prepared before and
+its files would not be read again (`check_sources`; set to a folder without
+them, a prepared dataset is read with a warning that names it).
 """
 
 from __future__ import annotations
@@ -17,8 +24,12 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import sys
+import threading
+import urllib.parse
 
 ENV_VAR = "ATTNSCALE_DATA"
+GUIDE = "docs/guides/training.md#offline-data"
 
 
 def data_root() -> pathlib.Path | None:
@@ -71,6 +82,72 @@ def local_file(relpath: str, url: str, sha256: str | None) -> pathlib.Path | Non
   return path
 
 
+def check_reachable(url: str, relpath: str, timeout_s: float = 10.0) -> None:
+  """Fails at once, naming `$ATTNSCALE_DATA` and `relpath`, if `url` cannot be reached.
+
+  Called before a download. TFDS's downloader retries a connection that fails
+  ten times with exponential backoff (about 200 s, silently) and then ends in a
+  long traceback that never says the data could be given locally. One request
+  (a HEAD, through the same `requests` and proxy settings as TFDS's download,
+  no retries) tells in seconds. Only a failure to connect counts: an HTTP error
+  status is left to the download, whose own error names it.
+
+  Raises:
+    FileNotFoundError: the host cannot be reached (one line).
+  """
+  import requests  # TFDS's own HTTP client
+
+  outcome: list = []
+
+  def probe():
+    try:
+      requests.head(url, timeout=timeout_s, allow_redirects=True).close()
+      outcome.append(None)
+    except (requests.ConnectionError, requests.Timeout) as e:
+      outcome.append(e)
+    except Exception:  # noqa: BLE001 - anything else is the download's to report
+      outcome.append(None)
+
+  # In a thread: a name lookup that hangs is not bounded by requests' timeout.
+  thread = threading.Thread(target=probe, daemon=True)
+  thread.start()
+  thread.join(timeout_s + 5)
+  error = outcome[0] if outcome else TimeoutError(f"no answer in {timeout_s + 5:.0f} s")
+  if error is None:
+    return
+  host = urllib.parse.urlsplit(url).hostname
+  raise FileNotFoundError(
+      f"cannot reach {host} to download {url} ({type(error).__name__}): offline, set "
+      f"{ENV_VAR} to a folder holding {relpath} ({GUIDE})")
+
+
+def check_sources(builder) -> None:
+  """With `$ATTNSCALE_DATA` set, checks it whether or not `builder` is prepared.
+
+  A prepared dataset never reads its source files again, so a wrong
+  `$ATTNSCALE_DATA` would otherwise go unnoticed. Before preparing, a missing
+  file of this dataset (`builder.local_sources()`: {path under the root: where
+  it comes from}) is the error `local_file` raises, naming where to put it.
+  With a prepared copy, a root that is not a folder is an error, and a folder
+  without the file a warning naming it (the prepared copy is read).
+  """
+  root = data_root()
+  if root is None:
+    return
+  sources = builder.local_sources() if hasattr(builder, "local_sources") else {}
+  missing = [relpath for relpath in sources if not (root / relpath).is_file()]
+  if missing and not builder.is_prepared():
+    local_file(missing[0], sources[missing[0]], None)  # raises, naming the path
+  if not root.is_dir():
+    raise FileNotFoundError(
+        f"{ENV_VAR}={root} is not a folder: point it at the folder that holds the data "
+        f"files ({GUIDE}), or unset it to download them")
+  if not missing:
+    return
+  print(f"warning: {ENV_VAR}={root} holds no {missing[0]}; reading the copy prepared "
+        f"before in {builder.data_path}", file=sys.stderr)
+
+
 def prepare(make_builder):
   """A prepared TFDS builder from `make_builder()`, one process at a time per dataset.
 
@@ -85,7 +162,9 @@ def prepare(make_builder):
   """
   import fcntl
 
-  parent = os.path.dirname(os.fspath(make_builder().data_dir))
+  first = make_builder()
+  check_sources(first)
+  parent = os.path.dirname(os.fspath(first.data_dir))
   if "://" in parent:
     builder = make_builder()
     builder.download_and_prepare()

@@ -41,6 +41,10 @@ class TinyShakespeareChar(tfds.core.GeneratorBasedBuilder):
     return {cls.URL: tfds.download.checksums.UrlInfo(
         size=cls.SIZE, checksum=cls.SHA256, filename="input.txt")}
 
+  def local_sources(self) -> dict[str, str]:
+    """{path under $ATTNSCALE_DATA: its URL} (`paths.check_sources`)."""
+    return {self.RELPATH: self.URL}
+
   def _info(self) -> tfds.core.DatasetInfo:
     # An explicit DatasetInfo rather than dataset_info_from_configs(), which
     # would read any README.md or CITATIONS.bib that lands in this folder.
@@ -57,6 +61,7 @@ class TinyShakespeareChar(tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     path = paths.local_file(self.RELPATH, self.URL, self.SHA256)
     if path is None:
+      paths.check_reachable(self.URL, self.RELPATH)  # offline: one line, in seconds
       path = dl_manager.download(self.URL)  # Checked against `url_infos`.
     # Bytes decoded as is: text mode would translate newlines.
     text = path.read_bytes().decode("utf-8")

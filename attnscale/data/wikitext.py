@@ -63,6 +63,12 @@ class WikitextConfig(tfds.core.BuilderConfig):
   tokenizer_seed: int = 0  # only used to sample paragraphs from a corpus > 2M of them
 
 
+def local_sources(cfg: WikitextConfig,
+                  stems: tuple[str, ...] = tuple(SPLITS.values())) -> dict[str, str]:  # noqa: B008 (a constant)
+  """{path under $ATTNSCALE_DATA: where it comes from} of `cfg`'s files."""
+  return {f"{cfg.local_folder}/{stem}.txt": cfg.zip_url for stem in stems}
+
+
 def source_texts(cfg: WikitextConfig, dl_manager,
                  stems: tuple[str, ...] = tuple(SPLITS.values())) -> dict[str, str]:  # noqa: B008 (a constant)
   """{file stem: text} of the given splits of `cfg`, local or downloaded, checked.
@@ -75,6 +81,8 @@ def source_texts(cfg: WikitextConfig, dl_manager,
                                     cfg.local_sha256.get(stem))
              for stem in stems}
   else:
+    # offline: one line, in seconds
+    paths.check_reachable(cfg.zip_url, f"{cfg.local_folder}/{{{','.join(stems)}}}.txt")
     archive = dl_manager.download(cfg.zip_url)
     if cfg.zip_sha256 is not None and paths.sha256_of(archive) != cfg.zip_sha256:
       raise ValueError(f"sha256 mismatch for {archive} (from {cfg.zip_url}): expected "
@@ -112,6 +120,10 @@ class WikitextParagraphs(tfds.core.GeneratorBasedBuilder):
           # Not known for local copies: read unchecked (the zip is checked).
           local_sha256={"train": None, "valid": None, "test": None}),
   ]
+
+  def local_sources(self) -> dict[str, str]:
+    """{path under $ATTNSCALE_DATA: its URL} (`paths.check_sources`)."""
+    return local_sources(self.builder_config)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

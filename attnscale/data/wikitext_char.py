@@ -27,6 +27,11 @@ class Wikitext2Char(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "WikiText-2 v1 train/valid files as whole texts."}
 
+  def local_sources(self) -> dict[str, str]:
+    """{path under $ATTNSCALE_DATA: its URL} (`paths.check_sources`)."""
+    cfg = wikitext.WikitextParagraphs.builder_configs["wikitext2"]
+    return wikitext.local_sources(cfg, tuple(SPLITS.values()))
+
   def _info(self) -> tfds.core.DatasetInfo:
     # An explicit DatasetInfo, as tiny_shakespeare's: no README.md lookup.
     return tfds.core.DatasetInfo(

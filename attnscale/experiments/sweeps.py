@@ -26,8 +26,10 @@ import math
 import os
 import queue
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -165,15 +167,43 @@ def checkpoint_steps(run_dir: str) -> list[int]:
   return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
 
 
-def status(run_dir: str) -> str:
-  """'done' (a checkpoint at num_train_steps), 'partial' (started) or 'new'."""
+def status(run_dir: str, read_checkpoint: bool = True) -> str:
+  """'done' (a checkpoint at num_train_steps), 'partial' (started) or 'new'.
+
+  A final checkpoint that cannot be read (a truncated file) is 'partial': it is
+  read in full (`read_checkpoint`; False looks at the step numbers alone), so a
+  sweep reruns the point, whose train.py sets the damaged checkpoint aside and
+  redoes the steps from the newest one that reads.
+  """
   config_path = os.path.join(run_dir, "config.json")
   if not os.path.exists(config_path):
     return "new"
   with open(config_path) as f:
     num_steps = json.load(f)["num_train_steps"]
   steps = checkpoint_steps(run_dir)
-  return "done" if steps and steps[-1] >= num_steps else "partial"
+  if not steps or steps[-1] < num_steps:
+    return "partial"
+  return "done" if not read_checkpoint or _reads(run_dir, steps[-1]) else "partial"
+
+
+def _reads(run_dir: str, step: int) -> bool:
+  """Whether checkpoint `step` of `run_dir` reads in full, onto one device here."""
+  import jax  # here: reading the results needs no JAX
+
+  from attnscale.evaluation import eval_lib
+  from attnscale.runtime import train_state as ts
+
+  config = eval_lib.load_config(run_dir)
+  shapes = ts.state_shapes(config)
+  shardings = ts.state_shardings(shapes, ts.make_mesh(None, jax.devices()[:1]))
+  checkpoints = ts.Checkpoints(run_dir, config.keep_checkpoints)
+  try:
+    checkpoints.restore(shapes, shardings, step)
+    return True
+  except ts.DamagedCheckpointError:
+    return False
+  finally:
+    checkpoints.close()
 
 
 def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
@@ -191,16 +221,19 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
   would write it (attnscale/runtime/packed.py). A pack's point that did not finish
   (a non-finite loss stops it alone) is a failure with the pack's exit code.
 
-  `jobs` > 1 runs that many points (or packs) at once, each pinned to its own
-  share of this process's CPUs (Linux). Small CPU models use a few cores poorly:
-  two runs pinned to one core each finish in about 0.55x the time of the two one
-  after another on 2 cores (graphcore_cpu: ~52 s a point against ~95 s). Different
+  Ctrl-C: each running point (or pack) gets it once, saves and exits (`_call`);
+  then KeyboardInterrupt. `jobs` > 1 runs that many points (or packs) at once,
+  each pinned to its own share of this process's CPUs (Linux). Small CPU models
+  use a few cores poorly: two runs pinned to one core each finish in about 0.55x
+  the time of the two one after another on 2 cores (graphcore_cpu: ~52 s a point
+  against ~95 s). Different
   thread counts reorder float sums, so a point is reproducible to seed noise, not
   bit for bit, across `jobs` settings (nor across `pack` settings: packing.py).
   """
   if not isinstance(jobs, int) or jobs < 1:
     raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
   config_file, workdir = os.path.abspath(config_file), os.path.abspath(workdir)
+  _STOPPING.clear()  # a Ctrl-C of an earlier sweep in this process is over
   units = pack_units(config_file, points, workdir, pack)
 
   def run_unit(unit: list[int], cpus) -> list[tuple[Point, int]]:
@@ -250,7 +283,14 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
       free.put(cpus)
 
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-    results = list(pool.map(job, units))
+    futures = [pool.submit(job, unit) for unit in units]
+    try:
+      results = [f.result() for f in futures]
+    except KeyboardInterrupt:  # only this thread sees it: stop the workers' children
+      for f in futures:
+        f.cancel()
+      _interrupt()
+      raise
   return [f for r in results for f in r]
 
 
@@ -271,14 +311,33 @@ def pack_units(config_file: str, points: Sequence[Point], workdir: str,
   return sorted(done + packs, key=lambda unit: unit[0])
 
 
+# The children `_call` is waiting for, which a Ctrl-C must reach (`_interrupt`).
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set by a Ctrl-C: start no new child
+
+
 def _call(command: list[str], cpus) -> int:
   """Runs `command` in ROOT and returns its exit code; pinned to `cpus` if given.
 
   Pinned from here right after the start (not with preexec_fn, which is unsafe
   in a threaded parent): the child has not imported JAX yet, so every thread it
   makes inherits the affinity.
+
+  Ctrl-C: the child runs in a process group of its own, so a terminal's Ctrl-C
+  reaches this process alone, which passes one SIGINT on and waits for the child
+  to save and exit (train.py: a checkpoint, exit 130), then raises
+  KeyboardInterrupt. A second Ctrl-C while it saves is passed on too (train.py
+  exits at once), then SIGKILL after 10 s (`_interrupt`). (In this process's
+  group, the terminal's own SIGINT and a forwarded one would be two Ctrl-Cs to
+  train.py, which exits without saving on the second.)
   """
-  with subprocess.Popen(command, cwd=ROOT) as proc:
+  with _RUNNING_LOCK:
+    if _STOPPING.is_set():  # a Ctrl-C came while this point waited for a CPU share
+      return 130
+    proc = subprocess.Popen(command, cwd=ROOT, process_group=0)
+    _RUNNING.add(proc)
+  with proc:
     try:
       if cpus:
         try:
@@ -286,9 +345,43 @@ def _call(command: list[str], cpus) -> int:
         except ProcessLookupError:  # already gone: its exit code says why
           pass
       return proc.wait()
-    except BaseException:  # as subprocess.call: no orphan on Ctrl-C
+    except KeyboardInterrupt:
+      _interrupt()
+      raise
+    except BaseException:  # no orphan
       proc.kill()
       raise
+    finally:
+      with _RUNNING_LOCK:
+        _RUNNING.discard(proc)
+
+
+def _interrupt() -> None:
+  """Ctrl-C in this process: one SIGINT to every running child, then waits for them
+  to save and exit. A second Ctrl-C passes a second SIGINT on (train.py then
+  exits at once, releasing its lock) and kills what is left after 10 s."""
+  with _RUNNING_LOCK:
+    _STOPPING.set()
+    children = list(_RUNNING)
+
+  def signal_all():
+    for proc in children:
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+
+  signal_all()
+  try:
+    for proc in children:
+      proc.wait()
+  except KeyboardInterrupt:
+    signal_all()
+    deadline = time.monotonic() + 10
+    for proc in children:
+      try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        proc.kill()
+    raise
 
 
 def _cpu_shares(jobs: int) -> list:
@@ -345,7 +438,7 @@ def read_run(run_dir: str) -> dict | None:
     if elapsed < previous:  # a new process (resume) started a new segment
       wall += previous
     previous = elapsed
-  state = status(run_dir)
+  state = status(run_dir, read_checkpoint=False)  # the metrics are what a row reads
   last_step = train[-1]["step"] if train else 0
   logits = [[v for k, v in r.items() if k.startswith("train/attn/max_logit/layer_")]
             for r in train]

@@ -24,10 +24,13 @@ plugin and cuDNN (`".[cuda12]"`) for the GPU ones; both need JAX 0.12
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import re
+import sys
+import tempfile
 from typing import Any
 
 import jax
@@ -55,6 +58,9 @@ class Target:
     wrap: the TPU torus' wrap-around links per axis.
     gpu_config: the GPU target config file in `targets/`.
     host_bounds: chips per TPU host (a slice smaller than one host: its own shape).
+    chip: what one device is, as its maker names it ("TPU v5p", "H100 SXM").
+    cores_per_chip: TensorCores per TPU chip. Cloud TPU names count them
+      (v5p-128 is 64 chips of 2), JAX makes one device of each chip (megacore).
   """
 
   platform: str
@@ -65,17 +71,21 @@ class Target:
   wrap: tuple[bool, bool, bool] = (False, False, False)
   gpu_config: str = ""
   host_bounds: tuple[int, int, int] = (2, 2, 1)
+  chip: str = ""
+  cores_per_chip: int = 1
 
 
 # Published per-chip figures (Google Cloud TPU system architecture pages; NVIDIA's
 # H100 SXM5 datasheet): HBM, dense bf16 FLOP/s, HBM bandwidth. A TPU target's name
 # counts TensorCores as Cloud TPU names them (v4-8 and v5p-128: 2 per chip).
-_V4 = dict(memory_bytes=32 * GiB, peak_flops=275e12, bandwidth=1228e9)
-_V5E = dict(memory_bytes=16 * GiB, peak_flops=197e12, bandwidth=819e9)
-_V5P = dict(memory_bytes=95 * GiB, peak_flops=459e12, bandwidth=2765e9)
-_V6E = dict(memory_bytes=32 * GiB, peak_flops=918e12, bandwidth=1640e9)
+_V4 = dict(memory_bytes=32 * GiB, peak_flops=275e12, bandwidth=1228e9, chip="TPU v4",
+           cores_per_chip=2)
+_V5E = dict(memory_bytes=16 * GiB, peak_flops=197e12, bandwidth=819e9, chip="TPU v5e")
+_V5P = dict(memory_bytes=95 * GiB, peak_flops=459e12, bandwidth=2765e9, chip="TPU v5p",
+            cores_per_chip=2)
+_V6E = dict(memory_bytes=32 * GiB, peak_flops=918e12, bandwidth=1640e9, chip="TPU v6e")
 _H100 = dict(memory_bytes=84978434048, peak_flops=989e12, bandwidth=3.35e12,
-             gpu_config="h100_sxm.txtpb")
+             gpu_config="h100_sxm.txtpb", chip="H100 SXM")
 TARGETS: dict[str, Target] = {
     "tpu-v4-8": Target("tpu", "v4:2x2x1", **_V4),
     "tpu-v5e-1": Target("tpu", "v5e:1x1", host_bounds=(1, 1, 1), **_V5E),  # one chip
@@ -109,20 +119,73 @@ def devices(name: str) -> list:
   # so several compiling processes (pytest workers, a benchmark) may share it.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
-    if t.platform == "tpu":
-      topo = topologies.get_topology_desc(
-          platform="tpu", topology_name=t.topology, chip_config_name="default",
-          chips_per_host_bounds=t.host_bounds, num_slices=1, wrap=t.wrap)
-    else:
-      with open(os.path.join(TARGET_DIR, t.gpu_config)) as f:
-        topo = topologies.get_topology_desc(platform="cuda", target_config=f.read(),
-                                            topology=t.topology)
+    with _stderr_without(_EVERY_LINE):
+      topo = _topology(t, topologies)
   except Exception as e:  # noqa: BLE001 - the plugin is missing or too old
     extra = "tpu" if t.platform == "tpu" else "cuda12"
     raise ValueError(f"--target={name} needs {'libtpu' if extra == 'tpu' else 'the CUDA plugin'}"
                      f" (pip install -e \".[{extra}]\", JAX 0.12 on Python >= 3.12): "
                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
   return list(topo.devices)
+
+
+def _topology(t: Target, topologies):
+  if t.platform == "tpu":
+    return topologies.get_topology_desc(
+        platform="tpu", topology_name=t.topology, chip_config_name="default",
+        chips_per_host_bounds=t.host_bounds, num_slices=1, wrap=t.wrap)
+  with open(os.path.join(TARGET_DIR, t.gpu_config)) as f:
+    return topologies.get_topology_desc(platform="cuda", target_config=f.read(),
+                                        topology=t.topology)
+
+
+# What libtpu prints when it loads on a machine that is not a TPU VM ("E0000 ...
+# INVALID_ARGUMENT: Error: unexpected worker hostname", "could not determine TPU
+# accelerator type": it looks for a TPU VM's metadata, which compiling does not
+# need). A load that works says nothing else worth keeping: every line goes; a
+# load that fails keeps them all.
+_EVERY_LINE = re.compile("")
+# XLA's GPU compiler, given a program larger than the device, logs it as an error
+# of its own ("The byte size of input/output arguments (...) exceeds the base
+# limit (...). This indicates an error in the calculation!") and a warning that
+# rematerialization could not bring it down, then compiles it: the report's row
+# says that it does not fit and by how much, so these lines go.
+_COMPILE_NOISE = re.compile(r"This indicates an error in the calculation!|"
+                            r"Can't reduce memory use below .* by rematerialization")
+
+
+@contextlib.contextmanager
+def _stderr_without(noise: re.Pattern, handled=lambda error: False):
+  """Runs the block with file descriptor 2 (C++ libraries' logs) captured; then
+  writes back the lines that do not match `noise`. If the block raises, every
+  line is written back, or none if `handled(error)` (the caller reports it).
+
+  libtpu and XLA log from C++ straight to the file descriptor, before and
+  outside Python's logging: only the descriptor itself can be filtered.
+  """
+  sys.stderr.flush()
+  saved = os.dup(2)
+  ok = False
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      yield
+      ok = True
+    except Exception as e:
+      if handled(e):
+        noise = _EVERY_LINE
+        ok = True
+      raise
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+      kept = [line for line in lines if not (ok and noise.search(line))]
+      if kept:
+        sys.stderr.write("".join(kept))
+        sys.stderr.flush()
 
 
 def _sharded_bytes(tree) -> int:
@@ -185,6 +248,7 @@ def compile_report(config, target_name: str) -> dict[str, Any]:
   report = {
       "target": target_name, "platform": t.platform,
       "device_kind": devs[0].device_kind, "num_devices": len(devs), "mesh": info["mesh"],
+      "chip": t.chip or devs[0].device_kind, "cores_per_chip": t.cores_per_chip,
       "label": configlib.run_label(config), "dtype": cfg.dtype, "remat": cfg.remat,
       "num_params": num_params, "device_memory_bytes": memory_bytes,
       "peak_flops": t.peak_flops, "bandwidth": t.bandwidth,
@@ -205,7 +269,17 @@ def compile_report(config, target_name: str) -> dict[str, Any]:
     trips = int(config.get("grad_accum_steps", 1)) if name == "train_step" else 1
     report[name] = _compile(low, t, fixed, memory_bytes, analytic, params, batch, len(devs),
                             (cfg.num_heads, cfg.kv_heads, cfg.head_dim), loop_trips=trips)
+  report["fits"] = all(report[name]["memory"]["fits"] for name in lowered)
   return report
+
+
+def not_fitting(report: dict[str, Any]) -> str:
+  """One line: which steps of `report` do not fit, by how much, and why."""
+  parts = [f"{name} needs {format_bytes(report[name]['memory']['total'])} per device, "
+           f"{format_bytes(report[name]['memory']['over_by'])} more than its "
+           f"{format_bytes(report['device_memory_bytes'])} ({report[name]['why']})"
+           for name in ("train_step", "eval_step") if not report[name]["memory"]["fits"]]
+  return f"{report['label']} does not fit {report['target']}: " + "; ".join(parts)
 
 
 def _host_memory() -> float:
@@ -238,7 +312,9 @@ def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
              model_dims, loop_trips: int = 1) -> dict[str, Any]:
   row: dict[str, Any] = {"memory": dict(fixed)}
   try:
-    compiled = lowered.compile()
+    # An out-of-memory is the report's row, which says why: its log line goes.
+    with _stderr_without(_COMPILE_NOISE, handled=lambda e: _oom_bytes(str(e)) is not None):
+      compiled = lowered.compile()
   except Exception as e:  # noqa: BLE001 - XLA's out-of-memory, reported as a row
     used = _oom_bytes(str(e))
     if used is None:
@@ -248,6 +324,10 @@ def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
     row["memory"].update({"temporaries": used, "total": total, "fits": False,
                           "over_by": total - memory_bytes})
     row["error"] = str(e).splitlines()[0][:300]
+    # libtpu: "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory ...
+    # (49.18G) exceeds available HBM (15.75G). HLO module: jit_traced."
+    why = re.sub(r"^[A-Z_]+: (E\d+: )?", "", row["error"]).split(" HLO module:")[0]
+    row["why"] = f"XLA's compile-time out-of-memory: {why.rstrip('.')}"
     return row
   mem = compiled.memory_analysis()
   temp = int(getattr(mem, "temp_size_in_bytes", 0))
@@ -256,6 +336,8 @@ def _compile(lowered, t: Target, fixed: dict[str, int], memory_bytes: float,
   fits = total <= memory_bytes if memory_bytes else True
   row["memory"].update({"temporaries": temp, "total": total, "fits": fits,
                         "over_by": max(0, total - memory_bytes) if memory_bytes else 0})
+  if not fits:  # a GPU (or CPU) program: XLA compiles it whatever its size
+    row["why"] = "XLA compiled it; its memory analysis exceeds the device's memory"
   hlo = compiled.as_text()
   row["kernel"] = attention_kernel(hlo)
   row["collectives"] = count_collectives(hlo)
@@ -331,8 +413,18 @@ def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
   `model_dims` (heads, head dim) are parameter axes too: XLA gathers a
   projection reshaped to [N, H, D]. A batch axis of the same size as one of
   those is not caught (nanogpt: B = H = 64), but its B T is.
+
+  Not listed: a weight gathered in stages. On a large slice the TPU compiler
+  gathers a matrix's 64 shards as two all-gathers, the first over groups of 32
+  devices: bf16[1,6,384] (one device's 6 of 384 rows) -> bf16[32,6,384], then
+  reshaped to the weight. Its leading axis counts devices, not rows of the batch
+  (32 = nanogpt's batch 64 over 2), so a result [g, ...] with g dividing the
+  device count whose other axes merge into a parameter's (g times its second
+  axis dividing a parameter's leading axes, its last axes the parameter's) is
+  a weight (`_staged_weight_gather`).
   """
   param_dims = {d for x in jax.tree.leaves(params) for d in x.shape} | set(model_dims)
+  param_shapes = {tuple(x.shape) for x in jax.tree.leaves(params) if x.ndim >= 2}
   batch_dims = set()
   for x in jax.tree.leaves(batch_spec):
     for n in (x.shape[0], math.prod(x.shape)):
@@ -344,20 +436,64 @@ def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
   found = []
   for m in _COLLECTIVE_RE.finditer(hlo):
     shapes = [[int(d) for d in shape.split(",") if d] for shape in _SHAPE_RE.findall(m.group(1))]
+    if m.group(2) == "all-gather":
+      shapes = [dims for dims in shapes
+                if not _staged_weight_gather(dims, param_shapes, num_devices)]
     big = {d for dims in shapes if math.prod(dims) >= smallest for d in dims}
     if m.group(2) == "all-to-all" or big & batch_dims:
       found.append(f"{m.group(2)} {m.group(1)[:200]}")
   return found
 
 
+def _staged_weight_gather(dims: list[int], param_shapes, num_devices: int) -> bool:
+  """Whether an all-gather's result [g, a, *rest] is a stage of gathering a weight:
+  g divides the device count, a is one device's shard of a parameter's axis (a k
+  for some k >= g dividing the device count), and [g a, *rest] is a slice of
+  that parameter's rows (g a divides its leading axes' product, *rest its last)."""
+  if len(dims) < 3 or dims[0] < 2 or num_devices % dims[0]:
+    return False
+  shards = {dims[1] * k for k in range(dims[0], num_devices + 1) if num_devices % k == 0}
+  rows, rest = dims[0] * dims[1], tuple(dims[2:])
+  for shape in param_shapes:
+    lead = shape[:len(shape) - len(rest)]
+    if (lead and shape[len(lead):] == rest and math.prod(lead) % rows == 0
+        and shards & set(lead)):
+      return True
+  return False
+
+
+def format_bytes(b: float | None) -> str:
+  """GiB to two places; below 0.01 GiB, MiB (and so on down to bytes): a state
+  sharded over 64 chips is not "0.00 GiB"."""
+  if b is None:
+    return "-"
+  for unit, size, least in (("GiB", GiB, 0.01), ("MiB", 2**20, 0.01), ("KiB", 2**10, 1)):
+    if abs(b) >= least * size:
+      return f"{b / size:.2f} {unit}"
+  return f"{b:.0f} B"
+
+
+def devices_phrase(report: dict[str, Any]) -> str:
+  """What the target's devices are: chips, and for TPUs the cores its name counts."""
+  n, chip, cores = report["num_devices"], report["chip"], report.get("cores_per_chip", 1)
+  if report["platform"] == "tpu":
+    each = (f"{cores} TensorCores each, one JAX device: the name counts {n * cores} cores"
+            if cores > 1 else "1 TensorCore each")
+    return f"{n} chips of {chip} ({each})"
+  if report["platform"] == "gpu":
+    return f"{n} GPU{'s' if n > 1 else ''} ({chip})"
+  return f"{n} CPU device{'s' if n > 1 else ''} ({report['device_kind']})"
+
+
 def format_report(report: dict[str, Any]) -> str:
   """The report as the table compile.py prints."""
-  g = lambda b: f"{b / GiB:.2f} GiB" if b is not None else "-"
+  g = format_bytes
+  memory = "HBM" if report["platform"] != "cpu" else "host memory"
   lines = [f"{report['label']} | {report['dtype']} | remat {report['remat']} | "
            f"{report['num_params'] / 1e6:.2f}M params",
-           f"target {report['target']}: {report['num_devices']} x {report['device_kind']} "
-           f"({g(report['device_memory_bytes'])} each) | mesh data {report['mesh']['data']} "
-           f"x fsdp {report['mesh']['fsdp']}"]
+           f"target {report['target']}: {devices_phrase(report)}, "
+           f"{g(report['device_memory_bytes'])} {memory} each | mesh data "
+           f"{report['mesh']['data']} x fsdp {report['mesh']['fsdp']}"]
   header = f"{'':26}{'train_step':>18}{'eval_step':>18}"
   lines += ["", header]
   rows = [("parameters / device", lambda r: g(r["memory"]["parameters"])),
@@ -385,7 +521,13 @@ def format_report(report: dict[str, Any]) -> str:
   for label, fn in rows:
     lines.append(f"{label:26}{fn(report['train_step']):>18}{fn(report['eval_step']):>18}")
   lines.append("Compiled, not run: memory, kernel and collectives are the compiler's; the "
-               "step time is a lower bound.")
+               "step time is a lower bound.\nActivation collectives: those that move a "
+               "batch-sized tensor (FSDP moves weights and gradients only).")
+  for name in ("train_step", "eval_step"):
+    row = report[name]
+    if "why" in row:
+      unknown = " (not compiled: the rows below fits are -)" if "error" in row else ""
+      lines.append(f"{name} does not fit{unknown}: {row['why']}")
   return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -453,8 +454,12 @@ class Checkpoints:
       return
     self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
-  def restore(self, state: State, shardings, step: int | None = None) -> State:
+  def restore(self, state: State, shardings, step: int | None = None, *,
+              alone: bool = False) -> State:
     """Restores `step` (default: latest) into the layout of `state`.
+
+    `alone`: read without orbax's barrier of every process after the read, for a
+    caller that agrees with the others itself (`restore_newest_intact`).
 
     An entry of `ADDED_STATE_ENTRIES` that the checkpoint lacks (it was written
     before the entry existed) keeps its value in `state`, the initial one.
@@ -479,9 +484,18 @@ class Checkpoints:
           f"{sorted(saved)}, this code expects {sorted(state)}: was it written by "
           "another version of attnscale?")
     kept = [k for k in state if k in saved]
+    args = ocp.args.StandardRestore(
+        abstract_state({k: state[k] for k in kept}, {k: shardings[k] for k in kept}))
     with self._reading(step):
-      restored = self.manager.restore(step, args=ocp.args.StandardRestore(
-          abstract_state({k: state[k] for k in kept}, {k: shardings[k] for k in kept})))
+      if alone:  # the manager's own item handler and folder, without its barrier
+        handler = ocp.StandardCheckpointHandler()
+        try:
+          restored = handler.restore(
+              epath.Path(self.directory) / str(step) / "default", args=args)
+        finally:
+          handler.close()
+      else:
+        restored = self.manager.restore(step, args=args)
     return {k: restored[k] if k in saved else state[k] for k in state}
 
   @contextlib.contextmanager
@@ -501,25 +515,39 @@ class Checkpoints:
 
     Returns:
       (state, its step, the DamagedCheckpointErrors of the newer steps).
-      In several processes a step counts as read only if every process read
-      it (an all-gather), so all resume from one step. (A file that only some
-      processes read would first stop the others at orbax's own barrier after
-      restoring, until its timeout: that case is not handled any better.)
+
+    Several processes read each step without orbax's barrier after the read
+    (which a process whose read failed would never reach: the others would wait
+    there for orbax's 300 s) and then agree (an all-gather): a step that none
+    can read is damaged and all go on to the previous one; one that only some
+    can read stops every process, since the files differ between the processes
+    (a --workdir that is not shared, a copy in progress) and setting the step
+    aside would be wrong for those that read it.
 
     Raises:
       ValueError: there is no checkpoint, or none can be read (one line, naming
-        the steps and the newest one's error). Nothing on disk is changed.
+        the steps and the newest one's error), or some processes can read a step
+        and others cannot (one line, in every process). Nothing on disk is changed.
     """
     damaged = []
+    several = jax.process_count() > 1
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        restored, error = self.restore(state, shardings, step), None
+        restored, error = self.restore(state, shardings, step, alone=several), None
       except DamagedCheckpointError as e:
         restored, error = None, e
-      if _in_every_process(error is None):
+      read = _each_process(error is None)
+      if all(read):
         return restored, step, damaged
-      damaged.append(error or DamagedCheckpointError(
-          self.directory, step, "another process could not read it"))
+      if any(read):
+        cannot = [i for i, ok in enumerate(read) if not ok]
+        why = f" ({error.why})" if error else ""
+        raise ValueError(
+            f"checkpoint {step} in {self.directory} cannot be read by process"
+            f"{'es' if len(cannot) > 1 else ''} {', '.join(map(str, cannot))} of "
+            f"{len(read)}{why} but can by the others: do all processes see the same "
+            "--workdir? Nothing was changed")
+      damaged.append(error)
     if not damaged:
       raise ValueError(f"no checkpoint in {self.directory}")
     raise ValueError(f"no checkpoint can be read: {describe_damaged(damaged)}; the run "
@@ -562,9 +590,9 @@ class Checkpoints:
     self.manager.close()
 
 
-def _in_every_process(ok: bool) -> bool:
-  """Whether `ok` holds in every process (an all-gather; `ok` itself in one)."""
+def _each_process(ok: bool) -> list[bool]:
+  """`ok` of every process, by process index (an all-gather; [ok] in one)."""
   if jax.process_count() == 1:
-    return ok
+    return [ok]
   from jax.experimental import multihost_utils
-  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+  return [bool(x) for x in np.asarray(multihost_utils.process_allgather(np.int32(ok)))]
