@@ -16,12 +16,14 @@ band), the best being chosen on the mean over seeds and bracketed on it. The
 score is the final training MLM loss (train.py's window); compare the winners with
 eval.py afterwards.
 
-Cost at the cpu preset (measured: one run, 1000 steps, 8.6 min alone on 2 quiet
-cores, see configs/bert_small.py): stage 1 is 10 labels x 3-4 rates = 30-40 runs
-and the band adds 2 seeds x 1-3 rates per label = 20-60 runs: 50-100 runs, 7-14
-hours of one run at a time on 2 cores (packs of 3 run the three rates or seeds of
-a label in about the time of 2 runs alone: 5-10 hours; more while the cores are
-shared).
+Cost at the cpu preset: one run (1000 steps, scaling standard) took 13.4 min of
+training on 2 shared cores (load 4-10) and about 7 min at the speed it reached
+when the load fell to 4 (docs/guides/masked-lm.md); take 8 min a run on 2 quiet
+cores, compilation and eval.py included. Stage 1 is 10 labels x 3-4 rates = 30-40
+runs, the band adds 2 seeds x 1-3 rates per label = 20-60 runs: 50-100 runs, about
+7-13 hours on 2 quiet cores. Packing (3 points a program) was not measured to be
+faster at this size: a pack of 3 seeds ran 0.45-0.6 run-steps/s on shared cores
+(load ~10) where one run alone ran 0.6-1.3; `--pack=1` runs them one at a time.
 """
 
 from attnscale.checks import check_choice
