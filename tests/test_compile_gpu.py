@@ -45,6 +45,16 @@ def test_bert_padding_compiles_with_cudnn():
   assert report["train_step"]["kernel"] == "cudnn" and report["train_step"]["memory"]["fits"]
 
 
+def test_bert_base_fits_with_cudnn():
+  """configs/bert_small.py's base preset (BERT-base: 12 x 768, seq 512, batch 256)
+  on 8 H100s with fsdp 8, as docs/guides/pods-and-gpus.md runs it."""
+  from configs import bert_small
+  c = bert_small.get_config("preset=base")
+  c.update_from_flattened_dict({"model.dtype": "bfloat16", "mesh.data": 1, "mesh.fsdp": 8})
+  report = aot.compile_report(c, TARGET)
+  assert report["train_step"]["kernel"] == "cudnn" and report["train_step"]["memory"]["fits"]
+
+
 def test_every_scaling_lowers_to_cudnn():
   """The kernel choice follows the target, not this CPU host, for every scaling:
   cuDNN's partitioned custom call in the lowered program (compiling each is what the

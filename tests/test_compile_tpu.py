@@ -49,6 +49,20 @@ def test_compile_py_nanogpt(tmp_path):
   assert 0.5 < flops["compiled_per_device"] / flops["analytic_per_device"] < 1.1
 
 
+def test_compile_py_bert_base(tmp_path):
+  """configs/bert_small.py's base preset (BERT-base: 12 x 768, seq 512, batch 256)
+  as docs/guides/pods-and-gpus.md runs it: fits a v5e-8 with fsdp 8, splash."""
+  out = tmp_path / "r.json"
+  result = subprocess.run(
+      [sys.executable, "compile.py", "--config=configs/bert_small.py:preset=base",
+       f"--target={TARGET}", "--config.model.dtype=bfloat16", "--config.mesh.fsdp=8",
+       f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  report = json.loads(out.read_text())
+  assert report["mesh"] == {"data": 1, "fsdp": 8}
+  assert report["train_step"]["kernel"] == "splash" and report["train_step"]["memory"]["fits"]
+
+
 def test_gpt2_small_fits_with_fsdp():
   c = compile_config(**GPT2_SMALL)
   check_fsdp_report(aot.compile_report(c, TARGET), c, "splash")

@@ -167,7 +167,7 @@ def test_download_path_extracts_zip_and_checks_sha256(monkeypatch, tmp_path,
 
 def test_unknown_dataset_name():
   with pytest.raises(ValueError, match=r"config.dataset must be one of \['wikitext2', "
-                     r"'wikitext103'\], got 'wikitext3'"):
+                     r"'wikitext2_2k', 'wikitext103'\], got 'wikitext3'"):
     mlm.load_wikitext(None, "wikitext3")
 
 

@@ -204,6 +204,53 @@ def test_logits_at_positions_are_a_gather():
                              atol=1e-6)
 
 
+@pytest.mark.parametrize("ln_position", ["post", "pre"])
+def test_gathered_head_equals_the_full_head_loss_and_gradients(ln_position):
+  # The task's loss runs BERT's head on the P selected positions only; projecting
+  # all T and picking the P after must give the same loss and the same gradients
+  # (the unselected positions get none), padding and unused slots included. (Not
+  # the unit-scaled model: unit scaling's backward rules scale the readout's
+  # weight gradient by its number of rows, so there the two differ by design.)
+  model = encoder("standard", {}, ln_position=ln_position)
+  T, lengths = 16, np.array([16, 9, 3])
+  rng = np.random.default_rng(1)
+  tokens = np.full((3, T), tokenizer.PAD_ID, np.int32)
+  for r, n in enumerate(lengths):
+    tokens[r, 0], tokens[r, 1:n - 1], tokens[r, n - 1] = (
+        tokenizer.CLS_ID, rng.integers(RESERVED, V, n - 2), tokenizer.SEP_ID)
+  batch = mlm.mask_tokens(tokens, rng, vocab_size=V, max_predictions=4)
+  assert batch["positions"].shape == (3, 4) and batch["weights"][2, 1:].sum() == 0
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+
+  def gathered(m):
+    return tasks.mlm.MLMTask.loss(None, m, batch)[0]
+
+  def full(m):
+    total, count = tasks.mlm.full_head_loss(m, batch)
+    return total / count
+
+  loss_a, grads_a = nnx.value_and_grad(gathered)(model)
+  loss_b, grads_b = nnx.value_and_grad(full)(model)
+  np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_max_predictions_per_seq():
+  tokens = np.full((4, 32), RESERVED, np.int32)  # 32 real tokens: round(0.15 * 32) = 5
+  assert mlm.mask_tokens(tokens, np.random.default_rng(0),
+                         vocab_size=V)["positions"].shape == (4, 5)  # ceil(0.15 * 30)
+  capped = mlm.mask_tokens(tokens, np.random.default_rng(0), vocab_size=V, max_predictions=3)
+  assert capped["positions"].shape == (4, 3) and (capped["weights"].sum(1) == 3).all()
+  config = bert_small.get_config("preset=test")
+  config.max_predictions_per_seq = 7
+  assert tasks.task_class(config).batch_spec(config)["positions"].shape == (8, 7)
+  config.max_predictions_per_seq = 31
+  with pytest.raises(ValueError, match=re.escape(
+      "config.max_predictions_per_seq must be in [1, seq_len - 2 = 30] or None, got 31")):
+    configlib.validate(config)
+
+
 def test_post_ln_blocks_and_mlm_head():
   post, pre = encoder("standard", {}), encoder("standard", {}, ln_position="pre")
   assert hasattr(post, "ln_embed") and hasattr(post, "mlm_head") and not hasattr(post, "ln_f")
@@ -233,7 +280,7 @@ def test_presets_validate():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"task": "mlx"}, "config.task must be one of ['char_lm', 'mlm', 'token_lm'], got 'mlx'"),
-    ({"dataset": "wiki"}, "config.dataset must be one of ['wikitext2', 'wikitext103']"),
+    ({"dataset": "wiki"}, "config.dataset must be one of ['wikitext2', 'wikitext2_2k', 'wikitext103']"),
     ({"model.causal": True}, "model.causal must be False for task 'mlm'"),
     ({"mask_rate": 1.5}, "config.mask_rate must be in [0, 1], got 1.5"),
     ({"random_token_rate": 0.3}, "config.mask_token_rate + config.random_token_rate must be"),
@@ -261,8 +308,8 @@ def test_bad_model_values(overrides, message):
 def test_bad_config_argument():
   with pytest.raises(ValueError, match=r"ln must be one of \['post', 'pre'\], got 'mid'"):
     bert_small.get_config("ln=mid")
-  with pytest.raises(ValueError, match=r"preset must be one of \['mini', 'cpu', 'test'\]"):
-    bert_small.get_config("preset=base")
+  with pytest.raises(ValueError, match=r"preset must be one of \['mini', 'cpu', 'base', "):
+    bert_small.get_config("preset=large")
 
 
 # ---------------------------------------------------------------------------

@@ -32,8 +32,9 @@ def test_unknown_sweep_or_config_is_a_one_line_error():
     sweeps.load_sweep(os.path.join(ROOT, CONFIG), "nope")
   with pytest.raises(ValueError, match="is not a config file"):
     sweeps.load_sweep("configs/missing.py", "test")
-  # The sweeps in configs/sweeps.py are shakespeare_char's, not every config's.
-  with pytest.raises(ValueError, match="bert_small.py defines no sweeps"):
+  # A config's own <name>_sweeps.py comes first: bert_small.py has its sweeps, and
+  # configs/sweeps.py's (shakespeare_char's) are not among them.
+  with pytest.raises(ValueError, match=r"--sweep must be one of \['bert', 'bert_test'\]"):
     sweeps.load_sweep(os.path.join(ROOT, "configs/bert_small.py"), "test")
 
 
@@ -246,6 +247,47 @@ def test_every_sweep_point_builds_a_valid_config():
       for key, value in point.overrides:
         config.update_from_flattened_dict({key: value})
       configlib.validate(config)
+
+
+BERT = "configs/bert_small.py"
+
+
+def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
+  """configs/bert_small_sweeps.py: each point of both sweeps' first stage, and of
+  the band stage once stage 1 has run, is a config train.py accepts."""
+  from attnscale.runtime import configlib
+  from attnscale.runtime import train_state as ts
+  from configs import bert_small, bert_small_sweeps
+  assert bert_small_sweeps.CONFIG == "bert_small.py"
+  assert list(bert_small_sweeps.SWEEPS) == ["bert", "bert_test"]
+
+  def check(points):
+    for point in points:
+      config = bert_small.get_config(point.arg)
+      config.update_from_flattened_dict(dict(point.overrides))
+      configlib.validate(config)
+      ts.model_config(config)
+
+  points = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert")
+  check(points)
+  labels = {"standard", "standard_pre", "key_norm_sum", "cosine", "qk_layernorm",
+            "qk_rmsnorm", "fully_scaled", "umup", "inverse_d", "unit_scaled"}
+  assert set(bert_small_sweeps.BERT) == labels
+  assert len(points) == 3 * len(labels)  # stage 1: three rates each, seed 0
+  assert {p.arg.split(",seed=")[1] for p in points} == {"0"}
+  assert sum("ln=pre" in p.arg for p in points) == 3
+  assert sweeps.default_pack(os.path.join(ROOT, BERT), "bert") == 3
+  # The test sweep's stage 2: with stage 1 done (synthetic losses, a best at the
+  # middle rate), band seeds at the near-best rates, still valid configs.
+  test_points = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert_test")
+  check(test_points)
+  for point in test_points:
+    e = round(-math.log2(dict(point.overrides)["learning_rate"]))
+    _fake_run(tmp_path / point.name, lr=2.0**-e, losses=[(20, 3.0 + abs(e - 7))],
+              num_steps=20, elapsed=[1], checkpoint=20)
+  later = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert_test", str(tmp_path))
+  assert {p.arg.split(",seed=")[1] for p in later} == {"0", "1"}
+  check(later)
 
 
 def test_the_new_studies_sweeps():

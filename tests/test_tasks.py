@@ -148,7 +148,7 @@ def no_data(monkeypatch):
      "got 'enwik8'"),
     (shakespeare_char, {"model.causal": False}, "model.causal must be True for task 'char_lm'"),
     (bert_small, {"dataset": "wikitext2_char"},
-     "config.dataset must be one of ['wikitext2', 'wikitext103'], got 'wikitext2_char'"),
+     "config.dataset must be one of ['wikitext2', 'wikitext2_2k', 'wikitext103'], got 'wikitext2_char'"),
     (bert_small, {"model.causal": True}, "model.causal must be False for task 'mlm'"),
     (bert_small, {"seq_len": 2}, "config.seq_len must be >= 3 for task 'mlm'"),
     (bert_small, {"mask_rate": 0.0}, "config.mask_rate must be > 0, got 0"),

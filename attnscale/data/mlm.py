@@ -12,8 +12,13 @@ k = max(1, round(mask_rate * n_real)) of its n_real text ids (never [CLS],
 becomes [MASK] with probability mask_token_rate, a random text id (never a
 special) with random_token_rate, and stays itself otherwise (80/10/10 by
 default). The loss is on the selected positions only, which come as a fixed
-number P of slots per row (`num_predictions`, weight 0 for unused slots), so the
-output layer runs on P << T positions as in BERT's `max_predictions_per_seq`.
+number P of slots per row (weight 0 for unused slots): BERT's
+`max_predictions_per_seq` (`config.max_predictions_per_seq`; by default
+`num_predictions` = ceil(mask_rate (T - 2)), 19 at T = 128), and a row never has
+more than P selections. The model gathers the final residual stream at those P
+positions before its MLM head (`attnscale.models.base.gather_positions`), so the
+head's dense + GELU + LN and the [P, D] x [D, V] vocabulary projection run on
+P ~ 0.15 T positions instead of T.
 Masks are redrawn at every step (RoBERTa's dynamic masking) from (seed, step).
 
 Determinism: a training batch is a function of (rows, seed, step): an epoch
@@ -127,14 +132,20 @@ def make_rows(ids: np.ndarray, offsets: np.ndarray, seq_len: int) -> Rows:
               seq_len=seq_len)
 
 
-def num_predictions(seq_len: int, mask_rate: float) -> int:
-  """Prediction slots P per row: enough for round(mask_rate * (T - 2)) selections."""
+def num_predictions(seq_len: int, mask_rate: float, max_predictions: int | None = None) -> int:
+  """Prediction slots P per row: `max_predictions` when given, else enough for
+  round(mask_rate * (T - 2)) selections, ceil(mask_rate * (T - 2))."""
+  if max_predictions is not None:
+    if not 1 <= max_predictions <= seq_len - 2:
+      raise ValueError(f"config.max_predictions_per_seq must be in [1, seq_len - 2 = "
+                       f"{seq_len - 2}] or None, got {max_predictions}")
+    return max_predictions
   return max(1, math.ceil(mask_rate * (seq_len - 2)))
 
 
 def mask_tokens(tokens_GT: np.ndarray, rng: np.random.Generator, *, vocab_size: int,
                 mask_rate: float = 0.15, mask_token_rate: float = 0.8,
-                random_token_rate: float = 0.1,
+                random_token_rate: float = 0.1, max_predictions: int | None = None,
                 num_reserved: int = len(tokenizer_lib.SPECIALS)) -> dict[str, np.ndarray]:
   """BERT's masking of a batch of [CLS] ... [SEP] [PAD] rows (see the module doc).
 
@@ -142,6 +153,8 @@ def mask_tokens(tokens_GT: np.ndarray, rng: np.random.Generator, *, vocab_size: 
     tokens_GT: int32 rows; ids below `num_reserved` are specials.
     rng: the randomness (one draw of the whole batch, row-major).
     vocab_size: random replacements are drawn from [num_reserved, vocab_size).
+    max_predictions: the slots P per row (BERT's max_predictions_per_seq): at
+      most P tokens of a row are selected; None = `num_predictions(T, mask_rate)`.
 
   Returns:
     {"inputs": [G, T] masked tokens, "positions": [G, P] selected positions
@@ -149,7 +162,7 @@ def mask_tokens(tokens_GT: np.ndarray, rng: np.random.Generator, *, vocab_size: 
     [G, P] float32, 1 for a selected slot}.
   """
   G, T = tokens_GT.shape
-  P = num_predictions(T, mask_rate)
+  P = num_predictions(T, mask_rate, max_predictions)
   real_GT = tokens_GT >= num_reserved
   n_real_G = real_GT.sum(1)
   k_G = np.where(n_real_G > 0, np.maximum(1, np.rint(mask_rate * n_real_G)), 0).astype(np.int64)

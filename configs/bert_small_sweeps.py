@@ -1,0 +1,81 @@
+r"""The sweeps of configs/bert_small.py: which attention scaling trains the small BERT best.
+
+  python sweep.py --config=configs/bert_small.py --sweep=bert --workdir=runs/bert_sweep
+
+sweep.py finds this file beside the config (`<config>_sweeps.py`,
+attnscale/experiments/sweeps.py). Each point is an ordinary train.py run of
+configs/bert_small.py (a config argument plus field overrides); points that differ
+only in seed and learning rate are trained together in one vmapped program
+(`default_pack`, attnscale/runtime/packed.py).
+
+The `bert` sweep follows the study protocol (attnscale/experiments/lr_search.py,
+`points(..., more_seeds=(), band_seeds=(1, 2))`): stage 1 tries each label at
+2^-(e-1), 2^-e, 2^-(e+1) with seed 0 and one rate further while the best is at an
+edge; then seeds 1 and 2 at every rate within noise of the best (the near-best
+band), the best being chosen on the mean over seeds and bracketed on it. The
+score is the final training MLM loss (train.py's window); compare the winners with
+eval.py afterwards.
+
+Cost at the cpu preset: one run (1000 steps, scaling standard) took 13.4 min of
+training on 2 shared cores (load 4-10) and about 7 min at the speed it reached
+when the load fell to 4 (docs/guides/masked-lm.md); take 8 min a run on 2 quiet
+cores, compilation and eval.py included. Stage 1 is 10 labels x 3-4 rates = 30-40
+runs, the band adds 2 seeds x 1-3 rates per label = 20-60 runs: 50-100 runs, about
+7-13 hours on 2 quiet cores. Packing (3 points a program) was not measured to be
+faster at this size: a pack of 3 seeds ran 0.45-0.6 run-steps/s on shared cores
+(load ~10) where one run alone ran 0.6-1.3; `--pack=1` runs them one at a time.
+"""
+
+from attnscale.checks import check_choice
+
+CONFIG = "bert_small.py"  # the config file (next to this one) these sweeps run
+
+# Label -> (the config argument's scaling, and ln=..., field overrides). The
+# model is BERT's post-LN encoder unless the label says otherwise; `standard_pre`
+# is the pre-LN encoder, the GPT's block (and the unit-scaled model's).
+BERT = {
+    "standard": ("standard", {}),
+    "standard_pre": ("standard,ln=pre", {}),
+    "key_norm_sum": ("key_norm_sum", {}),
+    "cosine": ("cosine", {}),  # learned temperature from log2(T^2 - T)
+    "qk_layernorm": ("qk_layernorm", {}),
+    "qk_rmsnorm": ("qk_rmsnorm", {}),
+    "fully_scaled": ("fully_scaled", {}),
+    "umup": ("umup", {}),
+    "inverse_d": ("inverse_d", {}),
+    "unit_scaled": ("unit_scaled", {}),  # model.variant=unit: pre-LN, tied readout
+}
+# Where each label's search starts: e for 2^-e. The cpu preset's 2e-3 ~ 2^-9 for
+# the standard models; for the others the char LM's practice sweep's best
+# (configs/sweeps.py, PRACTICE_LR_START): large rates for the models whose logits
+# start small. The search brackets wherever the best is.
+BERT_LR_START = dict.fromkeys(BERT, 9) | {
+    "key_norm_sum": 5, "unit_scaled": 5, "umup": 5, "fully_scaled": 10, "inverse_d": 8}
+LR_RANGE = (3, 12)  # the search never leaves 2^-3 ... 2^-12
+
+# name -> (preset, {label: (scaling, overrides)}, {label: start exponent}, band seeds)
+SWEEPS = {
+    "bert": ("cpu", BERT, BERT_LR_START, (1, 2)),
+    # Seconds a run: the test suite's.
+    "bert_test": ("test", {k: BERT[k] for k in ("standard", "standard_pre")},
+                  {"standard": 7, "standard_pre": 7}, (1,)),
+}
+# Points packed into one program by default (sweep.py --pack=K overrides): the 3
+# rates of a label's first stage, or its band's seeds.
+PACK_BY_PRESET = {"cpu": 3, "test": 4}
+
+
+def default_pack(name: str) -> int:
+  """How many points of sweep `name` sweep.py packs into one program by default."""
+  check_choice("sweep", name, SWEEPS)
+  return PACK_BY_PRESET.get(SWEEPS[name][0], 1)
+
+
+def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
+  """The points of sweep `name`, staged (see the module doc): reads the finished
+  runs in `workdir` (None: nothing has run, stage 1's first trials)."""
+  check_choice("sweep", name, SWEEPS)
+  from attnscale.experiments import lr_search  # only the staged sweep reads results
+  preset, labels, starts, band_seeds = SWEEPS[name]
+  return lr_search.points(preset, labels, starts, workdir, bounds=LR_RANGE,
+                          more_seeds=(), band_seeds=band_seeds)
