@@ -120,8 +120,6 @@ def train_packed(configs, workdirs, *, force_lock: bool = False) -> list[dict]:
     locks = [stack.enter_context(train_lib._workdir_lock(r.workdir, force_lock)) for r in runs]
     for run in runs:
       train_lib.save_config(run.config, run.workdir)
-      # Trained in a pack: which runs shared its program (the sums' order depends on it).
-      provenance.write(run.workdir, pack=[os.path.abspath(r.workdir) for r in runs])
     return _train(runs, graphdef, shardings, mesh, locks)
 
 
@@ -151,6 +149,8 @@ def _train(runs: list[_Run], graphdef, shardings, mesh, locks) -> list[dict]:
       run.start_time = time.perf_counter() - elapsed
       if run.step >= run.config.num_train_steps:
         run.active, run.status = False, "done"
+    for run in runs:  # after every resume, as train_lib's: which runs shared the program
+      provenance.write(run.workdir, pack=[os.path.abspath(r.workdir) for r in runs])
     return _loop(runs, graphdef, state_K, shardings_K, mesh, locks)
   finally:
     for run in runs:

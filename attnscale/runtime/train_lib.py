@@ -166,7 +166,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   os.makedirs(workdir, exist_ok=True)
   with _workdir_lock(workdir, force_lock) as lock:
     save_config(config, workdir)
-    provenance.write(workdir)  # which code, versions and devices: one record a (re)start
     return _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state,
                   shardings, lock)
 
@@ -201,6 +200,9 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
   except BaseException:
     checkpoints.close()
     raise
+  # Which code, versions and devices: one record a (re)start that trains (after the
+  # resume, so a run that cannot resume leaves its directory as it was).
+  provenance.write(workdir)
   train_step = make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
                                attn_metrics=False if _stats_on_log_steps(config) else None)
   # The attention metrics cost ~10% of a step (the kernel's extra row reductions):
