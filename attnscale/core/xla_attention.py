@@ -46,8 +46,9 @@ FlashAttention's, Dao et al. 2022, Algorithm 2 / eq. 4):
 
 D_i is a dot product over H (here 32) instead of autodiff's row sum over the
 keys, and no select runs backward for the causal mask (p_ij = 0 already):
-20.3 ms against 27.8 forward + backward at B=32, T=128, N=4, H=32 (one CPU
-core, jit, measured under load). Same forward ops and bits; the gradients
+21.2 ms against 26.4 forward + backward at B=32, T=128, N=4, H=32 (one CPU
+core, medians of interleaved runs; autodiff's row sums ran as YNNPACK
+reductions at 2-4 ns an element; docs/benchmarks.md, #37). Same forward ops and bits; the gradients
 differ from autodiff's in rounding only (D_i is summed in another order, and
 in bf16 from z, which used p rounded to bf16).
 
