@@ -36,8 +36,8 @@ Sigmoid has no row normalisation, so each causal block is complete on its own
 and its backward pass has no row reduction (FlashSigmoid's argument, Ramapuram
 et al. 2024).
 
-Backward pass of plain softmax attention (no soft-cap, bias, lse or stats: what
-every scaling runs by default) is written by hand (`_softmax_attention`,
+The backward pass of plain softmax attention (no soft-cap, bias, lse or stats:
+what every scaling runs by default) is written by hand (`_softmax_attention`,
 FlashAttention's, Dao et al. 2022, Algorithm 2 / eq. 4):
 
     dv_j = sum_i p_ij dz_i,   dp_ij = dz_i . v_j,
@@ -48,9 +48,9 @@ D_i is a dot product over H (here 32) instead of autodiff's row sum over the
 keys, and no select runs backward for the causal mask (p_ij = 0 already):
 21.2 ms against 26.4 forward + backward at B=32, T=128, N=4, H=32 (one CPU
 core, medians of interleaved runs; autodiff's row sums ran as YNNPACK
-reductions at 2-4 ns an element; docs/benchmarks.md, #37). Same forward ops and bits; the gradients
-differ from autodiff's in rounding only (D_i is summed in another order, and
-in bf16 from z, which used p rounded to bf16).
+reductions at 2-4 ns an element; docs/benchmarks.md, #37). Same forward ops
+and bits; the gradients differ from autodiff's in rounding only (D_i is summed
+in another order, and in bf16 from z, which used p rounded to bf16).
 
 Dimension legend: B batch, T query length, S key/value length, N query heads,
 K key/value heads, G = N // K query heads per key/value head, H head dim.
