@@ -10,7 +10,8 @@ Sizes: `cpu` (the cpu preset: 4 layers, width 128, 4 heads, block 128, batch
 32), `nanogpt` (6 x 384, 6 heads, block 256, batch 64) and `gpt2` (GPT-2 small's
 body: 12 x 768, 12 heads, block 1024, batch 16; for a GPU). The JAX side is the
 train step `train.py` runs (`train_lib.make_train_step`, scaling `standard`,
-dropout off on both sides); the PyTorch side is `torch_reference.py` (same
+dropout off on both sides; the program of the steps it does not log, so without
+the attention metrics, which the PyTorch twin does not compute either); the PyTorch side is `torch_reference.py` (same
 shapes, init, AdamW and clipping; eager, or torch.compile). Both get the same
 real batches of tiny Shakespeare.
 
@@ -94,7 +95,12 @@ def jax_runner(config, batches_np):
   tx = ts.make_optimizer(config)  # one optimizer, as train_lib builds it
   graphdef, state, shardings = ts.create_state(config, mesh, tx)
   task = tasks.get_task(config)
-  step_fn = train_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx)
+  # The program train.py runs on the steps it does not log: with attn_metrics on and
+  # QK-clip off, the attention statistics (about 10% of a step) only run on logged
+  # steps, in a second program (train_lib._train); the PyTorch twin computes none.
+  step_fn = train_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
+                                      attn_metrics=False if config.get("qk_clip", 0.0) == 0
+                                      else None)
   batches = [train_lib.global_batch(b, batch_sharding) for b in batches_np]
   holder = {"state": state}
 

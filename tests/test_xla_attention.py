@@ -11,7 +11,7 @@ import pytest
 
 import attnscale
 from attnscale.core import xla_attention
-from attnscale.testing import random_qkv
+from attnscale.testing import padding_mask, random_qkv
 
 pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
@@ -83,6 +83,40 @@ def test_causal_blocks_cover_every_row_once():
   assert len(xla_attention.causal_blocks(128, 128, 32)) == 4
   assert [len(xla_attention.causal_blocks(T, T, xla_attention.default_block_q(T)))
           for T in (16, 128, 256, 4096)] == [1, 4, 8, 8]
+
+
+@pytest.mark.parametrize("case", ["causal", "causal_rect", "padding", "per_query_head",
+                                  "bf16"])
+def test_hand_written_backward_equals_autodiff(case):
+  # The plain softmax path's custom VJP against autodiff through its own forward
+  # ops: with causal blocks, T != S, grouped heads, masks with a query that sees no
+  # key (its logits' gradient must be 0, as the forward's select makes it), bf16.
+  B, T, S, N, K, dtype = 3, 11, 11, 4, 2, jnp.float32
+  mask, is_causal = None, True
+  if case == "causal_rect":
+    T, S, K = 9, 13, 1
+  elif case == "padding":
+    mask, is_causal = padding_mask([11, 6, 1], S), False
+  elif case == "per_query_head":
+    mask = jax.random.bernoulli(jax.random.key(5), 0.6, (B, N, T, S))
+    mask = mask.at[0, 1, 4].set(False)  # a query that sees no key
+  elif case == "bf16":
+    dtype = jnp.bfloat16
+  q, k, v = random_qkv(B=B, T=T, S=S, N=N, K=K, dtype=dtype)
+  w = jax.random.normal(jax.random.key(3), q.shape, dtype)
+
+  def loss(attend, q, k, v):
+    return jnp.sum((attend(q, k, v) * w).astype(jnp.float32))
+
+  hand = lambda q, k, v: xla_attention.dot_product_attention(q, k, v, mask, is_causal,
+                                                            block_q=4)
+  auto = lambda q, k, v: xla_attention._softmax_attention_fwd(q, k, v, mask, is_causal, 4)[0]
+  got = jax.jit(jax.grad(lambda *a: loss(hand, *a), argnums=(0, 1, 2)))(q, k, v)
+  want = jax.jit(jax.grad(lambda *a: loss(auto, *a), argnums=(0, 1, 2)))(q, k, v)
+  tol = 2e-2 if dtype == jnp.bfloat16 else 1e-5
+  for g, h in zip(got, want):
+    assert g.dtype == dtype
+    np.testing.assert_allclose(g.astype(jnp.float32), h.astype(jnp.float32), rtol=tol, atol=tol)
 
 
 def test_bf16_products_float32_softmax():
