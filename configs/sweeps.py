@@ -389,8 +389,10 @@ SWEEPS["precision_test"] = precision(
 # Points trained together in one vmapped program by default (sweep.py --pack=K
 # overrides; 1 = one train.py process a point): those of a sweep that differ only in
 # seed, learning rate and the like (attnscale/runtime/packing.py), up to K at a time.
-# By preset, measured with benchmarks/sweep_throughput.py (docs/guides/sweeps.md,
-# "Packing"): the tiny presets fill a CPU core only when several runs share it.
+# By preset (docs/benchmarks.md, "Sweeps: runs per hour and packing", measured on
+# 2 cores): at graphcore_cpu a pack of 8 makes the one-process sweep 1.7x faster
+# (start-up shared) and equals --jobs=2 when run as two pinned packs; larger packs
+# of the cpu preset leave the cache. On an accelerator, pack far more (--pack).
 PACK_BY_PRESET = {"graphcore_cpu": 8, "test": 4, "cpu": 2, "graphcore": 8}
 
 
