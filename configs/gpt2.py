@@ -67,7 +67,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.batch_size = 512  # global batch (sequences), split over all devices
   c.seq_len = 1024  # training window length (<= model.block_size)
   c.num_train_steps = 19073  # total optimizer steps (10B tokens at 524,288 a step)
-  c.optimizer = "adamw"  # adamw | adam (adam: no weight decay)
+  c.optimizer = "adamw"  # adamw | adam (no weight decay) | muon (hidden matrices; Adam(W) the rest)
+  # muon: its update's scale by shape: moonlight (RMS 0.2 sqrt(max(fan_in, fan_out)), one LR
+  # with AdamW's) | modded_nanogpt (sqrt(max(1, fan_out/fan_in)))
+  c.muon_lr_rule = "moonlight"
   c.learning_rate = 6e-4  # peak learning rate
   c.lr_schedule = "cosine"  # cosine (to min_learning_rate) | constant
   c.warmup_steps = 700  # linear warm-up from 0 (llm.c's 124M run)

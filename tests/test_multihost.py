@@ -36,7 +36,7 @@ import pytest
 from attnscale import testing
 from attnscale.evaluation import eval_lib
 from attnscale.experiments.sweeps import checkpoint_steps
-from attnscale.runtime import metrics_writer, train_lib
+from attnscale.runtime import metrics_writer, provenance, train_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 
@@ -306,7 +306,8 @@ def test_two_processes_train_like_one(one_process, two_processes):
   # the arrays' bytes split between the processes, not one copy from each.
   assert checkpoint_steps(workdir) == checkpoint_steps(one_process)
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "metrics.jsonl",
-                                         "tensorboard"]
+                                         "provenance.json", "tensorboard"]
+  assert len(provenance.read(workdir)) == 1  # process 0's record of the one start
   two, one = written_chunks(workdir, NUM_STEPS), written_chunks(one_process, NUM_STEPS)
   assert len(two) == 2 and len(one) == 1, (list(two), list(one))
   keys = [k for process in two.values() for k in process]

@@ -19,14 +19,16 @@ from configs import shakespeare_char
 pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
 
 # The sp losses of the first 5 steps, recorded on the code before mup existed
-# (commit 1d9988b): sp's programs must not change. graphcore_cpu at 2 layers,
+# (commit 1d9988b): sp's programs must not change. Re-recorded once, 2026-11-25, when
+# the XLA kernel's hand-written backward (#37) changed gradients by rounding: the
+# 4th loss moved by 1-2 ulp, nothing else. graphcore_cpu at 2 layers,
 # seq 32, batch 4 (`SMALL`). The sp train step's jaxprs were also compared
 # byte for byte before and after (test and graphcore_cpu presets).
 SP_LOSSES = {
     "preset=test": [4.169201374053955, 4.176560401916504, 4.132332801818848,
-                    4.043720245361328, 3.9488155841827393],
+                    4.04371976852417, 3.9488155841827393],
     "preset=graphcore_cpu": [4.170993804931641, 3.9187233448028564, 3.5825002193450928,
-                             3.3730432987213135, 3.380084991455078],
+                             3.3730435371398926, 3.380084991455078],
 }
 SMALL = {"model.num_layers": 2, "seq_len": 32, "batch_size": 4}
 MESSAGE = "sp's training changed: update only if the change to sp was intended"
