@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
 # The sp losses of the first 5 steps, recorded on the code before mup existed
 # (commit 1d9988b): sp's programs must not change. Re-recorded once, 2026-11-25, when
 # the XLA kernel's hand-written backward (#37) changed gradients by rounding: the
-# 4th loss moved by 1-2 ulp, nothing else. graphcore_cpu at 2 layers,
+# 4th loss moved by 1-2 ulp under JAX 0.10, nothing else. graphcore_cpu at 2 layers,
 # seq 32, batch 4 (`SMALL`). The sp train step's jaxprs were also compared
 # byte for byte before and after (test and graphcore_cpu presets).
 SP_LOSSES = {
@@ -30,6 +30,19 @@ SP_LOSSES = {
     "preset=graphcore_cpu": [4.170993804931641, 3.9187233448028564, 3.5825002193450928,
                              3.3730435371398926, 3.380084991455078],
 }
+# JAX 0.12's XLA rounds the new backward as the old one did (the 4th loss is the
+# 1d9988b value there): both recordings are sp's program.
+SP_LOSSES_JAX_0_12 = {
+    "preset=test": [4.169201374053955, 4.176560401916504, 4.132332801818848,
+                    4.043720245361328, 3.9488155841827393],
+    "preset=graphcore_cpu": [4.170993804931641, 3.9187233448028564, 3.5825002193450928,
+                             3.3730432987213135, 3.380084991455078],
+}
+def recorded(arg: str) -> list[list[float]]:
+  """The recorded sp losses of `arg`: JAX 0.10's and JAX 0.12's."""
+  return [SP_LOSSES[arg], SP_LOSSES_JAX_0_12[arg]]
+
+
 SMALL = {"model.num_layers": 2, "seq_len": 32, "batch_size": 4}
 MESSAGE = "sp's training changed: update only if the change to sp was intended"
 
@@ -63,7 +76,7 @@ def losses(config, steps):
 @pytest.mark.parametrize("arg", SP_LOSSES)
 def test_sp_losses_unchanged(tfds_dir, arg):
   overrides = SMALL if arg == "preset=graphcore_cpu" else {}
-  assert losses(make_config(tfds_dir, arg, **overrides), 5) == SP_LOSSES[arg], MESSAGE
+  assert losses(make_config(tfds_dir, arg, **overrides), 5) in recorded(arg), MESSAGE
 
 
 def test_mup_equals_sp_at_the_base_width(tfds_dir):
@@ -71,7 +84,7 @@ def test_mup_equals_sp_at_the_base_width(tfds_dir):
   config = make_config(tfds_dir, "preset=graphcore_cpu", **SMALL,
                        **{"model.parameterization": "mup"})
   assert config.model.width == config.model.base_width == 64
-  assert losses(config, 5) == SP_LOSSES["preset=graphcore_cpu"]
+  assert losses(config, 5) in recorded("preset=graphcore_cpu")
 
 
 def test_mup_rules():
@@ -188,7 +201,7 @@ def test_bad_values_fail_in_one_line(fields, field):
 def test_depth_rule_equals_sp_at_the_base_depth(tfds_dir, alpha):
   config = make_config(tfds_dir, "preset=graphcore_cpu", **SMALL,
                        **{"model.depth_alpha": alpha, "model.base_depth": 2})
-  assert losses(config, 5) == SP_LOSSES["preset=graphcore_cpu"]
+  assert losses(config, 5) in recorded("preset=graphcore_cpu")
 
 
 def test_depth_rules():
