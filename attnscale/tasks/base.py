@@ -145,3 +145,59 @@ class Task(abc.ABC):
     """
     del batch
     return None, None
+
+
+class NextTokenTask(Task):
+  """A causal language model over one stream of token ids (characters, BPE tokens).
+
+  What the char LM and the token LM share: a causal decoder, training batches that
+  are random windows of the stream drawn from (seed, step), each process reading
+  its own rows (`get_batch`, the data layer's), the periodic estimate's fixed
+  validation windows, and the mean next-token cross-entropy. Subclasses load
+  `self.data` (with `.train` and `.validation` streams) and set `get_batch` and
+  `UNIT` ("character", "token").
+  """
+
+  UNIT: ClassVar[str] = "token"
+
+  @staticmethod
+  def get_batch(stream, *, batch_size, seq_len, seed, step, process_index, process_count):
+    """(inputs, targets) [b, T] of this process's rows of a random batch."""
+    raise NotImplementedError
+
+  @classmethod
+  def validate_config(cls, config) -> None:
+    super().validate_config(config)
+    if not config.model.get("causal", True):
+      raise ValueError(f"model.causal must be True for task {config.task!r} (next-{cls.UNIT} "
+                       "prediction needs a causal decoder)")
+
+  @classmethod
+  def batch_spec(cls, config, *, train=True):
+    spec = {k: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
+            for k in ("inputs", "targets")}
+    if not train:  # eval_batches weigh each target (0 for the last batch's filler)
+      spec["weights"] = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.float32)
+    return spec
+
+  def train_batch(self, step: int):
+    return self._random_batch(self.data.train, self.config.seed, step)
+
+  def val_batch(self, index: int):
+    # A seed disjoint from training's, and the same windows at every estimate.
+    return self._random_batch(self.data.validation, 2**31 - 1 - self.config.seed, index)
+
+  def _random_batch(self, stream, seed, step):
+    inputs, targets = self.get_batch(
+        stream, batch_size=self.config.batch_size, seq_len=self.config.seq_len, seed=seed,
+        step=step, process_index=jax.process_index(), process_count=jax.process_count())
+    return {"inputs": inputs, "targets": targets}
+
+  def loss(self, model, batch, dropout_key=None):
+    """Mean cross-entropy per (weighted) target token, and metrics to sum."""
+    logits_BTV = model(batch["inputs"], dropout_key=dropout_key)
+    total, count = cross_entropy(logits_BTV, batch["targets"], batch.get("weights"))
+    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count}
+
+  # attention_masks: the base's (None, None): causal, no padding, so the model's
+  # own causal mask is all there is.

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnscale.data import char_lm
-from attnscale.tasks.base import Sampler, Task, cross_entropy, this_process_rows
+from attnscale.tasks.base import NextTokenTask, Sampler, this_process_rows
 
 
 def sample(model, encode, decode, *, prompt: str, length: int, temperature: float,
@@ -59,17 +59,12 @@ def sample(model, encode, decode, *, prompt: str, length: int, temperature: floa
   return decode(tokens[num_prompt:])
 
 
-class CharLMTask(Task):
+class CharLMTask(NextTokenTask):
   """Next-character prediction on `config.dataset` (random training windows)."""
 
+  UNIT = "character"
+  get_batch = staticmethod(char_lm.get_batch)
   DATASETS = tuple(char_lm.DATASETS)
-
-  @classmethod
-  def validate_config(cls, config) -> None:
-    super().validate_config(config)
-    if not config.model.get("causal", True):
-      raise ValueError("model.causal must be True for task 'char_lm' (next-character "
-                       "prediction needs a causal decoder)")
 
   def __init__(self, config):
     super().__init__(config)
@@ -80,39 +75,12 @@ class CharLMTask(Task):
                        f"({self.data.vocab_size}): set "
                        f"--config.model.vocab_size={self.data.vocab_size}")
 
-  @classmethod
-  def batch_spec(cls, config, *, train=True):
-    spec = {k: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
-            for k in ("inputs", "targets")}
-    if not train:  # eval_batches weigh each target (0 for the last batch's filler)
-      spec["weights"] = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.float32)
-    return spec
-
-  def train_batch(self, step: int):
-    return self._random_batch(self.data.train, self.config.seed, step)
-
-  def val_batch(self, index: int):
-    # A seed disjoint from training's, and the same batches at every estimate.
-    return self._random_batch(self.data.validation, 2**31 - 1 - self.config.seed, index)
-
-  def _random_batch(self, tokens, seed, step):
-    inputs, targets = char_lm.get_batch(
-        tokens, batch_size=self.config.batch_size, seq_len=self.config.seq_len, seed=seed,
-        step=step, process_index=jax.process_index(), process_count=jax.process_count())
-    return {"inputs": inputs, "targets": targets}
-
   def eval_batches(self, batch_size: int | None = None):
     """Non-overlapping windows over the whole validation split, every target once."""
     B = batch_size or self.config.batch_size
     return this_process_rows(
         char_lm.eval_batches(self.data.validation, batch_size=B, seq_len=self.config.seq_len),
         B)
-
-  def loss(self, model, batch, dropout_key=None):
-    """Mean cross-entropy per (weighted) target token, and metrics to sum."""
-    logits_BTV = model(batch["inputs"], dropout_key=dropout_key)
-    total, count = cross_entropy(logits_BTV, batch["targets"], batch.get("weights"))
-    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count}
 
   def eval_metrics(self, sums):
     loss = sums["loss_sum"] / max(sums["count"], 1.0)
@@ -130,6 +98,3 @@ class CharLMTask(Task):
   @property
   def sampler(self) -> Sampler:
     return functools.partial(sample, encode=self.data.encode, decode=self.data.decode)
-
-  # attention_masks: the base's (None, None): causal, no padding, so the model's
-  # own causal mask is all there is.

@@ -20,24 +20,22 @@ import math
 import sys
 
 import jax
-import jax.numpy as jnp
 
 from attnscale.data import lm_tokenizers, tokens
-from attnscale.tasks.base import Sampler, Task, cross_entropy
+from attnscale.tasks.base import NextTokenTask, Sampler
 from attnscale.tasks.char_lm import sample
 
 
-class TokenLMTask(Task):
+class TokenLMTask(NextTokenTask):
   """Next-token prediction on the token shards in `config.data_dir`."""
 
+  UNIT = "token"
+  get_batch = staticmethod(tokens.get_batch)
   DATASETS = tokens.FORMATS  # config.dataset: the shards' format (auto reads each header)
 
   @classmethod
   def validate_config(cls, config) -> None:
     super().validate_config(config)
-    if not config.model.get("causal", True):
-      raise ValueError("model.causal must be True for task 'token_lm' (next-token "
-                       "prediction needs a causal decoder)")
     if config.get("eval_tokens", 0) < 0:
       raise ValueError(f"config.eval_tokens must be >= 0 (0 = the whole validation split), "
                        f"got {config.eval_tokens}")
@@ -51,27 +49,6 @@ class TokenLMTask(Task):
                        f"({self.data.meta['tokenizer']}: {self.data.vocab_size}): set "
                        f"--config.model.vocab_size={-(-self.data.vocab_size // 64) * 64}")
 
-  @classmethod
-  def batch_spec(cls, config, *, train=True):
-    spec = {k: jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32)
-            for k in ("inputs", "targets")}
-    if not train:  # eval_batches weigh each target (0 for the last batch's filler)
-      spec["weights"] = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.float32)
-    return spec
-
-  def train_batch(self, step: int):
-    return self._random_batch(self.data.train, self.config.seed, step)
-
-  def val_batch(self, index: int):
-    # A seed disjoint from training's, and the same windows at every estimate.
-    return self._random_batch(self.data.validation, 2**31 - 1 - self.config.seed, index)
-
-  def _random_batch(self, stream, seed, step):
-    inputs, targets = tokens.get_batch(
-        stream, batch_size=self.config.batch_size, seq_len=self.config.seq_len, seed=seed,
-        step=step, process_index=jax.process_index(), process_count=jax.process_count())
-    return {"inputs": inputs, "targets": targets}
-
   def eval_batches(self, batch_size: int | None = None):
     """Non-overlapping windows over the first `config.eval_tokens` validation
     targets (0: the whole split), every one of them once."""
@@ -79,12 +56,6 @@ class TokenLMTask(Task):
         self.data.validation, batch_size=batch_size or self.config.batch_size,
         seq_len=self.config.seq_len, max_tokens=self.config.get("eval_tokens", 0),
         process_index=jax.process_index(), process_count=jax.process_count())
-
-  def loss(self, model, batch, dropout_key=None):
-    """Mean cross-entropy per (weighted) target token, and metrics to sum."""
-    logits_BTV = model(batch["inputs"], dropout_key=dropout_key)
-    total, count = cross_entropy(logits_BTV, batch["targets"], batch.get("weights"))
-    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count}
 
   def eval_metrics(self, sums):
     loss = sums["loss_sum"] / max(sums["count"], 1.0)
@@ -118,5 +89,3 @@ class TokenLMTask(Task):
     # The model's padded ids past the tokenizer's (never targets) decode to nothing.
     decode = lambda ids: tok.decode([i for i in ids if i < tok.vocab_size])
     return functools.partial(sample, encode=tok.encode, decode=decode)
-
-  # attention_masks: the base's (None, None): causal, no padding.
