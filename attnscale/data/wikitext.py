@@ -96,37 +96,34 @@ def source_texts(cfg: WikitextConfig, dl_manager,
   return {stem: pathlib.Path(f).read_bytes().decode("utf-8") for stem, f in files.items()}
 
 
+# WikiText-2's files, shared by its builder configs. The offline copy's (under
+# $ATTNSCALE_DATA/wikitext-2) are byte-identical to pytorch/examples
+# word_language_model/data/wikitext-2.
+_WIKITEXT2_FILES = dict(
+    zip_url="https://wikitext.smerity.com/wikitext-2-v1.zip",
+    zip_sha256="92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c",
+    zip_folder="wikitext-2", local_folder="wikitext-2",
+    local_sha256={
+        "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
+        "valid": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
+        "test": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"})
+
+
 class WikitextParagraphs(tfds.core.GeneratorBasedBuilder):
   """WikiText paragraphs with their subword ids; the tokenizer beside them."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Paragraphs (non-heading lines), SentencePiece BPE ids, 8192 pieces."}
   BUILDER_CONFIGS = [
-      WikitextConfig(
-          name="wikitext2", description="WikiText-2 v1 (tokenized, with <unk>).",
-          zip_url="https://wikitext.smerity.com/wikitext-2-v1.zip",
-          zip_sha256="92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c",
-          zip_folder="wikitext-2", local_folder="wikitext-2",
-          # The offline copy's files (under $ATTNSCALE_DATA/wikitext-2) are
-          # byte-identical to pytorch/examples word_language_model/data/wikitext-2.
-          local_sha256={
-              "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
-              "valid": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
-              "test": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"}),
+      WikitextConfig(name="wikitext2", description="WikiText-2 v1 (tokenized, with <unk>).",
+                     **_WIKITEXT2_FILES),
       # WikiText-2 again with a 2048-piece vocabulary: shorter pieces, each more
       # predictable from its neighbours, and a 4x smaller embedding; what
       # configs/bert_small.py's cpu preset trains on, so that a 10-minute run on 2
       # cores learns context instead of stopping near the unigram.
-      WikitextConfig(
-          name="wikitext2_2k", description="WikiText-2 v1, a 2048-piece BPE vocabulary.",
-          zip_url="https://wikitext.smerity.com/wikitext-2-v1.zip",
-          zip_sha256="92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c",
-          zip_folder="wikitext-2", local_folder="wikitext-2",
-          local_sha256={
-              "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
-              "valid": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
-              "test": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"},
-          vocab_size=2048),
+      WikitextConfig(name="wikitext2_2k",
+                     description="WikiText-2 v1, a 2048-piece BPE vocabulary.",
+                     vocab_size=2048, **_WIKITEXT2_FILES),
       WikitextConfig(
           name="wikitext103", description="WikiText-103 v1 (tokenized, with <unk>).",
           zip_url="https://wikitext.smerity.com/wikitext-103-v1.zip",

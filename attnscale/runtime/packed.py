@@ -81,11 +81,15 @@ class _Run:
   writer: MetricsWriter | None = None
   step: int = 0
   last_good: int | None = None
-  active: bool = True
   status: str = "running"  # running | done | diverged
   pending: list = dataclasses.field(default_factory=list)  # host metrics since the last log
   summary: dict = dataclasses.field(default_factory=dict)
   start_time: float = 0.0
+
+  @property
+  def active(self) -> bool:
+    """Still training: its slot's state changes and it logs, evaluates and saves."""
+    return self.status == "running"
 
 
 def train_packed(configs, workdirs, *, force_lock: bool = False) -> list[dict]:
@@ -148,7 +152,7 @@ def _train(runs: list[_Run], graphdef, shardings, mesh, locks) -> list[dict]:
       run.writer = MetricsWriter(run.workdir, resume_step=run.step)
       run.start_time = time.perf_counter() - elapsed
       if run.step >= run.config.num_train_steps:
-        run.active, run.status = False, "done"
+        run.status = "done"
     for run in runs:  # after every resume, as train_lib's: which runs shared the program
       provenance.write(run.workdir, pack=[os.path.abspath(r.workdir) for r in runs])
     return _loop(runs, graphdef, state_K, shardings_K, mesh, locks)
@@ -324,7 +328,7 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
         run.checkpoints.save(run.step, _slot(state_K, k))
         run.last_good = run.step
         if run.step == run.config.num_train_steps:
-          run.active, run.status = False, "done"
+          run.status = "done"
       if preempted:
         what = "Ctrl-C" if preemption.interrupted else "SIGTERM"
         train_lib.log(f"{what}: saved a checkpoint of every running run of the pack (steps "
@@ -343,7 +347,7 @@ def _log(run: _Run, k: int, now: float, tick: float, tick_step: int) -> None:
   except train_lib.NonFiniteLossError as e:  # on record: sweeps read the run as diverged
     run.writer.write(e.record["step"], {f"train/{k}": e.record[k] for k in ("loss", "grad_norm")})
     run.writer.flush()
-    run.active, run.status, run.pending = False, "diverged", []
+    run.status, run.pending = "diverged", []
     print(f"run [{k}] {run.workdir}: {e}", file=sys.stderr, flush=True)
     return
   summary.update({"loss_last20": ts.mean_last_losses(run.pending[-1]["last_losses"]),
