@@ -184,7 +184,7 @@ def test_shared_seeds_are_compared_paired():
 
 
 
-def test_best_rate_is_chosen_on_the_shared_seed_not_a_lucky_single_run():
+def test_best_rate_is_chosen_on_the_seed_mean_not_a_lucky_single_run():
   # Seeds 1 and 2 at the searched best (2^-7) come out worse than seed 0; the
   # single seed-0 run at 2^-6 must not win by comparing 2.1 with their mean.
   rows = _seed_rows("a", 2.0**-7, [2.0, 2.3, 2.3]) + _seed_rows("a", 2.0**-6, [2.1])
@@ -193,6 +193,13 @@ def test_best_rate_is_chosen_on_the_shared_seed_not_a_lucky_single_run():
   assert best["final_train_loss"] == pytest.approx(2.2)
   named = [dict(r, run=f"a-{r['seed']}-{r['learning_rate']}") for r in rows]
   assert sweep_results.best_runs(named) == [f"a-0-{2.0**-7}"]
+  # The study protocol: 3 seeds at every near-best rate, the best on their mean
+  # (2^-6 here, though seed 0 alone favours 2^-7), the single-seed rate (2^-4)
+  # outside the band.
+  rows = (_seed_rows("a", 2.0**-7, [2.0, 2.3, 2.3]) + _seed_rows("a", 2.0**-6, [2.1, 2.1, 2.2])
+          + _seed_rows("a", 2.0**-4, [2.9]))
+  best = sweep_results.best_per_scaling(rows)["a"]
+  assert best["learning_rate"] == 2.0**-6 and best["final_train_loss"] == pytest.approx(6.4 / 3)
 
 
 def test_best_figure_has_a_row_and_a_dot_per_seed(tmp_path):

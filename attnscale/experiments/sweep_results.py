@@ -2,8 +2,8 @@
 
 Rows are what `sweeps.collect` reads from run directories, one per point, with
 the columns of COLUMNS plus `curve` ((step, training loss) pairs), `max_logit`
-and `commit`. A scaling's best learning rate is chosen on the seeds all its rates
-share (`best_per_scaling`). Whether two scalings differ is `stats.compare`'s
+and `commit`. A scaling's best learning rate is the lowest seed mean among its
+rates with the most seeds (`best_per_scaling`: the staged search's choice). Whether two scalings differ is `stats.compare`'s
 call: paired by seed where their best rates share seeds, Welch otherwise, a
 Student-t interval at 95%, never a z = 1.96 with 2-3 seeds. `write_results`
 writes results.csv, runs.csv (`write_runs_csv`: one line a run, with its commit),
@@ -35,30 +35,29 @@ def best_per_scaling(rows: Sequence[dict]) -> dict[str, dict]:
   """Per scaling, the best learning rate and its final training loss, as
   {scaling: {"learning_rate", "final_train_loss", "seeds", "se"}}.
 
-  The rate is chosen on the seeds that every finished rate of the scaling has
-  (a staged sweep's search seed): comparing a three-seed mean at one rate with a
-  single seed at another would pick whichever got the lucky draw. The loss is the
-  mean over all seeds at the chosen rate and "se" its standard error (NaN with
-  one seed).
+  The rate is the lowest seed mean among the scaling's rates with the most
+  finished seeds. That is the staged search's own choice under each protocol
+  (attnscale/experiments/lr_search.py): under the study protocol every rate
+  of the near-best band has 3+ seeds and the rates outside it, with one, are
+  measurably worse; with seeds added at the best only, it is the rate the
+  search picked; on a grid, the seed mean. Never a single run's lucky draw
+  against a 3-seed mean. The loss is the mean over all seeds at the chosen
+  rate and "se" its standard error (NaN with one seed).
   """
-  by_key: dict[tuple[str, float], dict] = {}
+  by_key: dict[tuple[str, float], list[float]] = {}
   for r in rows:
     if r["status"] == "done" and math.isfinite(r["final_train_loss"]):
-      by_key.setdefault((r["scaling"], r["learning_rate"]), {})[r.get("seed")] = (
-          r["final_train_loss"])
-  shared: dict[str, set] = {}
+      by_key.setdefault((r["scaling"], r["learning_rate"]), []).append(r["final_train_loss"])
+  most: dict[str, int] = {}
   for (scaling, _), losses in by_key.items():
-    shared[scaling] = shared.get(scaling, set(losses)) & set(losses)
+    most[scaling] = max(most.get(scaling, 0), len(losses))
   best: dict[str, dict] = {}
-  chosen: dict[str, float] = {}
   for (scaling, lr), losses in sorted(by_key.items()):
-    pick = [losses[s] for s in shared[scaling]] or list(losses.values())
-    score = sum(pick) / len(pick)
-    if scaling not in best or score < chosen[scaling]:
-      values = list(losses.values())
-      chosen[scaling] = score
-      best[scaling] = {"learning_rate": lr, "final_train_loss": sum(values) / len(values),
-                       "seeds": len(values), "se": standard_error(values)}
+    mean = sum(losses) / len(losses)
+    if len(losses) == most[scaling] and (
+        scaling not in best or mean < best[scaling]["final_train_loss"]):
+      best[scaling] = {"learning_rate": lr, "final_train_loss": mean,
+                       "seeds": len(losses), "se": standard_error(losses)}
   return best
 
 
