@@ -206,7 +206,8 @@ _NOT_SWEPT = set(RUN_COLUMNS) | {"scaling", "wall_s", "curve", "logits"}
 
 
 def write_runs_csv(rows: Sequence[dict], path: str,
-                   hyperparameters: Sequence[str] | None = None) -> list[str]:
+                   hyperparameters: Sequence[str] | None = None,
+                   results: Sequence[str] = ()) -> list[str]:
   """Writes the raw results, one line a run, to `path`; returns its columns.
 
   Columns: label (the row's "label", else its scaling), learning_rate, the swept
@@ -215,14 +216,17 @@ def write_runs_csv(rows: Sequence[dict], path: str,
   run (its directory name).
   The hyperparameters are `hyperparameters`, or by default every other key the
   rows carry with a plain value (str, int, float, bool) in every row: variant,
-  and what a study adds (width, num_layers). Floats are written exactly (they
-  read back equal); a missing value is empty.
+  and what a study adds (width, num_layers). `results`: more result columns a
+  study measured (eval.py's validation loss, say), after max_logit. Floats are
+  written exactly (they read back equal); a missing value is empty.
   """
   if hyperparameters is None:
     keys = dict.fromkeys(k for r in rows for k in r if k not in _NOT_SWEPT)
     hyperparameters = [k for k in keys if all(
-        isinstance(r.get(k), (str, int, float, bool)) for r in rows)]
-  columns = [*RUN_COLUMNS[:2], *hyperparameters, *RUN_COLUMNS[2:]]
+        isinstance(r.get(k), (str, int, float, bool)) for r in rows) and k not in results]
+  at = RUN_COLUMNS.index("steps")
+  columns = [*RUN_COLUMNS[:2], *hyperparameters, *RUN_COLUMNS[2:at], *results,
+             *RUN_COLUMNS[at:]]
   table = [{**r, "label": r.get("label", r.get("scaling"))} for r in rows]
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:

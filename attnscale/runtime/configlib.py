@@ -291,7 +291,9 @@ def run_label(config: ml_collections.ConfigDict) -> str:
 
   The scaling's registered name; Graphcore's experiment (fully scaled attention in
   the unit-scaled, residual-weighted transformer) is "unit_scaled", the config
-  argument that selects it; model options that change attention are appended.
+  argument that selects it; model options that change attention are appended,
+  and "+post_ln" for a post-LN block (BERT's: `model.ln_position`), so a sweep's
+  post-LN and pre-LN runs of one scaling are two labels.
   """
   m = config.model
   label = m.scaling
@@ -304,6 +306,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
       label = "unit_scaled"
     else:
       label = f"unit/{m.scaling}"
+  if m.get("ln_position", "pre") == "post":  # BERT's block: a different model, same scaling
+    label += "+post_ln"
   # model.qk_norm: "+qk_layernorm" as when it was model.qk_layernorm=True.
   qk_norm = m.get("qk_norm", "layernorm" if m.get("qk_layernorm") else "none")
   if qk_norm != "none":

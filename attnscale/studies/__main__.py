@@ -12,6 +12,7 @@ studies and their flags: attnscale/studies/registry.py (one line a study).
   python -m attnscale.studies width --out out --workdirs runs/width
   python -m attnscale.studies depth --out out --workdirs runs/depth
   python -m attnscale.studies sensitivity --out out --workdirs runs/sensitivity
+  python -m attnscale.studies bert --out docs/results/bert --workdirs runs/bert
   python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \
       --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
   python -m attnscale.studies coord_check --depths=2,4,8,16,32 --steps=4 --out=docs/results/depth
@@ -35,6 +36,10 @@ def parse_args(argv):
   p.add_argument("--seed", type=int, default=0, help="jax.random.key(seed) for every draw")
   p.add_argument("--workdirs", nargs="+", default=[],
                  help="train.py run directories (or a sweep's directory)")
+  p.add_argument("--allow_mixed_code", action="store_true",
+                 help="studies of trained runs: compare runs made by different commits "
+                      "(their provenance.json), saying so under the table; without it, a "
+                      "one-line error")
   studies = {name: registry.get(name) for name in registry.names()}
   added = []
   for study in studies.values():  # a flag group shared by studies is added once

@@ -25,6 +25,7 @@ REGISTRY = {
     "depth": "attnscale.studies.width:DEPTH",
     "sensitivity": "attnscale.studies.sensitivity:STUDY",
     "coord_check": "attnscale.studies.coord_check:STUDY",
+    "bert": "attnscale.studies.bert:STUDY",
 }
 
 Runner = Callable[[argparse.Namespace], "tuple[list[str], list[str]]"]
@@ -62,3 +63,14 @@ def get(name: str) -> Study:
 
 def names() -> tuple[str, ...]:
   return tuple(REGISTRY)
+
+
+def code_note(rows, args, study: str) -> str:
+  """The commits a study's runs came from, a line for under its table
+  (`sweep_results.commit_note`); several commits only with --allow_mixed_code,
+  else a one-line SystemExit naming the flag."""
+  from attnscale.experiments import sweep_results
+  try:
+    return sweep_results.commit_note(rows, allow_mixed=getattr(args, "allow_mixed_code", False))
+  except ValueError as e:
+    raise SystemExit(f"{study}: {e}; or pass --allow_mixed_code") from None

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, sweeps
+from attnscale.experiments import reporting, sweep_results, sweeps
 from attnscale.studies import registry
 
 MAX_LOGIT = "train/attn/max_logit/layer_"  # + layer index: metrics.jsonl's keys
@@ -201,7 +201,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            f"largest_trained_lr: the largest rate whose mean loss is within {TRAINED} nats of "
            "the best; "
            "max_logit_*: the largest attention logit logged in training (over layers), at "
-           "the last step of the largest rate's runs, and anywhere in any run."]
+           "the last step of the largest rate's runs, and anywhere in any run.",
+           registry.code_note(rows, args, "sensitivity") + "; every run: runs.csv."]
   fmt = {"formats": {"best_lr": reporting.power_of_two,
                      "largest_trained_lr": reporting.power_of_two, "rates": "d", "seeds": "d",
                      "diverged_runs": "d"}, "floats": ".3f"}
@@ -220,7 +221,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
              "half-range over seeds), as in sensitivity.md."])
   paths.append(reporting.save_figure(plot_loss(rows), args.out, "sensitivity_loss"))
   paths.append(reporting.save_figure(plot_logits(rows), args.out, "sensitivity_logits"))
-  return paths, notes
+  path = os.path.join(args.out, "runs.csv")
+  sweep_results.write_runs_csv(rows, path)
+  return paths + [path], notes
 
 
 # Reads the sensitivity sweep's layout: only when asked for.

@@ -175,7 +175,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "covers 0 (within noise). +kv_heads2: separate K/V with "
            "grouped-query attention (2 key/value heads), the same parameter count as shared.",
            "val_minus_train: best validation loss minus final training loss (a regulariser "
-           "would shrink it)."]
+           "would shrink it).",
+           registry.code_note(rows, args, "shared_kv") + "; every run: runs.csv."]
   fmt = {"formats": {"best_lr": reporting.power_of_two, "params": "d", "seeds": "d"},
          "floats": ".4f"}
   paths = reporting.write_tables(table, args.out, "shared_kv",
@@ -189,6 +190,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
              "(per_layer_corr_qv: per layer)."], floats=".3f")
   paths.append(reporting.save_figure(plot(rows, diag), args.out, "shared_kv"))
   sweep_results.write_results(rows, os.path.join(args.out, "sweep"), title="shared_kv sweep")
+  path = os.path.join(args.out, "runs.csv")
+  sweep_results.write_runs_csv(rows, path)
+  paths.append(path)
   if len(args.workdirs) == 2:
     cpu = [r for r in sweeps.collect(args.workdirs[1]) if r["status"] != "new"]
     paths += reporting.write_tables(

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, stats, sweeps
+from attnscale.experiments import reporting, stats, sweep_results, sweeps
 from attnscale.studies import registry
 
 BAND = 0.02  # nats: rates whose loss is within this of the best are "near-best"
@@ -228,7 +228,8 @@ def run_cli(args, axis: str = "width") -> tuple[list[str], list[str]]:
            f"band_lo/hi: rates within {BAND} nats of the best (seed 0); best_loss: mean over "
            "the seeds at the grid best, half_range: (max - min)/2 over them.",
            f"loss_at_smallest_best: seed 0 at the smallest {axis}'s best rate; transfer_gap: "
-           f"that minus this {axis}'s own best (seed 0)."]
+           f"that minus this {axis}'s own best (seed 0).",
+           registry.code_note(rows, args, axis) + "; every run: runs.csv."]
   fmt = {"formats": {"best_lr": reporting.power_of_two, axis: "d", "rates_tried": "d",
                      "seeds": "d"}, "floats": ".3f"}
   paths = reporting.write_tables(table, args.out, axis, title=f"{axis.capitalize()} study",
@@ -243,7 +244,9 @@ def run_cli(args, axis: str = "width") -> tuple[list[str], list[str]]:
   paths.append(reporting.save_figure(plot_lr(rows, axis), args.out, f"{axis}_lr"))
   paths.append(reporting.save_figure(plot_best(table, slopes, axis), args.out, f"{axis}_best"))
   paths.append(reporting.save_figure(plot_transfer(table, axis), args.out, f"{axis}_transfer"))
-  return paths, notes
+  path = os.path.join(args.out, "runs.csv")
+  sweep_results.write_runs_csv(rows, path)
+  return paths + [path], notes
 
 
 def run_depth_cli(args) -> tuple[list[str], list[str]]:
