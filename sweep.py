@@ -46,6 +46,10 @@ _PACK = flags.DEFINE_integer(
 _BEST = flags.DEFINE_bool("print_best_runs", False, "Print the run directory of seed 0 at each "
                           "scaling's best learning rate (for the trained study) and exit.")
 _COLLECT = flags.DEFINE_bool("collect_only", False, "Only write the results of finished points.")
+_ARCHIVE = flags.DEFINE_string(
+    "archive_to", None, "Also copy each finished point's records (config, metrics, provenance, "
+    "eval.json; no weights) to this directory, for committing: copied back into a fresh "
+    "--workdir, they count as done (attnscale/experiments/sweeps.py archive).")
 flags.mark_flags_as_required(["config", "sweep", "workdir"])
 
 
@@ -95,6 +99,9 @@ def main(argv):
   paths = sweep_results.write_results(rows, _WORKDIR.value, title=f"{_SWEEP.value} sweep")
   print(sweep_results.markdown_table(rows))
   print("wrote " + ", ".join(paths.values()))
+  if _ARCHIVE.value:
+    copied = sweeps.archive(_WORKDIR.value, _ARCHIVE.value)
+    print(f"archived {len(copied)} finished points to {_ARCHIVE.value}")
   for point, code in failures:
     print(f"failed (exit {code}): {point.name}", file=sys.stderr)
 

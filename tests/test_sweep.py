@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -67,6 +68,31 @@ def _fake_run(run_dir, *, lr, scaling="standard", losses, num_steps, elapsed, ch
     f.write(json.dumps({"step": num_steps, "val/loss": 2.5}) + "\n")
   if checkpoint is not None:
     os.makedirs(os.path.join(run_dir, "checkpoints", str(checkpoint)))
+
+
+def test_archived_runs_read_as_done_without_weights(tmp_path):
+  # A finished run, one that stopped early, and one that diverged: only the first
+  # is archived; copied back without checkpoints, it is done and reads the same.
+  work, dest = tmp_path / "work", tmp_path / "raw"
+  _fake_run(work / "a", lr=0.01, losses=[(20, 2.5), (40, 2.0)], num_steps=40,
+            elapsed=[10, 20], checkpoint=40)
+  _fake_run(work / "c", lr=0.001, losses=[(10, 3.0)], num_steps=40, elapsed=[10],
+            checkpoint=10)
+  _fake_run(work / "b", lr=0.1, losses=[(10, 3.0), (20, math.nan)], num_steps=40,
+            elapsed=[10, 20])
+  assert sweeps.archive(str(work), str(dest)) == ["a"]
+  assert sorted(os.listdir(dest / "a")) == ["archived.json", "config.json", "metrics.jsonl"]
+  assert sweeps.status(str(dest / "a")) == "done"
+  fresh = tmp_path / "fresh"
+  shutil.copytree(dest, fresh)
+  (before,), (after,) = sweeps.collect(str(dest)), sweeps.collect(str(fresh))
+  assert before == after and after["status"] == "done" and after["final_train_loss"] == 2.0
+  # An archive of a shorter run is not a finished longer one.
+  with open(fresh / "a" / "config.json") as f:
+    config = json.load(f)
+  with open(fresh / "a" / "config.json", "w") as f:
+    json.dump(dict(config, num_train_steps=80), f)
+  assert sweeps.status(str(fresh / "a")) == "partial"
 
 
 def test_collect_reads_final_loss_wall_time_and_status(tmp_path):

@@ -26,6 +26,7 @@ import math
 import os
 import queue
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,7 +174,8 @@ def status(run_dir: str, read_checkpoint: bool = True) -> str:
   A final checkpoint that cannot be read (a truncated file) is 'partial': it is
   read in full (`read_checkpoint`; False looks at the step numbers alone), so a
   sweep reruns the point, whose train.py sets the damaged checkpoint aside and
-  redoes the steps from the newest one that reads.
+  redoes the steps from the newest one that reads. An archived run (`archive`:
+  its records without weights, ARCHIVED naming its last step) is 'done'.
   """
   config_path = os.path.join(run_dir, "config.json")
   if not os.path.exists(config_path):
@@ -181,9 +183,44 @@ def status(run_dir: str, read_checkpoint: bool = True) -> str:
   with open(config_path) as f:
     num_steps = json.load(f)["num_train_steps"]
   steps = checkpoint_steps(run_dir)
+  if not steps and os.path.exists(os.path.join(run_dir, ARCHIVED)):
+    with open(os.path.join(run_dir, ARCHIVED)) as f:
+      return "done" if json.load(f).get("step") == num_steps else "partial"
   if not steps or steps[-1] < num_steps:
     return "partial"
   return "done" if not read_checkpoint or _reads(run_dir, steps[-1]) else "partial"
+
+
+# A finished run's records, without its weights: what `archive` copies.
+ARCHIVED = "archived.json"
+RECORDS = ("config.json", "metrics.jsonl", "provenance.json", "eval.json")
+
+
+def archive(workdir: str, dest: str) -> list[str]:
+  """Copies the records (RECORDS) of every finished run in `workdir` to
+  `dest/<run>/`, with ARCHIVED ({"step": its last step}); returns the runs copied.
+
+  What a sweep's results need, small enough to commit (tens of kB a run, no
+  checkpoints): `collect` and the studies read an archived run as any other, and
+  a sweep counts it done (`status`), so copying `dest` back into a fresh
+  workdir (`cp -r DEST/. WORKDIR/`) resumes a staged sweep on another machine
+  without rerunning what finished. eval.py needs the weights: evaluate first.
+  """
+  copied = []
+  for name in sorted(os.listdir(workdir)):
+    run_dir = os.path.join(workdir, name)
+    if not os.path.isdir(run_dir) or status(run_dir, read_checkpoint=False) != "done":
+      continue
+    os.makedirs(os.path.join(dest, name), exist_ok=True)
+    for record in RECORDS:
+      if os.path.exists(os.path.join(run_dir, record)):
+        shutil.copyfile(os.path.join(run_dir, record), os.path.join(dest, name, record))
+    with open(os.path.join(run_dir, "config.json")) as f:
+      step = json.load(f)["num_train_steps"]
+    with open(os.path.join(dest, name, ARCHIVED), "w") as f:
+      json.dump({"step": step}, f)
+    copied.append(name)
+  return copied
 
 
 def _reads(run_dir: str, step: int) -> bool:
