@@ -15,6 +15,8 @@ Packages, by layer (each may import only those above it):
     evaluation/   whole-split evaluation, length evaluation, attention diagnostics
     experiments/  sweeps, their results, tables and figures
     studies/      the scale studies (`python -m attnscale.studies`)
+    commands/     the command lines: attnscale-train, -eval, -sweep, -compile (the
+                  repository's train.py, eval.py, sweep.py, compile.py call them)
 
 `import attnscale` is light: the public names below load on first use, so an entry
 point's flag parsing (`attnscale.runtime.cli`) imports no JAX.

@@ -3,7 +3,7 @@
 Random q, k, v; padding masks; every registered scaling with test parameters; a
 localhost file server for the data builders' download branches; the environment
 of a subprocess with fake CPU devices; train.py in a subprocess, waiting on it,
-and a fingerprint of a run directory; a tiny run trained in-process (`train_tiny_run`);
+an entry point's one-line error, and a fingerprint of a run directory; a tiny run trained in-process (`train_tiny_run`);
 a notebook executed at its small size (`execute_notebook`).
 """
 
@@ -115,6 +115,18 @@ def start_train_py(workdir, log_path, *flags: str, cache_dir=None,
     return subprocess.Popen(
         [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}", *flags],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *names: str) -> str:
+  """An entry point's bad-input exit: status nonzero, no traceback, and one
+  `error:` line on stderr (its last) that holds every one of `names`; returns it."""
+  assert proc.returncode != 0, proc.stdout + proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], proc.stderr
+  for name in names:
+    assert name in errors[0], errors[0]
+  return errors[0]
 
 
 def wait_for(proc: subprocess.Popen, condition: Callable[[], bool], what: str,

@@ -9,6 +9,7 @@ import ml_collections
 import pytest
 
 from attnscale.runtime import cli, configlib
+from attnscale.testing import assert_one_line_error
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,17 +19,6 @@ CONFIG = "--config=configs/shakespeare_char.py:preset=test"
 def run(script, *args):
   return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-
-
-def assert_one_line_error(proc, *names):
-  """Exit status nonzero; stderr's one `error:` line (its last) names every name."""
-  assert proc.returncode != 0, proc.stdout + proc.stderr
-  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], proc.stderr
-  for name in names:
-    assert name in errors[0], errors[0]
-  return errors[0]
 
 
 @pytest.fixture

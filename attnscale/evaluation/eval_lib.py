@@ -20,20 +20,21 @@ from flax import nnx
 
 from attnscale import tasks
 from attnscale.evaluation import diagnostics, length_eval
-from attnscale.runtime import configlib, steps
+from attnscale.runtime import configlib, provenance, steps
 from attnscale.runtime import train_state as ts
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's saved config, in today's field names (`configlib.migrate`), with
   the modules it names in `imports` imported (`configlib.import_modules`), as
-  train.py imported them."""
+  train.py imported them: by name or path from here, else from the files train.py
+  recorded in WORKDIR/provenance.json (so from any folder)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir} has no config.json: is it a train.py run directory?")
   with open(path) as f:
     config = ml_collections.ConfigDict(configlib.migrate(json.load(f)))
-  configlib.import_modules(config)
+  configlib.import_modules(config, recorded=provenance.import_files(workdir))
   return config
 
 

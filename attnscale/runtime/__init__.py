@@ -4,13 +4,14 @@
                        checks, run_label, renames
     config_reference.py  docs/reference/config.md, generated from ModelConfig and the configs
     cli.py             the entry points' flags: one-line errors (imports no JAX)
+    config_files.py    which file --config names: a path, or a name in the project's configs/
     train_state.py     state, optimizer, mesh, shardings, orbax checkpoints
     steps.py           the jitted train and eval steps
     train_lib.py       the training loop (resume, logging, checkpoints, preemption)
     interrupts.py      SIGTERM and Ctrl-C; run_lock.py: one writer per run directory
     metrics_writer.py  metrics.jsonl and TensorBoard; hostmem.py: malloc tunables
     provenance.py      WORKDIR/provenance.json: the commit, versions, devices and command
-                       of each (re)start
+                       of each (re)start, and the files of config.imports
     aot.py             compiling for TPU slices and GPUs without them (targets/)
 
 May import core, numerics, models, data and tasks.

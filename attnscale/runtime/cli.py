@@ -1,7 +1,8 @@
-"""What the entry points (train.py, eval.py, sweep.py) share: every bad flag
-ends in one `error: ...` line that names the flag or config field, never in a
-traceback; and the multi-host flags (`--multihost` and the three values of
-`jax.distributed.initialize`).
+"""What the entry points (train.py, eval.py, sweep.py, compile.py and their
+attnscale-* commands, attnscale/commands/) share: every bad flag ends in one
+`error: ...` line that names the flag or config field, never in a traceback;
+`--config` found from any folder (`config_files.resolve`); and the multi-host
+flags (`--multihost` and the three values of `jax.distributed.initialize`).
 
     app.run(main, flags_parser=functools.partial(cli.parse_flags, config_flag="config"))
     cli.check_workdir(_WORKDIR.value)
@@ -29,13 +30,28 @@ from typing import NoReturn
 
 from absl import flags
 
+from attnscale.runtime import config_files
+
 
 def fail(message: str) -> NoReturn:
   """Exits with status 1 after printing `error: message` to stderr."""
   sys.exit(f"error: {message}")
 
 
-def parse_flags(argv: list[str], *, config_flag: str | None = None) -> list[str]:
+def set_help(doc: str, module: str) -> None:
+  """--help for the running script: `doc` where it has no docstring of its own (a
+  console script's, attnscale-train; the repository's train.py keeps its own),
+  and the flags that `module` defined (absl lists the main module's own).
+  """
+  main = sys.modules.get("__main__")
+  if main is not None and not getattr(main, "__doc__", None):
+    main.__doc__ = doc
+  for flag in flags.FLAGS.flags_by_module_dict().get(module, []):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+
+def parse_flags(argv: list[str], *, config_flag: str | None = None,
+                config_file_flag: str | None = None) -> list[str]:
   """absl's flag parsing (for `app.run(flags_parser=...)`); a bad flag exits
   with one `error:` line.
 
@@ -43,10 +59,15 @@ def parse_flags(argv: list[str], *, config_flag: str | None = None) -> list[str]
     argv: the command line.
     config_flag: the name of a `config_flags.DEFINE_config_file` flag, whose
       file and `--NAME.field=value` overrides are checked too; None if none.
+    config_file_flag: the name of a string flag that names a config file
+      (sweep.py's --config); None if none.
 
   Returns:
     The arguments that are not flags (absl's return value).
   """
+  for name in (config_flag, config_file_flag):
+    if name is not None:  # a config by name or path, from any folder
+      argv = resolve_config_flag(argv, name)
   try:
     remaining = flags.FLAGS(argv)
     if config_flag is not None:
@@ -93,6 +114,28 @@ def flag_error_message(error: flags.Error) -> str:
   if kind in ("int", "float"):
     return f"--{name}={value}: expected {'an' if kind == 'int' else 'a'} {kind} ({why})"
   return f"--{name}={value}: {why}"
+
+
+def resolve_config_flag(argv: list[str], name: str) -> list[str]:
+  """argv with `--name=FILE[:ARG]` (or `--name FILE[:ARG]`) found from any folder
+  (`config_files.resolve`); exits with one `error:` line when FILE is nowhere."""
+  argv = list(argv)
+  for i, arg in enumerate(argv):
+    if arg == "--":
+      break
+    if re.fullmatch(rf"--?{re.escape(name)}=.*", arg):
+      key, value = arg.split("=", 1)
+      argv[i] = f"{key}={_resolved(value, name)}"
+    elif re.fullmatch(rf"--?{re.escape(name)}", arg) and i + 1 < len(argv):
+      argv[i + 1] = _resolved(argv[i + 1], name)
+  return argv
+
+
+def _resolved(value: str, name: str) -> str:
+  try:
+    return config_files.resolve(value, flag=name)
+  except ValueError as e:
+    fail(str(e))
 
 
 def config_file_message(flag: str, value: str | None, error: Exception) -> str:

@@ -154,7 +154,8 @@ def _train(runs: list[_Run], graphdef, shardings, mesh, locks) -> list[dict]:
       if run.step >= run.config.num_train_steps:
         run.status = "done"
     for run in runs:  # after every resume, as train_lib's: which runs shared the program
-      provenance.write(run.workdir, pack=[os.path.abspath(r.workdir) for r in runs])
+      provenance.write(run.workdir, pack=[os.path.abspath(r.workdir) for r in runs],
+                       **train_lib.provenance_imports(run.config))
     return _loop(runs, graphdef, state_K, shardings_K, mesh, locks)
   finally:
     for run in runs:

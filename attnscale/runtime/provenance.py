@@ -7,7 +7,8 @@ code change) keeps one record per segment:
     [{"commit": "8f57eff...", "dirty": false, "jax": "0.10.2", "jaxlib": "0.10.2",
       "python": "3.11.9", "device_kind": "cpu", "device_count": 1, "process_count": 1,
       "backend": "cpu", "platform": "Linux-6.8...-x86_64", "argv": ["train.py", ...],
-      "hostname": "...", "time_utc": "2026-11-25T10:00:00Z", "code": "/path/to/attnscale"},
+      "hostname": "...", "time_utc": "2026-11-25T10:00:00Z", "code": "/path/to/attnscale",
+      "imports": {"my_scalings": "/home/me/work/my_scalings.py"}},
      ...]
 
 The commit is that of the git checkout attnscale was imported from ("unknown"
@@ -16,6 +17,11 @@ when git is missing or the code is not in a checkout: an installed wheel);
 sweeps keep their run directories), so uncommitted edits are on record.
 `read(run_dir)` returns the records, `commit_of(run_dir)` the one string a
 results table keeps.
+
+"imports" (only in a run whose config has `imports`) maps each entry of
+config.imports to the file it was imported from (`configlib.import_files`), so
+that eval.py and the studies, run from another folder or with another sys.path,
+import the same file (`import_files(run_dir)`; `eval_lib.load_config`).
 """
 
 from __future__ import annotations
@@ -120,6 +126,20 @@ def write(workdir: str, **extra) -> dict | None:
     json.dump(records + [entry], f, indent=2)
   os.replace(path + ".tmp", path)
   return entry
+
+
+def import_files(run_dir: str) -> dict[str, str]:
+  """config.imports entry -> the file training imported it from, the newest
+  segment's where several recorded one ({} without a record, or an unreadable one:
+  the entries are then looked for by name alone)."""
+  try:
+    records = read(run_dir)
+  except (OSError, ValueError):
+    return {}
+  files = {}
+  for r in records:
+    files.update(r.get("imports") or {})
+  return files
 
 
 def commit_of(run_dir: str) -> str:

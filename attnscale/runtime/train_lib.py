@@ -170,6 +170,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                   shardings, lock)
 
 
+def provenance_imports(config) -> dict:
+  """The "imports" field of a run's provenance record ({} without config.imports)."""
+  files = configlib.import_files(config)
+  return {"imports": files} if files else {}
+
+
 def _resume(checkpoints: ts.Checkpoints, state: ts.State, shardings, workdir: str):
   """`state` from the newest checkpoint that can be read (unchanged if none).
 
@@ -201,8 +207,9 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
     checkpoints.close()
     raise
   # Which code, versions and devices: one record a (re)start that trains (after the
-  # resume, so a run that cannot resume leaves its directory as it was).
-  provenance.write(workdir)
+  # resume, so a run that cannot resume leaves its directory as it was), with the
+  # files of config.imports, which eval.py imports again from any folder.
+  provenance.write(workdir, **provenance_imports(config))
   train_step = make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
                                attn_metrics=False if _stats_on_log_steps(config) else None)
   # The attention metrics cost ~10% of a step (the kernel's extra row reductions):

@@ -1,0 +1,129 @@
+r"""attnscale-sweep: runs a learning-rate x scaling sweep and writes its results table and figures.
+
+  attnscale-sweep --config=shakespeare_char.py --sweep=graphcore_cpu --workdir=runs/sweep
+  attnscale-sweep --config=shakespeare_char.py --sweep=graphcore --workdir=runs/gc --print_commands
+
+The same command as `python sweep.py ...` at the repository root (sweep.py's
+docstring says more: packing, jobs, collecting). --config is a path from the
+current folder or a name in the project's configs/; its sweeps are in sweeps.py
+next to it (`attnscale.experiments.sweeps.load_sweep`).
+"""
+
+import functools
+import importlib.util
+import os
+import sys
+import types
+
+from absl import app, flags
+
+from attnscale.runtime import cli
+
+
+def define_flags() -> types.SimpleNamespace:
+  """Defines the command's flags (absl's global FLAGS); returns their holders."""
+  holders = types.SimpleNamespace(
+      config=flags.DEFINE_string(
+          "config", None, "A config file with sweeps (sweeps.py next to it names it: "
+          "configs/sweeps.py): a path, or a name in the project's configs/."),
+      sweep=flags.DEFINE_string("sweep", None,
+                                "The sweep's name (SWEEPS in the config's sweeps.py)."),
+      workdir=flags.DEFINE_string("workdir", None,
+                                  "The sweep's directory: one sub-directory a point."),
+      print_commands=flags.DEFINE_bool("print_commands", False,
+                                       "Print each point's train.py command and exit."),
+      jobs=flags.DEFINE_integer(
+          "jobs", 1, "Points to run at once, each pinned to its share of the CPUs (small "
+          "CPU models: 2 on 2 cores is about 1.6x faster)."),
+      pack=flags.DEFINE_integer(
+          "pack", None, "Points to train at once in one vmapped program (those that differ "
+          "only in seed, learning rate, weight decay or clipping: docs/guides/sweeps.md, "
+          "\"Packing\"); default: the sweep's (configs/sweeps.py default_pack); 1 = one "
+          "train.py a point."),
+      print_best_runs=flags.DEFINE_bool(
+          "print_best_runs", False, "Print the run directory of seed 0 at each scaling's "
+          "best learning rate (for the trained study) and exit."),
+      collect_only=flags.DEFINE_bool("collect_only", False,
+                                     "Only write the results of finished points."),
+      archive_to=flags.DEFINE_string(
+          "archive_to", None, "Also copy each finished point's records (config, metrics, "
+          "provenance, eval.json; no weights) to this directory, for committing: copied back "
+          "into a fresh --workdir, they count as done (attnscale/experiments/sweeps.py "
+          "archive)."))
+  flags.mark_flags_as_required(["config", "sweep", "workdir"])
+  return holders
+
+
+def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
+  """Runs (or prints, or collects) the sweep; writes its results."""
+  del argv
+  h = holders
+  config, sweep, workdir = h.config.value, h.sweep.value, h.workdir.value
+  cli.check_workdir(workdir)
+  if h.jobs.value < 1:
+    cli.fail(f"--jobs must be a positive integer, got {h.jobs.value}")
+  if h.pack.value is not None and h.pack.value < 1:
+    cli.fail(f"--pack must be a positive integer, got {h.pack.value}")
+  from attnscale.experiments import sweep_results, sweeps
+  try:
+    points = sweeps.load_sweep(config, sweep, workdir)
+    pack = h.pack.value or sweeps.default_pack(config, sweep)
+  except ValueError as e:
+    cli.fail(str(e))
+  if h.print_best_runs.value:
+    rows = sweeps.collect(workdir, points)
+    print(" ".join(os.path.join(workdir, run) for run in sweep_results.best_runs(rows)))
+    return
+  if h.print_commands.value:
+    print("\n".join(sweeps.shell_commands(config, points, workdir, pack)))
+    return
+  failures = []
+  if not h.collect_only.value:
+    try:
+      import_modules(config, points)
+    except ValueError as e:
+      cli.fail(str(e))
+    try:
+      failures = sweeps.run_sweep(config, points, workdir, jobs=h.jobs.value, pack=pack)
+      # A staged sweep adds points from its results (seeds at the best learning
+      # rates): run until a reload adds nothing.
+      while True:
+        more = sweeps.load_sweep(config, sweep, workdir)
+        if {p.name for p in more} <= {p.name for p in points}:
+          break
+        points = more
+        failures += sweeps.run_sweep(config, points, workdir, jobs=h.jobs.value, pack=pack)
+    except KeyboardInterrupt:  # the running points have saved (sweeps._call)
+      print("Ctrl-C: the sweep stopped after its running points saved; rerunning the same "
+            "command resumes it", file=sys.stderr)
+      sys.exit(130)
+  rows = sweeps.collect(workdir, points)
+  paths = sweep_results.write_results(rows, workdir, title=f"{sweep} sweep")
+  print(sweep_results.markdown_table(rows))
+  print("wrote " + ", ".join(paths.values()))
+  if h.archive_to.value:
+    copied = sweeps.archive(workdir, h.archive_to.value)
+    print(f"archived {len(copied)} finished points to {h.archive_to.value}")
+  for point, code in failures:
+    print(f"failed (exit {code}): {point.name}", file=sys.stderr)
+
+
+def import_modules(config_file: str, points) -> None:
+  """Imports every point's config.imports (`configlib.import_modules`), so a
+  module that cannot be imported fails the sweep before any point runs."""
+  from attnscale.runtime import configlib
+  spec = importlib.util.spec_from_file_location("_sweep_config", config_file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for point in points:
+    config = module.get_config(point.arg)
+    config.imports = dict(point.overrides).get("imports", config.get("imports", ()))
+    configlib.import_modules(config)
+
+
+def run() -> None:
+  """The command line (attnscale-sweep, sweep.py)."""
+  holders = define_flags()
+  cli.set_help(__doc__, __name__)
+  app.run(functools.partial(main, holders),
+          flags_parser=functools.partial(cli.parse_flags, config_file_flag="config"))
