@@ -216,3 +216,26 @@ def test_a_recorded_file_that_is_gone_fails_in_one_line(tmp_path, monkeypatch, c
   for part in ("config.imports", "'user_gone'", gone, "PYTHONPATH",
                "--config.imports='(\"/abs/path/user_gone.py\",)'"):
     assert part in message, message
+
+
+def test_a_sweep_from_one_s_own_folder_imports_one_s_module_by_name(tmp_path):
+  # The points' train.py run in the sweep's folder, so config.imports by module
+  # name resolve there (the README's my_scalings.py), as train.py's own would.
+  module, _ = readme_example()
+  here = folder(tmp_path, "here")
+  (here / "my_scalings.py").write_text(module)
+  (here / "mine.py").write_text(
+      "import importlib.util, os\nfrom attnscale.runtime import config_files\n"
+      "_spec = importlib.util.spec_from_file_location(\n"
+      "    'char', os.path.join(config_files.CONFIGS_DIR, 'shakespeare_char.py'))\n"
+      "char = importlib.util.module_from_spec(_spec)\n_spec.loader.exec_module(char)\n"
+      "get_config = char.get_config\n")
+  (here / "mine_sweeps.py").write_text(
+      "CONFIG = 'mine.py'\nSWEEPS = ('one',)\n\n\ndef get_sweep(name):\n"
+      "  return [{'arg': 'preset=test', 'overrides': {'imports': ('my_scalings',),\n"
+      "           'model.scaling': 'my_scaling', 'num_train_steps': 3}}]\n")
+  proc = run([sys.executable, os.path.join(testing.ROOT, "sweep.py"), "--config=mine.py",
+              "--sweep=one", "--workdir=sw"], cwd=here, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (run_dir,) = [p for p in (here / "sw").iterdir() if p.is_dir()]
+  assert json.loads((run_dir / "config.json").read_text())["model"]["scaling"] == "my_scaling"

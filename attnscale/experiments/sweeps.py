@@ -355,7 +355,8 @@ _STOPPING = threading.Event()  # set by a Ctrl-C: start no new child
 
 
 def _call(command: list[str], cpus) -> int:
-  """Runs `command` in ROOT and returns its exit code; pinned to `cpus` if given.
+  """Runs `command` (train.py, eval.py: ROOT's) and returns its exit code; pinned
+  to `cpus` if given.
 
   Pinned from here right after the start (not with preexec_fn, which is unsafe
   in a threaded parent): the child has not imported JAX yet, so every thread it
@@ -372,7 +373,11 @@ def _call(command: list[str], cpus) -> int:
   with _RUNNING_LOCK:
     if _STOPPING.is_set():  # a Ctrl-C came while this point waited for a CPU share
       return 130
-    proc = subprocess.Popen(command, cwd=ROOT, process_group=0)
+    # The scripts from ROOT, in this process's folder: a point's config.imports
+    # by module name resolve from where the sweep was started, as train.py's would.
+    command = [os.path.join(ROOT, c) if i == 1 and c in ("train.py", "eval.py") else c
+               for i, c in enumerate(command)]
+    proc = subprocess.Popen(command, process_group=0)
     _RUNNING.add(proc)
   with proc:
     try:
