@@ -90,6 +90,7 @@ def test_readme_own_scaling_from_any_folder(tmp_path, data):
     assert json.load(f)["scaling"] == "my_scaling"
 
 
+@pytest.mark.slow
 def test_train_py_by_path_with_a_config_by_name(tmp_path, data):
   here = folder(tmp_path, "here")
   proc = run([sys.executable, os.path.join(testing.ROOT, "train.py"),
@@ -218,6 +219,7 @@ def test_a_recorded_file_that_is_gone_fails_in_one_line(tmp_path, monkeypatch, c
     assert part in message, message
 
 
+@pytest.mark.slow
 def test_a_sweep_from_one_s_own_folder_imports_one_s_module_by_name(tmp_path):
   # The points' train.py run in the sweep's folder, so config.imports by module
   # name resolve there (the README's my_scalings.py), as train.py's own would.

@@ -22,6 +22,7 @@ def make_config(tfds_dir, arg, **overrides):
   return config
 
 
+@pytest.mark.slow
 def test_coord_check_flat_under_mup_grows_under_sp(tfds_dir, tmp_path):
   config = make_config(tfds_dir, "preset=graphcore_cpu", **{
       "model.num_layers": 1, "seq_len": 8, "batch_size": 2})
@@ -38,6 +39,7 @@ def test_coord_check_flat_under_mup_grows_under_sp(tfds_dir, tmp_path):
       "coord_check.csv", "coord_check.md", "coord_check.png"]
 
 
+@pytest.mark.slow
 def test_depth_check_flat_under_complete_p_grows_under_sp(tfds_dir):
   config = make_config(tfds_dir, "preset=graphcore_cpu", **{"seq_len": 8, "batch_size": 2})
   r = coord_check.coord_check(config, (1, 8), steps=3, parameterizations=("sp", "complete_p"),

@@ -97,6 +97,7 @@ def truncate(path):
 # Ctrl-C.
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_exits_130_and_rerun_equals_uninterrupted_run(start, uninterrupted,
                                                                     tmp_path):
   workdir, log = str(tmp_path / "run"), tmp_path / "log"
@@ -152,6 +153,7 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
 # A damaged checkpoint.
 
 
+@pytest.mark.slow
 def test_damaged_newest_checkpoint_is_set_aside_and_rerun_equals_uninterrupted_run(
     start, uninterrupted, tmp_path, capsys):
   workdir, log = str(tmp_path / "run"), tmp_path / "log"
@@ -215,6 +217,7 @@ def test_no_checkpoint_that_can_be_read_is_one_line_and_touches_nothing(uninterr
 # Two processes on one run directory.
 
 
+@pytest.mark.slow
 def test_second_process_is_refused_and_the_first_finishes_untouched(start, uninterrupted,
                                                                     tmp_path):
   workdir = str(tmp_path / "run")
@@ -323,6 +326,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_ctrl_c_of_a_sweep_reaches_its_running_points_which_save(tfds_dir, cache_dir, tmp_path,
                                                                  jobs):

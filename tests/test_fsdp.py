@@ -194,6 +194,7 @@ def read_metrics(workdir):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_fsdp_8_trains_like_data_parallel(eight_devices):
   root, _, stdout = eight_devices
   assert "8 devices (cpu, fsdp 8)" in stdout

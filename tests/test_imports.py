@@ -85,6 +85,7 @@ def test_one_line_errors_naming_config_imports(tmp_path, registry, entry, messag
     configlib.import_modules(ml_collections.ConfigDict({"imports": "my_scalings"}))
 
 
+@pytest.mark.slow
 def test_train_and_eval_py_with_a_scaling_of_one_s_own(tmp_path):
   """train.py with the user's file, then eval.py --workdir alone: both import it."""
   (tmp_path / "elsewhere").mkdir()  # outside attnscale/ and the repository

@@ -51,6 +51,7 @@ def tiny(**kw) -> models.ModelConfig:
                                     width=16) | kw))
 
 
+@pytest.mark.slow
 def test_learned_scaling_from_outside_trains_end_to_end(tmp_path, tfds_dir):
   config = shakespeare_char.get_config("preset=test")
   config.data_dir = tfds_dir

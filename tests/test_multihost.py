@@ -426,6 +426,7 @@ print(json.dumps({"rows_in_place": bool((gathered_GxC == rows_GxC).all()),
 
 
 # A Ctrl-C to one process stops both at one step, as a SIGTERM does (it becomes one).
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl_c"])
 def test_two_processes_rows_checkpoint_and_preemption(tmp_path, signum):
   port, workdir = free_port(), str(tmp_path / "run")

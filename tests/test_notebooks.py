@@ -6,12 +6,15 @@ tests/test_studies.py.) Needs $ATTNSCALE_DATA (CI sets it)."""
 import json
 import os
 
+import pytest
+
 from attnscale import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "compare_scalings.ipynb")
 
 
+@pytest.mark.slow
 def test_compare_scalings_notebook_executes(tmp_path, tfds_dir):
   runs = tmp_path / "runs"
   nb = testing.execute_notebook(NOTEBOOK, tmp_path, timeout_s=120, ATTNSCALE_RUNS=str(runs),

@@ -88,6 +88,7 @@ def rows(run_dir) -> dict[int, dict]:
   return out
 
 
+@pytest.mark.slow
 def test_packed_points_are_ordinary_runs_equal_to_the_points_alone(packed_sweep, tmp_path):
   workdir, pts = packed_sweep
   table = sweeps.collect(workdir, pts)
@@ -116,6 +117,7 @@ def test_packed_points_are_ordinary_runs_equal_to_the_points_alone(packed_sweep,
               point.name, step, key, packed[step][key], values[key])
 
 
+@pytest.mark.slow
 def test_a_non_finite_point_stops_alone(tfds_dir, env, tmp_path):
   # 1e30: Adam's first step moves every weight by about the rate, and the logits overflow.
   good, bad = points(tfds_dir, rates=(2.0**-6, 1e30), seeds=(0,))
@@ -135,6 +137,7 @@ def start_pack(pts, workdir, log_path):
                             stdout=log, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_ctrl_c_and_kill_9_of_a_pack_lose_nothing(packed_sweep, tmp_path):
   reference, pts = packed_sweep
   dirs = [tmp_path / p.name for p in pts]

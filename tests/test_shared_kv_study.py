@@ -25,6 +25,7 @@ def sweep_dir(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_table_diagnostics_and_parameter_counts(sweep_dir, tmp_path):
   args = argparse.Namespace(workdirs=[str(sweep_dir)], out=str(tmp_path))
   paths, _ = shared_kv.run_cli(args)

@@ -227,6 +227,7 @@ def test_cli_rejects_bad_arguments(capsys):
     cli.main(["trained", "--out", "unused"])
 
 
+@pytest.mark.slow
 def test_notebook_executes(tmp_path, trained_run):
   # The run has an eval.json: the trained section runs without restoring a
   # checkpoint (test_trained_diagnostics_* covers that), so the kernel stays light.
