@@ -65,4 +65,4 @@ def test_cli_writes_tables_and_figures(sweep_dir, tmp_path):
   assert {os.path.basename(p) for p in paths} == {
       "sensitivity.csv", "sensitivity.md", "sensitivity_logits.csv", "sensitivity_logits.md",
       "sensitivity_by_rate.csv", "sensitivity_by_rate.md", "sensitivity_loss.png",
-      "sensitivity_logits.png"}
+      "sensitivity_logits.png", "runs.csv"}

@@ -64,7 +64,7 @@ def test_cli_writes_tables_and_figures(sweep_dir, tmp_path):
   paths, _ = width.run_cli(argparse.Namespace(workdirs=[sweep_dir], out=str(tmp_path)))
   names = {os.path.basename(p) for p in paths}
   assert names == {"width.csv", "width.md", "width_slopes.csv", "width_slopes.md",
-                   "width_lr.png", "width_best.png", "width_transfer.png"}
+                   "width_lr.png", "width_best.png", "width_transfer.png", "runs.csv"}
   assert "| sp/standard | 3 | -1.00 |" in open(tmp_path / "width_slopes.md").read()
 
 
@@ -88,4 +88,4 @@ def test_depth_study_reads_num_layers(tmp_path_factory, tmp_path):
   paths, _ = width.run_depth_cli(argparse.Namespace(workdirs=[root], out=str(tmp_path)))
   assert {os.path.basename(p) for p in paths} == {
       "depth.csv", "depth.md", "depth_slopes.csv", "depth_slopes.md", "depth_lr.png",
-      "depth_best.png", "depth_transfer.png"}
+      "depth_best.png", "depth_transfer.png", "runs.csv"}
