@@ -131,6 +131,13 @@ def test_length_study_groups_seeds(tmp_path):
   # Two seeds: mean 2.1, standard error |2.0 - 2.2| / 2 = 0.1; growth (0.5, 0.7) -> 0.6 +- 0.1.
   assert "| standard | rope | 2 | 2.100 ± 0.100 | 2.700 ± 0.200 | +0.600 ± 0.100 |" in md
   assert "| log_n | none | 1 | 2.100 | 2.200 | +0.100 |" in md
+  assert "runs from 1 commit: unknown (3 runs)" in md  # no provenance.json
   assert (out / "length.png").stat().st_size > 0
+  # Runs of two commits: refused, unless told (then said under the table).
+  (tmp_path / "standard-rope-1" / "provenance.json").write_text(json.dumps([{"commit": "b" * 40}]))
+  with pytest.raises(SystemExit, match="length: runs from 2 commits.*--allow_mixed_code"):
+    studies_main.main(["length", "--out", str(out), "--workdirs", *workdirs])
+  studies_main.main(["length", "--out", str(out), "--workdirs", *workdirs, "--allow_mixed_code"])
+  assert "runs from 2 commits: unknown (2 runs), bbbbbbb (1 run)" in (out / "length.md").read_text()
   with pytest.raises(SystemExit, match="has no eval.json"):
     studies_main.main(["length", "--out", str(out), "--workdirs", str(tmp_path)])

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting
-from attnscale.runtime import configlib
+from attnscale.runtime import configlib, provenance
 from attnscale.studies import registry
 
 
@@ -96,7 +96,8 @@ class LengthResult:
     """One row per run and length."""
     return [{"scaling": r.scaling, "positions": r.positions, "seed": r.seed,
              "train_len": r.train_len, "eval_len": L, "val_loss": r.lengths[L]["val_loss"],
-             "bits_per_char": r.lengths[L]["bits_per_char"], "run": os.path.basename(
+             "bits_per_char": r.lengths[L]["bits_per_char"],
+             "commit": provenance.commit_of(r.workdir), "run": os.path.basename(
                  os.path.normpath(r.workdir))}
             for r in self.runs for L in sorted(r.lengths)]
 
@@ -188,7 +189,9 @@ def run_length(a):
            f"evaluation length (eval.py --lengths), mean ± standard error over seeds.",
            f"Last column: loss at {last} minus loss at {first} (how much worse the model "
            "gets with longer windows; negative = longer context helps).",
-           "Per-run values: length_runs.csv."]
+           "Per-run values: length_runs.csv.",
+           registry.code_note([{"commit": provenance.commit_of(run.workdir)} for run in r.runs],
+                              a, "length")]
   paths = reporting.write_tables(r.rows(), a.out, "length_runs", title="Length study, every run")
   written, notes = reporting.write_study(plot_length(r), r.summary_rows(), a.out, "length",
                           "Loss against evaluation length", notes)

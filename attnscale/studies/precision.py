@@ -122,7 +122,7 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
     row = {"scaling": run["scaling"], "dtype": dtype_label(config), "seed": run["seed"],
            "status": run["status"], "steps": run["steps"],
            "final_train_loss": run["final_train_loss"], "best_val_loss": run["best_val_loss"],
-           "run": run["run"]}
+           "commit": run["commit"], "run": run["run"]}
     # A diverged run is tracked at its last good checkpoint, if it saved one.
     if track and sweeps.checkpoint_steps(workdir):
       report, _ = run_report(workdir)
@@ -322,10 +322,11 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "grad_lost / fwd_lost: fraction of gradient / forward activation elements the "
            "run's own format flushed or overflowed at the last checkpoint; "
            "grad_underflow_<fmt>: what that format would flush of its float32-computed "
-           "gradients."]
+           "gradients.",
+           registry.code_note(rows, args, "precision")]
   columns = ["scaling", "dtype", "status", "steps", "final_train_loss", "delta_vs_float32",
              "best_val_loss", "grad_lost", "fwd_lost", "grad_underflow_float16",
-             "grad_underflow_e5m2", "run"]
+             "grad_underflow_e5m2", "commit", "run"]
   table = [{c: r.get(c, math.nan) for c in columns} for r in rows]
   paths = reporting.write_tables(table, args.out, "precision",
                                  title="Training in low precision without loss scaling",
