@@ -238,6 +238,8 @@ def write_runs_csv(rows: Sequence[dict], path: str,
 def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dict[str, str]:
   """Writes results.csv, runs.csv, results.md, loss_vs_lr.png and loss_curves.png
   (and best.png where a best learning rate has several seeds); returns the paths.
+  Rows without training curves (`read_results_csv`'s) leave loss_curves.png as
+  it is.
 
   results.csv has every column of COLUMNS with floats written exactly (they
   read back equal); runs.csv is `write_runs_csv`'s; results.md has the title,
@@ -259,7 +261,10 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
             + (f"\n{code}\n" if code else "")
             + "\nAll points:\n\n" + markdown_table(rows))
   reporting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
-  reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
+  if any(r.get("curve") for r in rows):  # rows read back from results.csv have none
+    reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")
+  else:
+    del paths["loss_curves.png"]
   if any(b["seeds"] > 1 for b in best_per_scaling(rows).values()):
     paths["best.png"] = reporting.save_figure(plot_best(rows, title=title), out_dir, "best")
   return paths
@@ -342,3 +347,39 @@ def plot_loss_curves(rows: Sequence[dict], *, title: str = ""):
                        title=title or "training loss at each scaling's best learning rate")
   _compact_legend(ax)
   return fig
+
+
+def read_results_csv(path: str) -> list[dict]:
+  """The rows of a sweep's results.csv (`write_results`), numbers as numbers
+  (floats exact, NaN for "-" or empty): the committed results, read back to
+  recompute the tables with today's statistics."""
+  import csv
+  ints, floats = ("seed", "steps"), ("learning_rate", "final_train_loss", "best_val_loss",
+                                     "wall_s")
+  with open(path) as f:
+    rows = list(csv.DictReader(f))
+  for r in rows:
+    for k in floats:
+      r[k] = float(r[k]) if r.get(k) not in (None, "", "-", "nan") else math.nan
+    for k in ints:
+      r[k] = int(r[k]) if r.get(k) not in (None, "") else None
+  return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """`python -m attnscale.experiments.sweep_results RESULTS_CSV OUT_DIR [--title T]`:
+  a committed sweep's tables and figures (all but the loss curves) again, from
+  its results.csv, with today's statistics."""
+  import argparse
+  p = argparse.ArgumentParser(prog="python -m attnscale.experiments.sweep_results",
+                              description=main.__doc__)
+  p.add_argument("results_csv")
+  p.add_argument("out_dir")
+  p.add_argument("--title", default="")
+  args = p.parse_args(argv)
+  paths = write_results(read_results_csv(args.results_csv), args.out_dir, title=args.title)
+  print("wrote " + ", ".join(paths.values()))
+
+
+if __name__ == "__main__":
+  main()

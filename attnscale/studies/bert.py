@@ -35,7 +35,6 @@ model (pre-LN). A run's own label (`configlib.run_label`) marks post-LN "+post_l
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -145,17 +144,6 @@ def claim_rows(best: Mapping[str, dict]) -> list[dict]:
       out.append({"comparison": f"{label} - {ref}", "metric": name, "effect": c.effect,
                   "lo": c.lo, "hi": c.hi, "method": c.method, "n": c.n, "verdict": verdict})
   return out
-
-
-def read_char_results(path: str) -> list[dict]:
-  """A sweep's results.csv (sweep_results.COLUMNS) as rows with numbers."""
-  with open(path) as f:
-    rows = list(csv.DictReader(f))
-  for r in rows:
-    r["learning_rate"] = float(r["learning_rate"])
-    r["final_train_loss"] = float(r["final_train_loss"])
-    r["seed"] = int(r["seed"])
-  return rows
 
 
 def ranking_rows(bert_rows: Sequence[dict], char_rows: Sequence[dict]) -> list[dict]:
@@ -299,7 +287,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       notes=["effect: label minus reference at each one's best rate, paired by seed, "
              "[95% t-interval]; losses in nats, accuracy in points (better = lower loss, "
              "higher accuracy)."], floats="+.4f", formats={"n": "d"})
-  char_rows = read_char_results(args.char_results)
+  char_rows = sweep_results.read_results_csv(args.char_results)
   ranking = ranking_rows(rows, char_rows)
   tau = kendall_tau(ranking)
   paths += reporting.write_tables(
