@@ -239,6 +239,14 @@ def test_best_figure_has_a_row_and_a_dot_per_seed(tmp_path):
   paths = sweep_results.write_results([dict(r, **{c: r.get(c, 0) for c in sweep_results.COLUMNS})
                                 for r in rows], str(tmp_path))
   assert os.path.getsize(paths["best.png"]) > 0
+  # Read back from results.csv (no curves): the same tables, no loss curves drawn.
+  again = sweep_results.read_results_csv(paths["results.csv"])
+  assert [r["final_train_loss"] for r in again] == [r["final_train_loss"] for r in rows]
+  out = tmp_path / "again"
+  sweep_results.main([paths["results.csv"], str(out)])
+  best = lambda text: text.split("All points")[0]  # (the test rows' ints read back as floats)
+  assert best((out / "results.md").read_text()) == best(open(paths["results.md"]).read())
+  assert not (out / "loss_curves.png").exists() and (out / "best.png").exists()
 
 
 def test_practice_sweep_brackets_the_best_rate_then_adds_seeds(tmp_path):
