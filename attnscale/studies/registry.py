@@ -26,6 +26,7 @@ REGISTRY = {
     "sensitivity": "attnscale.studies.sensitivity:STUDY",
     "coord_check": "attnscale.studies.coord_check:STUDY",
     "bert": "attnscale.studies.bert:STUDY",
+    "transfer": "attnscale.studies.transfer:STUDY",
 }
 
 Runner = Callable[[argparse.Namespace], "tuple[list[str], list[str]]"]

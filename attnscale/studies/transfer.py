@@ -1,0 +1,510 @@
+"""The transfer study (issue #41): which parameterisation, optimizer and attention
+keep the best learning rate in place as the model widens, and the loss insensitive
+to it?
+
+    python -m attnscale.studies transfer --out DIR --workdirs runs/transfer
+
+Reads the `transfer` sweep (configs/sweeps.py: {sp + Adam, muP + Adam, sp + Muon} x
+attention {standard, qk_rmsnorm, cosine}, u-muP and sp + Muon + QK-clip, at widths
+32 ... 256; each label and width its own staged search under the study protocol, 3
+seeds at every near-best rate, and every width at the smallest width's best rate,
+seed 0) and writes:
+
+  transfer.md/csv          per label and width: the best rate on the seed means (grid
+                           and interpolated, with its bootstrap interval), the
+                           near-best band, the seeds and loss [95% t] there, the
+                           largest attention logit there, and the transfer loss
+  transfer_slopes.md/csv   per label: slope of log2(best rate) on log2(width) with its
+                           bootstrap interval; does it cover 0 (transfers) or -1?
+  transfer_sensitivity.md/csv
+                           per label and width: Wortsman et al.'s sensitivity S
+  transfer_sensitivity_slopes.md/csv
+                           per label: slope of S on log2(width), 95% t-interval
+  transfer_logits.md/csv   per label, width and rate (seed 0): the largest attention
+                           logit at the last logged step and anywhere in the run
+  transfer_lr.png, transfer_best.png, transfer_sensitivity.png, transfer_logits.png
+  runs.csv                 every run: label, width, rate, seed, losses, logits, commit
+
+Every statistic is attnscale/experiments/stats.py's. Per label and width, with the
+losses {log2 rate: {seed: final loss}} (a rate where any seed diverged counts as
+diverged, as in the search):
+
+* best: the lowest seed mean (`stats.parabola_vertex` on the means: grid best and the
+  vertex of the parabola through it and its neighbours); band:
+  `stats.near_best_band` (the rates not measurably worse than the best); loss at the
+  best: `stats.mean_interval` over its seeds. Every rate counts, the transfer run too.
+* transfer loss: the loss at the smallest width's best rate minus this width's own
+  best; `stats.compare` (paired by seed) where both rates have >= 2 shared seeds (the
+  smallest width's best inside this width's band), else seed 0 alone, no interval
+  (`transfer_basis` says which).
+* slope: `stats.best_rate_slope`, log2(best) = slope log2(width) + c, with a bootstrap
+  interval over seeds (read it as roughly 90% with 3 seeds: its docstring).
+
+Learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for
+large-scale Transformer training instabilities", arXiv 2309.14322, section 3.1),
+`attnscale.studies.sensitivity.sensitivity` per seed:
+
+    S = mean_lr min(L(lr), L_0) - min_lr L(lr),   L_0 = ln V (a diverged run: L_0)
+
+Wortsman et al. take the mean over one fixed range of rates at every size; here the
+rates are the search's, which it chose itself, so S is over the whole-octave rates
+contiguous with the best (no gap wider than an octave): the transfer run, set apart
+several octaves from an sp search at a large width, is left out (`left_out`), as it
+would put a far rate into one width's mean and not another's and make S grow with
+width by construction. The search's range still varies (3-6 rates: `rates`), so
+read S across widths with `rates` beside it. The mean and t-interval are over the
+seeds that ran the same rates as seed 0; where fewer than 2 did (the protocol's seeds
+1 and 2 run only the band), seed 0 alone (`basis`). S's slope against log2(width):
+least squares over the widths, 95% t-interval with n - 2 degrees of freedom (the
+widths' scatter about the line; each S's own seed noise only as far as that scatter
+shows it: none with 2 widths). Wortsman et al. find S grows with size under standard
+attention, and QK-layernorm reduces it.
+
+The largest logit: `train/attn/max_logit/layer_<i>` in metrics.jsonl (the largest
+scaled logit of the layer on that step's batch), maximised over layers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from attnscale.experiments import reporting, stats, sweep_results, sweeps
+from attnscale.runtime import configlib
+from attnscale.studies import registry
+from attnscale.studies.sensitivity import max_logit_curve, sensitivity
+
+# The sweep's labels (configs/sweeps.py TRANSFER_LABELS), in its order.
+LABELS = tuple(f"{p}_{o}_{a}" for p, o in (("sp", "adam"), ("mup", "adam"), ("sp", "muon"))
+               for a in ("standard", "qk_rmsnorm", "cosine")) + ("umup", "sp_muon_qk_clip")
+QK_CLIP = 50.0  # the sweep's tau, which its label leaves unsaid
+TOL = 1e-9  # log2 rate: an interval "covers" a slope up to float round-off
+
+
+def transfer_label(config: Mapping) -> str:
+  """The sweep's label of a run, from its config.json (`LABELS`).
+
+  "{parameterization}_{adam|muon}_{scaling}" ("mup_adam_cosine"); "umup" for u-muP
+  (u-muP's attention and residual rule; "umup_<scaling>_<residual>" otherwise);
+  QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
+  "_standard". Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
+  A run with anything else that changes attention (its `configlib.run_label` says
+  more than these fields do) keeps its run_label: never averaged into a sweep label.
+  """
+  import ml_collections
+
+  model = config["model"]
+  param, scaling = model.get("parameterization", "sp"), model["scaling"]
+  optimizer = "muon" if config.get("optimizer") == "muon" else "adam"
+  clip = config.get("qk_clip") or 0.0
+  if param == "umup":
+    residual = model.get("unit", {}).get("attn_residual", "")
+    label = ("umup" if (scaling, residual) == ("umup", "rule") else
+             f"umup_{scaling}_{residual}") + ("_muon" if optimizer == "muon" else "")
+  else:
+    label = f"{param}_{optimizer}_{scaling}"
+  if clip:
+    label = label.removesuffix("_standard") + ("_qk_clip" if clip == QK_CLIP
+                                               else f"_qk_clip{clip:g}")
+  known = {"model": {"scaling": scaling, "parameterization": param,
+                     "variant": model.get("variant", "standard"), "unit": model.get("unit", {})},
+           "qk_clip": clip, "optimizer": config.get("optimizer")}
+  full = configlib.run_label(ml_collections.ConfigDict(config))
+  return label if full == configlib.run_label(ml_collections.ConfigDict(known)) else full
+
+
+def read_rows(workdir: str) -> list[dict]:
+  """The sweep's finished (or diverged) runs, each with its label, width, vocabulary
+  and (step, largest logit over layers) curve."""
+  rows = []
+  for row in sweeps.collect(workdir):
+    if row["status"] not in ("done", "diverged"):
+      continue
+    run = os.path.join(workdir, row["run"])
+    with open(os.path.join(run, "config.json")) as f:
+      config = configlib.migrate(json.load(f))
+    logits = max_logit_curve(run)
+    peak = [v for _, v in logits if math.isfinite(v)]
+    rows.append({**row, "label": transfer_label(config), "width": config["model"]["width"],
+                 "vocab_size": config["model"]["vocab_size"], "logits": logits,
+                 "max_logit_peak": max(peak) if peak else math.nan})
+  order = {k: i for i, k in enumerate(labels_of(rows))}
+  return sorted(rows, key=lambda r: (order[r["label"]], r["width"], r["learning_rate"],
+                                     r["seed"]))
+
+
+def labels_of(rows: Sequence[dict]) -> list[str]:
+  """The rows' labels: the sweep's in its order, then any other, sorted."""
+  present = {r["label"] for r in rows}
+  return [k for k in LABELS if k in present] + sorted(present - set(LABELS))
+
+
+def widths_of(rows: Sequence[dict], label: str) -> list[int]:
+  return sorted({r["width"] for r in rows if r["label"] == label})
+
+
+def losses(rows: Sequence[dict], label: str, width: int) -> dict[float, dict[int, float]]:
+  """{log2 rate: {seed: final loss}} of one label and width (NaN: diverged)."""
+  out: dict[float, dict[int, float]] = {}
+  for r in rows:
+    if r["label"] == label and r["width"] == width:
+      out.setdefault(math.log2(r["learning_rate"]), {})[r["seed"]] = r["final_train_loss"]
+  return out
+
+
+def seed_means(by_rate: Mapping[float, Mapping[int, float]]) -> dict[float, float]:
+  """{log2 rate: seed mean}, NaN where any seed diverged (the search's rule)."""
+  return {x: float(np.mean(list(s.values()))) if all(map(math.isfinite, s.values()))
+          else math.nan for x, s in by_rate.items()}
+
+
+def best_rate(by_rate: Mapping[float, Mapping[int, float]]) -> tuple[float, float]:
+  """(grid, interpolated) best log2 rate on the seed means; NaN, NaN if all diverged."""
+  return stats.parabola_vertex(seed_means(by_rate))
+
+
+def slopes(rows: Sequence[dict], seed: int = 0) -> dict[str, stats.Slope | None]:
+  """Per label, `stats.best_rate_slope` over its widths (None: < 2 widths with a best)."""
+  out = {}
+  for label in labels_of(rows):
+    sweep = [(r["width"], math.log2(r["learning_rate"]), r["seed"], r["final_train_loss"])
+             for r in rows if r["label"] == label]
+    try:
+      out[label] = stats.best_rate_slope(sweep, seed=seed)
+    except ValueError:
+      out[label] = None
+  return out
+
+
+def _transfer(at_best: Mapping, at_ref: Mapping | None) -> tuple[float, float, float, str]:
+  """(loss at the reference rate minus the best's, lo, hi, basis)."""
+  if at_ref is None:
+    return math.nan, math.nan, math.nan, "not run"
+  if not all(map(math.isfinite, at_ref.values())):
+    return math.nan, math.nan, math.nan, "diverged"
+  c = stats.compare(at_best, at_ref)
+  if c.method != "none":
+    return c.effect, c.lo, c.hi, f"{c.method} n={c.n}"
+  if 0 in at_best and 0 in at_ref:
+    return at_ref[0] - at_best[0], math.nan, math.nan, "seed 0"
+  return math.nan, math.nan, math.nan, "no shared seed 0"
+
+
+def _cell_rates(xs) -> str:
+  return " ".join(reporting.power_of_two(2.0**x) for x in sorted(xs))
+
+
+def table_rows(rows: Sequence[dict], fits: Mapping[str, stats.Slope | None]) -> list[dict]:
+  """One row per label and width (transfer.md; the module docstring)."""
+  out = []
+  for label in labels_of(rows):
+    widths = widths_of(rows, label)
+    ref, _ = best_rate(losses(rows, label, widths[0]))
+    fit = fits.get(label)
+    for w in widths:
+      by_rate = losses(rows, label, w)
+      grid, interp = best_rate(by_rate)
+      row = {"label": label, "width": w, "rates": len(by_rate),
+             "best_lr": 2.0**grid if math.isfinite(grid) else math.nan, "best_log2_lr": grid,
+             "interp_log2_lr": interp,
+             "interp_lo": fit.best_lo.get(w, math.nan) if fit else math.nan,
+             "interp_hi": fit.best_hi.get(w, math.nan) if fit else math.nan,
+             "band": "", "band_short": 0, "seeds": 0, "loss": math.nan, "loss_lo": math.nan,
+             "loss_hi": math.nan, "max_logit": math.nan,
+             "transfer_lr": 2.0**ref if math.isfinite(ref) else math.nan,
+             "transfer_loss": math.nan, "transfer_lo": math.nan, "transfer_hi": math.nan,
+             "transfer_basis": "no best"}
+      if math.isfinite(grid):
+        band = stats.near_best_band(by_rate)
+        at_best = by_rate[grid]
+        loss = stats.mean_interval(at_best.values())
+        logits = [r["max_logit"] for r in rows if r["label"] == label and r["width"] == w
+                  and math.log2(r["learning_rate"]) == grid]
+        row.update(band=_cell_rates(band.rates), band_short=len(band.short),
+                   seeds=len(at_best), loss=loss.mean, loss_lo=loss.lo, loss_hi=loss.hi,
+                   max_logit=float(np.mean(logits)))
+        if w == widths[0]:
+          row.update(transfer_loss=0.0, transfer_basis="the reference")
+        elif grid == ref:
+          row.update(transfer_loss=0.0, transfer_basis="same rate")
+        elif math.isfinite(ref):
+          t = _transfer(at_best, by_rate.get(ref))
+          row.update(transfer_loss=t[0], transfer_lo=t[1], transfer_hi=t[2], transfer_basis=t[3])
+      out.append(row)
+  return out
+
+
+def _covers(lo: float, hi: float, value: float) -> bool:
+  return lo - TOL <= value <= hi + TOL
+
+
+def slope_rows(table: Sequence[dict], fits: Mapping[str, stats.Slope | None]) -> list[dict]:
+  """Per label: the best rate's slope on log2(width), its interval, what it covers."""
+  out = []
+  for label, fit in fits.items():
+    gaps = [r["transfer_loss"] for r in table if r["label"] == label
+            and math.isfinite(r["transfer_loss"])]
+    row = {"label": label, "widths": sum(r["label"] == label and math.isfinite(
+        r["interp_log2_lr"]) for r in table), "slope": math.nan, "lo": math.nan,
+           "hi": math.nan, "resamples_used": 0, "covers_0": "-", "covers_minus_1": "-",
+           "reading": "fewer than 2 widths with a best",
+           "worst_transfer_loss": max(gaps) if gaps else math.nan}
+    if fit is not None:
+      zero, one = _covers(fit.lo, fit.hi, 0.0), _covers(fit.lo, fit.hi, -1.0)
+      row.update(slope=fit.slope, lo=fit.lo, hi=fit.hi, resamples_used=fit.used,
+                 covers_0="yes" if zero else "no", covers_minus_1="yes" if one else "no",
+                 reading={(True, False): "transfers", (False, True): "falls as 1/width",
+                          (True, True): "either: interval too wide",
+                          (False, False): "moves, not as 1/width"}[zero, one])
+    out.append(row)
+  return out
+
+
+def _contiguous(xs: Sequence[float], around: float) -> list[float]:
+  """The rates of `xs` joined to `around` with no gap wider than one octave."""
+  xs = sorted(xs)
+  if around not in xs:
+    return xs
+  i = j = xs.index(around)
+  while i > 0 and xs[i] - xs[i - 1] <= 1 + TOL:
+    i -= 1
+  while j < len(xs) - 1 and xs[j + 1] - xs[j] <= 1 + TOL:
+    j += 1
+  return xs[i:j + 1]
+
+
+def sensitivity_rows(rows: Sequence[dict]) -> list[dict]:
+  """Per label and width: S over the rates contiguous with the best (module docstring)."""
+  out = []
+  for label in labels_of(rows):
+    for w in widths_of(rows, label):
+      by_rate = losses(rows, label, w)
+      grid, _ = best_rate(by_rate)
+      init = math.log(next(r["vocab_size"] for r in rows if r["label"] == label))
+      seeds = sorted({s for v in by_rate.values() for s in v})
+      block = {s: _contiguous([x for x, v in by_rate.items() if s in v], grid) for s in seeds}
+      first = seeds[0]
+      same = [s for s in seeds if block[s] == block[first]]
+      per_seed = {s: sensitivity([by_rate[x][s] for x in block[s]], init) for s in same}
+      if not math.isfinite(grid):  # S = L0 - L0 = 0 would read as insensitive
+        value, basis = stats.mean_interval([]), "every rate diverged"
+      elif len(same) >= 2:
+        value = stats.mean_interval(per_seed.values())
+        basis = f"{len(same)} seeds"
+      else:
+        value = stats.Interval(per_seed[first], math.nan, math.nan, 1, math.nan)
+        basis = f"seed {first} (the other seeds ran other rates)"
+      seed_rates = [x for x, v in by_rate.items() if first in v]
+      out.append({"label": label, "width": w, "rates": len(block[first]),
+                  "rate_range": f"{_cell_rates(block[first][:1])} ... "
+                                f"{_cell_rates(block[first][-1:])}",
+                  "left_out": len(seed_rates) - len(block[first]),
+                  "diverged": sum(not math.isfinite(by_rate[x][first]) for x in block[first]),
+                  "S": value.mean, "S_lo": value.lo, "S_hi": value.hi, "seeds": len(same),
+                  "basis": basis, "L0": init})
+  return out
+
+
+def sensitivity_slope_rows(table: Sequence[dict]) -> list[dict]:
+  """Per label: least squares of S on log2(width) with its 95% t-interval (n - 2 df)."""
+  out = []
+  for label in dict.fromkeys(r["label"] for r in table):
+    pts = [r for r in table if r["label"] == label and math.isfinite(r["S"])]
+    row = {"label": label, "widths": len(pts), "slope": math.nan, "lo": math.nan,
+           "hi": math.nan, "reading": "fewer than 2 widths"}
+    if len(pts) >= 2:
+      x_W = np.log2([r["width"] for r in pts])
+      s_W = np.array([r["S"] for r in pts])
+      slope, intercept = np.polyfit(x_W, s_W, 1)
+      row.update(slope=float(slope), reading="no interval with 2 widths")
+      if len(pts) > 2:
+        resid_W = s_W - (slope * x_W + intercept)
+        se = math.sqrt(np.sum(resid_W**2) / (len(pts) - 2) / np.sum((x_W - x_W.mean())**2))
+        half = stats.t_multiplier(len(pts) - 2) * se
+        row.update(lo=float(slope - half), hi=float(slope + half),
+                   reading="grows with width" if slope - half > 0 else
+                   "falls with width" if slope + half < 0 else "flat within noise")
+    out.append(row)
+  return out
+
+
+def logit_rows(rows: Sequence[dict]) -> list[dict]:
+  """Per label, width and rate, seed 0: status, loss, the last and the peak logit."""
+  return [{"label": r["label"], "width": r["width"], "learning_rate": r["learning_rate"],
+           "status": r["status"], "final_train_loss": r["final_train_loss"],
+           "max_logit_last": r["logits"][-1][1] if r["logits"] else math.nan,
+           "max_logit_peak": r["max_logit_peak"]} for r in rows if r["seed"] == 0]
+
+
+def _panels(labels: Sequence[str], height: float = 3.6):
+  cols = min(4, len(labels))
+  n_rows = -(-len(labels) // cols)
+  fig = reporting.new_figure(4.2 * cols, height * n_rows)
+  axes = np.atleast_1d(fig.subplots(n_rows, cols, squeeze=False)).ravel()
+  for ax in axes[len(labels):]:
+    ax.set_axis_off()
+  return fig, axes
+
+
+def plot_lr(rows: Sequence[dict]):
+  """Loss against rate, a panel per label, a line per width: the mean of the seeds that
+  finished, min-max bars; a rate where every seed diverged: an x on the top edge."""
+  labels = labels_of(rows)
+  fig, axes = _panels(labels)
+  for ax, label in zip(axes, labels):
+    for i, w in enumerate(widths_of(rows, label)):
+      by_rate = losses(rows, label, w)
+      xs = [x for x in sorted(by_rate) if any(map(math.isfinite, by_rate[x].values()))]
+      finite = [[v for v in by_rate[x].values() if math.isfinite(v)] for x in xs]
+      mean = np.array([np.mean(v) for v in finite])
+      err = [mean - [min(v) for v in finite], [max(v) for v in finite] - mean]
+      ax.errorbar([2.0**x for x in xs], mean, yerr=err, capsize=2, label=f"width {w}",
+                  **reporting.style(i))
+      diverged = [2.0**x for x in sorted(by_rate) if x not in xs]
+      ax.plot(diverged, [1.0] * len(diverged), "x", color=reporting.style(i)["color"],
+              transform=ax.get_xaxis_transform(), clip_on=False)
+    ax.set_xscale("log", base=2)
+    reporting.label_axes(ax, xlabel="learning rate", ylabel="final training loss",
+                         title=f"{label} (x: diverged)")
+    ax.legend(fontsize=7)
+  return fig
+
+
+def plot_best(table: Sequence[dict], fits: Mapping[str, stats.Slope | None]):
+  """Best rate against width per label: bootstrap bars, the fit, the slope interval."""
+  labels = list(fits)
+  fig, axes = _panels(labels)
+  for ax, label in zip(axes, labels):
+    pts = [r for r in table if r["label"] == label and math.isfinite(r["interp_log2_lr"])]
+    if pts:
+      w = np.array([r["width"] for r in pts], float)
+      y = np.array([r["interp_log2_lr"] for r in pts])
+      lo = np.array([r["interp_lo"] for r in pts])
+      hi = np.array([r["interp_hi"] for r in pts])
+      err = np.nan_to_num([2.0**y - 2.0**lo, 2.0**hi - 2.0**y])
+      ax.errorbar(w, 2.0**y, yerr=np.abs(err), fmt="o", capsize=3, color="k",
+                  label="interpolated best, bootstrap 95%")
+    fit = fits[label]
+    if fit is not None:
+      x = np.log2([r["width"] for r in pts])
+      centre = (x.mean(), fit.slope * x.mean() + fit.intercept)
+      for slope, style, name in ((fit.slope, "-", f"slope {fit.slope:+.2f}"),
+                                 (fit.lo, "--", f"[{fit.lo:+.2f}, {fit.hi:+.2f}]"),
+                                 (fit.hi, "--", None)):
+        ax.plot(2.0**x, 2.0**(centre[1] + slope * (x - centre[0])), style, color="tab:blue",
+                lw=1, label=name)
+    if pts:  # a log axis with nothing on it cannot be drawn
+      ax.set_xscale("log", base=2)
+      ax.set_yscale("log", base=2)
+    reporting.label_axes(ax, xlabel="width", ylabel="best learning rate", title=label)
+    ax.legend(fontsize=7)
+  return fig
+
+
+def plot_sensitivity(table: Sequence[dict]):
+  fig = reporting.new_figure(8, 5)
+  ax = fig.subplots()
+  for i, label in enumerate(dict.fromkeys(r["label"] for r in table)):
+    pts = [r for r in table if r["label"] == label]
+    s = np.array([r["S"] for r in pts])
+    err = np.nan_to_num([s - [r["S_lo"] for r in pts], [r["S_hi"] for r in pts] - s])
+    ax.errorbar([r["width"] * (1 + 0.02 * (i - 5)) for r in pts], s, yerr=err, capsize=2,
+                label=label, **reporting.style(i))
+  ax.set_xscale("log", base=2)
+  reporting.label_axes(ax, xlabel="width", ylabel="learning-rate sensitivity S (nats)",
+                       title="Wortsman et al.'s S against width; bars: 95% t where seeds allow")
+  ax.legend(fontsize=7, ncol=2)
+  return fig
+
+
+def plot_logits(rows: Sequence[dict]):
+  """The largest logit (last logged step, seed 0) against rate, a panel per label."""
+  labels = labels_of(rows)
+  fig, axes = _panels(labels)
+  table = logit_rows(rows)
+  for ax, label in zip(axes, labels):
+    for i, w in enumerate(widths_of(rows, label)):
+      pts = [r for r in table if r["label"] == label and r["width"] == w]
+      ax.plot([r["learning_rate"] for r in pts], [r["max_logit_last"] for r in pts],
+              label=f"width {w}", **reporting.style(i))
+    ax.set_xscale("log", base=2)
+    if any(r["max_logit_last"] > 0 for r in table if r["label"] == label):  # NaN: False
+      ax.set_yscale("log")
+    reporting.label_axes(ax, xlabel="learning rate", ylabel="largest attention logit",
+                         title=f"{label} (seed 0, last logged step)")
+    ax.legend(fontsize=7)
+  return fig
+
+
+def run_cli(args) -> tuple[list[str], list[str]]:
+  """`python -m attnscale.studies transfer --out DIR --workdirs SWEEP_DIR`."""
+  if len(args.workdirs) != 1:
+    raise SystemExit("transfer: give --workdirs SWEEP_DIR (the transfer sweep's workdir)")
+  workdir = args.workdirs[0]
+  if not os.path.isdir(workdir):
+    raise SystemExit(f"transfer: --workdirs {workdir} is not a directory")
+  rows = read_rows(workdir)
+  if not rows:
+    raise SystemExit(f"transfer: no finished runs in --workdirs {workdir}")
+  code = registry.code_note(rows, args, "transfer")
+  fits = slopes(rows, seed=getattr(args, "seed", 0))
+  table = table_rows(rows, fits)
+  sens = sensitivity_rows(rows)
+  notes = [f"{len(rows)} finished runs ({workdir}); {code}; every run: runs.csv. Final "
+           "training loss: the mean of the last 20 steps; rates 2^-e, log2 columns log2(rate).",
+           "best: the lowest seed mean (a rate where any seed diverged counts as diverged); "
+           "interp: the parabola vertex through it and its neighbours, interp_lo/hi its "
+           "bootstrap 95% over seeds; band: the rates not measurably worse "
+           "(stats.near_best_band), band_short: band rates with < 3 seeds (search unfinished).",
+           "loss [loss_lo, loss_hi]: mean and 95% t-interval over the seeds at the best; "
+           "max_logit: the largest attention logit of the last logged step (max over layers), "
+           "mean over those seeds.",
+           "transfer_loss: the loss at the smallest width's best rate (transfer_lr) minus this "
+           "width's own best; paired by seed with a 95% t-interval where both have >= 2 "
+           "seeds, else seed 0 alone (transfer_basis)."]
+  formats = {"best_lr": reporting.power_of_two, "transfer_lr": reporting.power_of_two,
+             "learning_rate": reporting.power_of_two}
+  paths = reporting.write_tables(table, args.out, "transfer", notes=notes, floats=".3f",
+                                 formats=formats, title="Transfer across width: best rates")
+  paths += reporting.write_tables(
+      slope_rows(table, fits), args.out, "transfer_slopes", floats=".2f",
+      title="Best learning rate against width: slopes",
+      notes=["slope: least squares of the interpolated log2 best rate on log2 width "
+             "(stats.best_rate_slope); lo/hi: its bootstrap 95% interval over seeds (about "
+             "90% with 3 seeds); covers_0: the rate transfers; covers_minus_1: it falls as "
+             "1/width; worst_transfer_loss: the most the smallest width's best rate costs.",
+             code])
+  paths += reporting.write_tables(
+      sens, args.out, "transfer_sensitivity", floats=".3f",
+      title="Learning-rate sensitivity against width",
+      notes=["S: Wortsman et al.'s mean over rates of min(L, L0) minus the best, L0 = ln V "
+             "(diverged = L0), per seed over the rates contiguous with the best (left_out: "
+             "that seed's other rates, e.g. a transfer run); [S_lo, S_hi]: 95% t over the "
+             "seeds with seed 0's rates, else seed 0 alone (basis). Compare widths with "
+             "`rates` beside: the search chose them.", code])
+  paths += reporting.write_tables(
+      sensitivity_slope_rows(sens), args.out, "transfer_sensitivity_slopes", floats=".3f",
+      title="Sensitivity against width: slopes",
+      notes=["slope: least squares of S on log2 width; lo/hi: its 95% t-interval (n - 2 "
+             "degrees of freedom: the widths' scatter about the line).", code])
+  paths += reporting.write_tables(
+      logit_rows(rows), args.out, "transfer_logits", floats=".3f", formats=formats,
+      title="Largest attention logit against rate and width (seed 0)",
+      notes=["max_logit_last: at the last logged step; max_logit_peak: the largest logged "
+             "anywhere in the run (finite values: a diverged run stops at its NaN).", code])
+  for name, fig in (("transfer_lr", plot_lr(rows)), ("transfer_best", plot_best(table, fits)),
+                    ("transfer_sensitivity", plot_sensitivity(sens)),
+                    ("transfer_logits", plot_logits(rows))):
+    paths.append(reporting.save_figure(fig, args.out, name))
+  path = os.path.join(args.out, "runs.csv")
+  sweep_results.write_runs_csv(rows, path, hyperparameters=("width",),
+                               results=("max_logit_peak",))
+  return paths + [path], notes
+
+
+# Reads the transfer sweep's layout: only when asked for.
+STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True)

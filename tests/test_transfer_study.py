@@ -1,0 +1,258 @@
+"""The transfer study (attnscale/studies/transfer.py) on a synthetic sweep with known
+answers: run directories as train.py leaves them (config.json, metrics.jsonl with the
+attention logits, a checkpoint directory, provenance.json), no training.
+
+The sweep, at widths 32 ... 256, laid out as the study protocol leaves it (seed 0 at
+each searched rate, seeds 1 and 2 at the three band rates e* - 1, e*, e* + 1, and the
+smallest width's best rate at every width, seed 0):
+
+  mup_adam_standard  e* = 9 at every width (the rate transfers); 2^-7 diverges (seed 0)
+  sp_adam_standard   e* = 8 + log2(w / 32): the best halves per doubling (slope -1)
+
+Loss = 2 - 0.1 log2(w / 32) + 0.015 (e - e*)^2 + noise; the noise is 0 on seed 0 and
++-0.004 (alternating with e) on seeds 1 and 2, so every seed mean is the noiseless
+curve and the bests are exact, while seeds still spread for the intervals.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+
+import pytest
+
+from attnscale.experiments import stats
+from attnscale.studies import __main__ as studies_main
+from attnscale.studies import transfer
+from attnscale.testing import fake_run
+from configs import shakespeare_char
+from configs import sweeps as sweep_configs
+
+WIDTHS = (32, 64, 128, 256)
+STEPS = shakespeare_char.get_config("preset=test").num_train_steps
+L0 = math.log(65)  # the test preset's vocabulary
+A = 0.004  # seeds 1 and 2's noise
+MUP = {"model.parameterization": "mup"}
+
+
+def _best(label, w):
+  return 9 if label == "mup_adam_standard" else 8 + round(math.log2(w / 32))
+
+
+def _loss(label, w, e, seed):
+  if label == "mup_adam_standard" and e == 7:
+    return math.nan
+  noise = (0.0, A, -A)[seed] * (-1) ** e
+  return 2.0 - 0.1 * math.log2(w / 32) + 0.015 * (e - _best(label, w)) ** 2 + noise
+
+
+def _points(label, w):
+  """(exponent, seed) of every run of one label and width."""
+  e = _best(label, w)
+  searched = {e - 2, e - 1, e, e + 1} if label == "mup_adam_standard" else {e - 1, e, e + 1}
+  points = {(x, 0) for x in searched} | {(x, s) for x in (e - 1, e, e + 1) for s in (1, 2)}
+  return points | {(_best(label, 32), 0)}
+
+
+def _logit(e):
+  return 2.0 ** (12 - e)  # the largest logit at the end of a run at 2^-e
+
+
+def _sweep(root, commit_of=lambda name: "a" * 40):
+  for label, overrides in (("mup_adam_standard", MUP), ("sp_adam_standard", {})):
+    for w in WIDTHS:
+      for e, seed in sorted(_points(label, w)):
+        loss, name = _loss(label, w, e, seed), f"{label}-{w}-{e}-{seed}"
+        m = _logit(e)
+        records = [{"step": 10, "train/loss": 3.0, "train/loss_last20": 3.0,
+                    "train/elapsed_s": 1.0, "train/attn/max_logit/layer_0": 2 * m,
+                    "train/attn/max_logit/layer_1": 1.0},
+                   {"step": STEPS, "train/loss": loss, "train/loss_last20": loss,
+                    "train/elapsed_s": 2.0, "train/attn/max_logit/layer_0": m / 2,
+                    "train/attn/max_logit/layer_1": m}]
+        run = fake_run(root, name, f"preset=test,scaling=standard,seed={seed}",
+                       {"model.width": w, "learning_rate": 2.0**-e, **overrides}, records,
+                       done=math.isfinite(loss))
+        with open(os.path.join(run, "provenance.json"), "w") as f:
+          json.dump([{"commit": commit_of(name), "dirty": False}], f)
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("transfer")
+  _sweep(root)
+  return str(root)
+
+
+@pytest.fixture(scope="module")
+def rows(sweep_dir):
+  return transfer.read_rows(sweep_dir)
+
+
+@pytest.fixture(scope="module")
+def fits(rows):
+  return transfer.slopes(rows)
+
+
+def test_every_sweep_label_maps_back_from_its_config():
+  for label, (scaling, overrides) in sweep_configs.TRANSFER_LABELS.items():
+    config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=1")
+    config.update_from_flattened_dict(overrides | {"model.width": 128})
+    assert transfer.transfer_label(config.to_dict()) == label
+  assert set(transfer.LABELS) == set(sweep_configs.TRANSFER_LABELS)
+  # Anything else that changes attention keeps its run_label; another tau says so.
+  config = shakespeare_char.get_config("preset=test,scaling=standard")
+  config.update_from_flattened_dict({"model.logit_softcap": 50.0})
+  assert transfer.transfer_label(config.to_dict()) == "standard+softcap50"
+  config = shakespeare_char.get_config("preset=test,scaling=cosine")
+  config.update_from_flattened_dict({"qk_clip": 100.0, "optimizer": "muon"})
+  assert transfer.transfer_label(config.to_dict()) == "sp_muon_cosine_qk_clip100"
+
+
+def test_best_rates_bands_and_transfer_losses(rows, fits):
+  assert transfer.labels_of(rows) == ["sp_adam_standard", "mup_adam_standard"]
+  table = {(r["label"], r["width"]): r for r in transfer.table_rows(rows, fits)}
+  for (label, w), r in table.items():
+    e = _best(label, w)
+    assert (r["best_log2_lr"], r["interp_log2_lr"]) == (-e, pytest.approx(-e)), (label, w)
+    assert r["interp_lo"] <= -e <= r["interp_hi"]
+    # Neighbours 0.015 worse, their paired differences within noise: all three in the band.
+    assert r["band"] == " ".join(f"2^-{x}" for x in (e + 1, e, e - 1)) and r["band_short"] == 0
+    at_best = [_loss(label, w, e, s) for s in (0, 1, 2)]
+    ci = stats.mean_interval(at_best)
+    assert r["seeds"] == 3 and (r["loss"], r["loss_lo"], r["loss_hi"]) == pytest.approx(
+        (ci.mean, ci.lo, ci.hi))
+    assert r["max_logit"] == _logit(e)  # the last row's max over layers, mean over seeds
+  assert table["mup_adam_standard", 256]["transfer_basis"] == "same rate"
+  assert table["sp_adam_standard", 32]["transfer_basis"] == "the reference"
+  # At 64 the reference 2^-8 is a band rate: paired over 3 seeds, exactly 0.015.
+  sp64 = table["sp_adam_standard", 64]
+  assert sp64["transfer_basis"] == "paired n=3"
+  assert sp64["transfer_loss"] == pytest.approx(0.015) and sp64["transfer_lo"] < 0.015
+  # Further out only seed 0 ran it: 0.015 (e - e*)^2, no interval.
+  for w, k in ((128, 2), (256, 3)):
+    r = table["sp_adam_standard", w]
+    assert r["transfer_basis"] == "seed 0" and math.isnan(r["transfer_lo"])
+    assert r["transfer_loss"] == pytest.approx(0.015 * k**2)
+
+
+def test_slopes_say_which_rate_transfers(rows, fits):
+  table = transfer.table_rows(rows, fits)
+  by_label = {r["label"]: r for r in transfer.slope_rows(table, fits)}
+  mup, sp = by_label["mup_adam_standard"], by_label["sp_adam_standard"]
+  assert mup["slope"] == pytest.approx(0.0, abs=1e-9) and sp["slope"] == pytest.approx(-1.0)
+  assert (mup["covers_0"], mup["covers_minus_1"], mup["reading"]) == ("yes", "no", "transfers")
+  assert (sp["covers_0"], sp["covers_minus_1"], sp["reading"]) == (
+      "no", "yes", "falls as 1/width")
+  assert sp["worst_transfer_loss"] == pytest.approx(0.135) and mup["worst_transfer_loss"] == 0
+
+
+def test_sensitivity_by_hand(rows):
+  sens = {(r["label"], r["width"]): r for r in transfer.sensitivity_rows(rows)}
+  # sp at 32: every seed ran 2^-7, 2^-8, 2^-9, so S per seed, mean and t over 3 seeds.
+  s_by_seed = [0.01, (2.011 + 2.004 + 2.011) / 3 - 2.004, (2.019 + 1.996 + 2.019) / 3 - 1.996]
+  ci = stats.mean_interval(s_by_seed)
+  r = sens["sp_adam_standard", 32]
+  assert (r["S"], r["S_lo"], r["S_hi"]) == pytest.approx((ci.mean, ci.lo, ci.hi))
+  assert (r["seeds"], r["basis"], r["rates"], r["left_out"]) == (3, "3 seeds", 3, 0)
+  # sp at 256: the transfer run (2^-8) is two octaves off the search's 2^-10 ... 2^-12.
+  r = sens["sp_adam_standard", 256]
+  assert (r["rates"], r["left_out"], r["rate_range"]) == (3, 1, "2^-12 ... 2^-10")
+  # mup: seed 0 alone ran the diverged 2^-7 (it counts as L0): seed 0 only.
+  for w in WIDTHS:
+    r = sens["mup_adam_standard", w]
+    lw = 2.0 - 0.1 * math.log2(w / 32)
+    assert r["S"] == pytest.approx((L0 + 3 * lw + 0.03) / 4 - lw)
+    assert r["basis"].startswith("seed 0") and r["diverged"] == 1 and math.isnan(r["S_lo"])
+  # sp at 128: the transfer run (2^-8) adjoins the search's 2^-9 ... 2^-11, so it stays,
+  # and seeds 1 and 2 did not run it: seed 0, 0.015 (4 + 1 + 0 + 1) / 4.
+  r = sens["sp_adam_standard", 128]
+  assert (r["rates"], r["left_out"], r["seeds"]) == (4, 0, 1)
+  assert r["S"] == pytest.approx(0.0225)
+  # So mup's S grows by 0.1 / 4 per doubling, exactly; sp's 0.01, 0.01, 0.0225, 0.01 is
+  # flat within its scatter (slope 0.00125, t with 2 degrees of freedom).
+  slopes = {r["label"]: r for r in transfer.sensitivity_slope_rows(list(sens.values()))}
+  assert slopes["mup_adam_standard"]["slope"] == pytest.approx(0.025)
+  assert slopes["mup_adam_standard"]["reading"] == "grows with width"
+  sp = slopes["sp_adam_standard"]
+  assert sp["slope"] == pytest.approx(0.00125) and sp["reading"] == "flat within noise"
+  x, y = [0, 1, 2, 3], [0.01, 0.01, 0.0225, 0.01]
+  resid = [yi - (0.013125 + 0.00125 * (xi - 1.5)) for xi, yi in zip(x, y)]
+  half = stats.t_multiplier(2) * math.sqrt(sum(e * e for e in resid) / 2 / 5)
+  assert (sp["lo"], sp["hi"]) == pytest.approx((0.00125 - half, 0.00125 + half))
+
+
+def test_logits_last_and_peak(rows):
+  logits = {(r["label"], r["width"], r["learning_rate"]): r for r in transfer.logit_rows(rows)}
+  r = logits["sp_adam_standard", 64, 2.0**-9]
+  assert (r["max_logit_last"], r["max_logit_peak"]) == (_logit(9), 2 * _logit(9))
+  assert logits["mup_adam_standard", 32, 2.0**-7]["status"] == "diverged"
+  assert len(logits) == sum(len({e for e, s in _points(k, w) if s == 0})
+                            for k in ("sp_adam_standard", "mup_adam_standard") for w in WIDTHS)
+
+
+def test_cli_writes_every_file_the_same_twice(sweep_dir, tmp_path):
+  outs = []
+  for name in ("a", "b"):
+    out = tmp_path / name
+    studies_main.main(["transfer", "--out", str(out), "--workdirs", sweep_dir])
+    outs.append({p: (out / p).read_bytes() for p in sorted(os.listdir(out))})
+  assert set(outs[0]) == {f"{n}.{x}" for n in (
+      "transfer", "transfer_slopes", "transfer_sensitivity", "transfer_sensitivity_slopes",
+      "transfer_logits") for x in ("csv", "md")} | {
+      f"transfer_{n}.png" for n in ("lr", "best", "sensitivity", "logits")} | {"runs.csv"}
+  assert outs[0] == outs[1]
+  runs = outs[0]["runs.csv"].decode().splitlines()
+  assert runs[0].startswith("label,learning_rate,width,seed,final_train_loss")
+  assert len(runs) - 1 == len(os.listdir(sweep_dir))
+  assert "runs from 1 commit: aaaaaaa" in outs[0]["transfer.md"].decode()
+
+
+def test_mixed_commits_need_the_flag(tmp_path):
+  workdir = tmp_path / "sweep"
+  _sweep(workdir, commit_of=lambda name: ("b" if name.endswith("-2") else "a") * 40)
+  argv = ["transfer", "--out", str(tmp_path / "out"), "--workdirs", str(workdir)]
+  with pytest.raises(SystemExit, match="transfer: runs from 2 commits.*--allow_mixed_code"):
+    studies_main.main(argv)
+  studies_main.main(argv + ["--allow_mixed_code"])
+  assert "runs from 2 commits" in (tmp_path / "out" / "transfer.md").read_text()
+
+
+def test_bad_workdirs_are_one_line_errors(sweep_dir, tmp_path):
+  def run(*workdirs):
+    return transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"),
+                                               workdirs=list(workdirs)))
+  with pytest.raises(SystemExit, match="^transfer: give --workdirs SWEEP_DIR"):
+    run(sweep_dir, sweep_dir)
+  with pytest.raises(SystemExit, match="^transfer: --workdirs .* is not a directory$"):
+    run(str(tmp_path / "missing"))
+  empty = tmp_path / "empty"
+  shutil.copytree(os.path.join(sweep_dir, "mup_adam_standard-32-7-0"), empty / "diverging")
+  os.remove(empty / "diverging" / "metrics.jsonl")  # started, nothing logged: not finished
+  with pytest.raises(SystemExit, match="^transfer: no finished runs in --workdirs"):
+    run(str(empty))
+
+
+def test_a_partial_sweep_reads(tmp_path):
+  """Mid-search: one label at one finished width and one where every rate diverged,
+  seed 0 only. NaN where there is nothing to say, never an error."""
+  for w, e, loss in ((32, 6, 2.1), (32, 5, math.nan), (64, 6, math.nan)):
+    fake_run(tmp_path / "sweep", f"{w}-{e}", "preset=test,scaling=standard,seed=0",
+             {"model.width": w, "learning_rate": 2.0**-e, "optimizer": "muon",
+              "qk_clip": 50.0},
+             [{"step": STEPS, "train/loss": loss, "train/loss_last20": loss}],
+             done=math.isfinite(loss))
+  paths, _ = transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"),
+                                                 workdirs=[str(tmp_path / "sweep")]))
+  assert len(paths) == 15
+  rows = transfer.read_rows(str(tmp_path / "sweep"))
+  table = {r["width"]: r for r in transfer.table_rows(rows, transfer.slopes(rows))}
+  assert table[32]["best_lr"] == 2.0**-6 and table[32]["seeds"] == 1
+  assert math.isnan(table[32]["loss_lo"]) and math.isnan(table[32]["interp_lo"])
+  assert math.isnan(table[64]["best_lr"]) and table[64]["transfer_basis"] == "no best"
+  sens = {r["width"]: r for r in transfer.sensitivity_rows(rows)}
+  assert sens[32]["S"] == pytest.approx((L0 + 2.1) / 2 - 2.1)
+  assert math.isnan(sens[64]["S"]) and sens[64]["basis"] == "every rate diverged"
+  (slope,) = transfer.slope_rows(list(table.values()), transfer.slopes(rows))
+  assert slope["label"] == "sp_muon_qk_clip" and slope["reading"].startswith("fewer than 2")
