@@ -151,7 +151,8 @@ def ranking_rows(bert_rows: Sequence[dict], char_rows: Sequence[dict]) -> list[d
   at the label's best rate, its rank, and its paired difference from that
   model's own `standard` (the char LM's is pre-LN, BERT's post-LN). `agree`:
   "yes" (same verdict), "no" (opposite verdicts, both carried by their
-  intervals) or "partly" (one a difference, the other within noise)."""
+  intervals), "partly" (one a difference, the other within noise) or "-" (a
+  side has too few seeds for a verdict)."""
   char_label = {"standard_pre": None}  # the char LM's standard is pre-LN: one row, "standard"
   bert, char = sweep_results.best_per_scaling(bert_rows), sweep_results.best_per_scaling(
       char_rows)
@@ -172,8 +173,8 @@ def ranking_rows(bert_rows: Sequence[dict], char_rows: Sequence[dict]) -> list[d
     db, vb = verdict(bert_rows, bert, label)
     dc, vc = verdict(char_rows, char, label)
     sig = {"better", "worse"}
-    agree = ("yes" if vb == vc else "no" if vb in sig and vc in sig
-             else "partly" if (vb in sig) != (vc in sig) else "-")
+    agree = ("-" if "-" in (vb, vc) else "yes" if vb == vc  # "-": too few seeds to say
+             else "no" if vb in sig and vc in sig else "partly")
     out.append({"label": label, "bert_rank": ranked_b.index(label) + 1,
                 "bert_loss": bert[label]["final_train_loss"], "bert_vs_standard": db,
                 "bert_verdict": vb, "char_rank": ranked_c.index(label) + 1,
