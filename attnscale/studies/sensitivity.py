@@ -41,6 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, sweep_results, sweeps
+from attnscale.runtime import configlib
 from attnscale.studies import registry
 
 MAX_LOGIT = "train/attn/max_logit/layer_"  # + layer index: metrics.jsonl's keys
@@ -62,18 +63,19 @@ def max_logit_curve(run_dir: str) -> list[tuple[int, float]]:
   return curve
 
 
-def read_rows(workdir: str) -> list[dict]:
-  """The sweep's finished runs, each with its label, vocabulary and max-logit curve."""
-
+def read_rows(workdir: str, fields=None) -> list[dict]:
+  """The sweep's finished (or diverged) runs, each with its label, vocabulary and
+  max-logit curve; `fields(config)` (the run's config.json, today's names) adds
+  or replaces columns (the transfer study's label and width)."""
   rows = []
   for row in sweeps.collect(workdir):
     if row["status"] not in ("done", "diverged"):
       continue
     run = os.path.join(workdir, row["run"])
     with open(os.path.join(run, "config.json")) as f:
-      config = json.load(f)
+      config = configlib.migrate(json.load(f))
     rows.append({**row, "label": row["scaling"], "vocab_size": config["model"]["vocab_size"],
-                 "logits": max_logit_curve(run)})
+                 "logits": max_logit_curve(run), **(fields(config) if fields else {})})
   return rows
 
 

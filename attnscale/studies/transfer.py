@@ -66,17 +66,17 @@ scaled logit of the layer on that step's batch), maximised over layers.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, stats, sweep_results, sweeps
+from attnscale.experiments import reporting, stats, sweep_results
 from attnscale.runtime import configlib
 from attnscale.studies import registry
-from attnscale.studies.sensitivity import max_logit_curve, sensitivity
+from attnscale.studies import sensitivity as sensitivity_study
+from attnscale.studies.sensitivity import sensitivity
 
 # The sweep's labels (configs/sweeps.py TRANSFER_LABELS), in its order.
 LABELS = tuple(f"{p}_{o}_{a}" for p, o in (("sp", "adam"), ("mup", "adam"), ("sp", "muon"))
@@ -118,20 +118,14 @@ def transfer_label(config: Mapping) -> str:
 
 
 def read_rows(workdir: str) -> list[dict]:
-  """The sweep's finished (or diverged) runs, each with its label, width, vocabulary
-  and (step, largest logit over layers) curve."""
-  rows = []
-  for row in sweeps.collect(workdir):
-    if row["status"] not in ("done", "diverged"):
-      continue
-    run = os.path.join(workdir, row["run"])
-    with open(os.path.join(run, "config.json")) as f:
-      config = configlib.migrate(json.load(f))
-    logits = max_logit_curve(run)
-    peak = [v for _, v in logits if math.isfinite(v)]
-    rows.append({**row, "label": transfer_label(config), "width": config["model"]["width"],
-                 "vocab_size": config["model"]["vocab_size"], "logits": logits,
-                 "max_logit_peak": max(peak) if peak else math.nan})
+  """The sweep's finished (or diverged) runs (`sensitivity.read_rows`), each with its
+  label, width, vocabulary, (step, largest logit over layers) curve and that curve's
+  peak."""
+  rows = sensitivity_study.read_rows(workdir, lambda config: {
+      "label": transfer_label(config), "width": config["model"]["width"]})
+  for row in rows:
+    peak = [v for _, v in row["logits"] if math.isfinite(v)]
+    row["max_logit_peak"] = max(peak) if peak else math.nan
   order = {k: i for i, k in enumerate(labels_of(rows))}
   return sorted(rows, key=lambda r: (order[r["label"]], r["width"], r["learning_rate"],
                                      r["seed"]))
