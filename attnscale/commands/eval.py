@@ -12,12 +12,11 @@ WORKDIR/provenance.json (`eval_lib.load_config`).
 """
 
 import functools
-import sys
 import types
 
 from absl import app, flags, logging
 
-from attnscale.runtime import cli, hostmem
+from attnscale.runtime import cli
 
 
 def define_flags() -> types.SimpleNamespace:
@@ -67,10 +66,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
 def run() -> None:
   """The command line (attnscale-eval, eval.py): re-executes with the malloc
   tunables first, then parses the flags and evaluates."""
-  try:
-    hostmem.reexec_with_tunables()  # 1.3-2x faster steps on CPU: attnscale/runtime/hostmem.py
-  except ValueError as e:  # a bad ATTNSCALE_MALLOC
-    sys.exit(f"error: {e}")
+  cli.reexec_with_tunables()
   holders = define_flags()
   cli.set_help(__doc__, __name__)
   app.run(functools.partial(main, holders), flags_parser=cli.parse_flags)

@@ -18,7 +18,7 @@ import types
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from attnscale.runtime import cli, hostmem
+from attnscale.runtime import cli
 
 
 def define_flags() -> types.SimpleNamespace:
@@ -61,10 +61,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
 def run() -> None:
   """The command line (attnscale-train, train.py): re-executes with the malloc
   tunables first, then parses the flags and trains."""
-  try:
-    hostmem.reexec_with_tunables()  # 1.3-2x faster steps on CPU: attnscale/runtime/hostmem.py
-  except ValueError as e:  # a bad ATTNSCALE_MALLOC
-    sys.exit(f"error: {e}")
+  cli.reexec_with_tunables()
   holders = define_flags()
   cli.set_help(__doc__, __name__)
   # A bad config argument (e.g. an unknown preset), override or config file fails
