@@ -296,7 +296,7 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
       run_dir = os.path.join(workdir, point.name)
       if status(run_dir) != "done":
         failures.append((point, returncode or 1))
-      elif point.eval_flags and not _evaluated(run_dir):
+      elif point.eval_flags and not evaluated(run_dir):
         start = time.perf_counter()
         code = _call(point.eval_command(workdir), cpus)
         log(f"[{points.index(point) + 1}/{len(points)}] {point.name}: eval exit {code} after "
@@ -437,7 +437,7 @@ def _cpu_shares(jobs: int) -> list:
   return [set(cpus[j::jobs]) for j in range(jobs)]
 
 
-def _evaluated(run_dir: str) -> bool:
+def evaluated(run_dir: str) -> bool:
   """eval.json exists and is from the run's last step."""
   path = os.path.join(run_dir, "eval.json")
   if not os.path.exists(path):

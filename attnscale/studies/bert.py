@@ -73,7 +73,9 @@ def read_rows(workdir: str) -> list[dict]:
 def at_best(rows: Sequence[dict], workdir: str, evaluate: bool = True) -> dict[str, dict]:
   """Per label: `best_per_scaling`'s entry plus "runs", its finished runs at the
   best rate, each with val_loss, accuracy and attention from its eval.json
-  (run by `evaluate_run` first where missing or stale, when `evaluate`)."""
+  (run by `evaluate_run` first where missing or stale, when `evaluate`). The
+  rows are updated in place, so `rows` carries the validation results too
+  (runs.csv reads them there)."""
   from attnscale.evaluation import eval_lib  # JAX: only when runs are read
 
   best = sweep_results.best_per_scaling(rows)
@@ -84,7 +86,7 @@ def at_best(rows: Sequence[dict], workdir: str, evaluate: bool = True) -> dict[s
           r["status"] != "done"):
         continue
       path = os.path.join(workdir, r["run"])
-      if evaluate and not sweeps._evaluated(path):
+      if evaluate and not sweeps.evaluated(path):
         print(f"bert: evaluating {r['run']} (whole validation split)")
         eval_lib.evaluate_run(path)
       result = _eval_json(path)
@@ -96,8 +98,9 @@ def at_best(rows: Sequence[dict], workdir: str, evaluate: bool = True) -> dict[s
 
 
 def _eval_json(path: str) -> dict | None:
+  """The run's eval.json if it is from its last step, else None."""
   import json
-  if not sweeps._evaluated(path):
+  if not sweeps.evaluated(path):
     return None
   with open(os.path.join(path, "eval.json")) as f:
     return json.load(f)
@@ -153,10 +156,9 @@ def ranking_rows(bert_rows: Sequence[dict], char_rows: Sequence[dict]) -> list[d
   "yes" (same verdict), "no" (opposite verdicts, both carried by their
   intervals), "partly" (one a difference, the other within noise) or "-" (a
   side has too few seeds for a verdict)."""
-  char_label = {"standard_pre": None}  # the char LM's standard is pre-LN: one row, "standard"
   bert, char = sweep_results.best_per_scaling(bert_rows), sweep_results.best_per_scaling(
       char_rows)
-  shared = [k for k in bert if char_label.get(k, k) in char]
+  shared = [k for k in bert if k in char]  # standard_pre: the char LM has one standard
 
   def verdict(rows, best, label):
     if label == BASELINE:
