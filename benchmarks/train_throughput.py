@@ -156,6 +156,7 @@ def measure_in_process(size, frameworks, args) -> dict:
     runners[f] = make_runner(f, config, args)
     start = time.perf_counter()
     runners[f](2)  # warm-up: compilation, allocator, caches
+    hostmem.trim()  # as train.py after its first step (attnscale/runtime/hostmem.py)
     out[f] = (time.perf_counter() - start, [])
   for _ in range(args.rounds):
     for f, run in runners.items():
@@ -189,7 +190,7 @@ def main():
   parser.add_argument("--dtype", default=None, help="JAX compute dtype (e.g. bfloat16)")
   parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
                       help="glibc malloc tunables, as train.py's ATTNSCALE_MALLOC "
-                           "(default huge): attnscale/runtime/hostmem.py")
+                           f"(default {hostmem.DEFAULT}): attnscale/runtime/hostmem.py")
   parser.add_argument("--in_process", action="store_true",
                       help="all frameworks in this process, rounds interleaved")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

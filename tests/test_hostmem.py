@@ -22,9 +22,10 @@ def linux_glibc(monkeypatch):
 
 
 def test_modes(linux_glibc):
-  assert hostmem.tunables_environ(environ={})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  assert hostmem.tunables_environ("huge", environ={})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
   reuse = hostmem.tunables_environ("reuse", environ={})["GLIBC_TUNABLES"]
   assert "hugetlb=1" in reuse and "mmap_max=0" in reuse and "arena_max=1" in reuse
+  assert hostmem.tunables_environ(environ={})["GLIBC_TUNABLES"] == reuse  # the default (#37)
   env = {"ATTNSCALE_MALLOC": "reuse", "PATH": "/bin"}
   assert hostmem.tunables_environ(environ=env) == {**env, "GLIBC_TUNABLES": reuse}
   assert hostmem.tunables_environ("system", environ={}) is None
@@ -72,3 +73,19 @@ def test_train_py_bad_mode_exits_with_one_line_error(tmp_path):
   assert proc.returncode != 0
   assert proc.stderr.strip().splitlines()[-1].startswith("error: ATTNSCALE_MALLOC must be one of")
   assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_trim_hands_a_reused_heaps_free_pages_back():
+  # Under "reuse" free() keeps a step's pages for the next step; train.py calls
+  # trim() after compilation, evaluations and checkpoints so the process does
+  # not keep its peak. 256 MB freed stays resident until trim() returns it.
+  script = (
+      "import numpy as np; from attnscale.runtime import hostmem\n"
+      "def rss(): return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])\n"
+      "x = np.ones(2**25); del x; kept = rss()\n"
+      "hostmem.trim(); print(kept - rss())\n")
+  env = {**os.environ, "GLIBC_TUNABLES": hostmem.MODES["reuse"]}
+  proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=120, check=True)
+  assert int(proc.stdout.strip().splitlines()[-1]) > 200_000  # kB handed back

@@ -17,16 +17,26 @@ use does not grow. A tunable is read when the process starts, so
 `reexec_with_tunables` re-executes the current command with it set; train.py,
 eval.py and the benchmarks call it first thing.
 
+Huge pages still leave the kernel zeroing each fresh 2 MB page: 40-80 ms of
+system time in a `cpu`-preset step on 2 cores (#37). The default therefore
+keeps freed memory for the next step: one heap, never handed back by free()
+(arena_max=1, mmap_max=0, no automatic trimming), so a steady step reuses the
+last step's pages and pays no faults at all: 189.6 -> 171.0 ms a step at `cpu`
+(2 cores, quiet; docs/benchmarks.md), and 4-5 ms of a 32 ms one-core step at
+`graphcore_cpu`. Left alone, that heap would keep every page the process ever
+touched, so train.py calls `trim()` (glibc's malloc_trim) after the first step,
+each progress line, each evaluation and each checkpoint; the next step faults
+its own pages in once. The price is memory: train.py at `cpu` (150 steps,
+evaluations and checkpoints) peaked at 2.4 GB resident, during compilation,
+against 1.4 GB with "huge", and held 0.9-1.9 GB while training against 1.0-1.3
+GB. At `graphcore_cpu` both held 0.9 GB.
+
 ATTNSCALE_MALLOC picks the setting:
-  huge (default): glibc.malloc.hugetlb=1, as above;
-  reuse: huge pages and one heap that is never handed back (arena_max=1,
-    mmap_max=0, no trimming), so blocks are reused and a steady step has no page
-    faults at all: about 125 ms at `cpu`. The process keeps its peak memory
-    (compilation included: 2.2 GB against 0.9 GB resident at `cpu`), and other
-    allocators' long-lived blocks can fragment the one heap (with PyTorch in the
-    same process, the throughput benchmark at `nanogpt` size ran out of memory).
-    train.py alone at `cpu` held 2.2 GB steady over 400 steps with evaluations
-    and checkpoints;
+  reuse (default): huge pages and one heap reused step after step, trimmed
+    as above. Other allocators' long-lived blocks share that heap: with PyTorch
+    in the same process (the throughput benchmark's --in_process) or where
+    memory is tight (a large model on CPU), prefer "huge";
+  huge: glibc.malloc.hugetlb=1 only (the default before #37: less memory);
   system: glibc's defaults.
 Nothing happens off Linux/glibc, when the kernel's THP mode is not "madvise" (with
 "always" pages are huge already; huge pages only: "reuse" still applies its
@@ -46,12 +56,17 @@ MODES = {
               "glibc.malloc.trim_threshold=18446744073709551615"),
     "system": "",
 }
+DEFAULT = "reuse"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def _libc():
+  return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
 def _glibc_version() -> tuple[int, ...] | None:
   try:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = _libc()
     libc.gnu_get_libc_version.restype = ctypes.c_char_p
     return tuple(int(x) for x in libc.gnu_get_libc_version().decode().split(".")[:2])
   except (OSError, AttributeError, ValueError):
@@ -70,10 +85,10 @@ def _thp_mode() -> str | None:
 def tunables_environ(mode: str | None = None, environ=None) -> dict[str, str] | None:
   """The environment to re-execute with, or None when there is nothing to do.
 
-  mode: a key of MODES; None reads ATTNSCALE_MALLOC (default "huge").
+  mode: a key of MODES; None reads ATTNSCALE_MALLOC (default DEFAULT).
   """
   environ = dict(os.environ if environ is None else environ)
-  mode = mode or environ.get("ATTNSCALE_MALLOC") or "huge"
+  mode = mode or environ.get("ATTNSCALE_MALLOC") or DEFAULT
   if mode not in MODES:
     raise ValueError(f"ATTNSCALE_MALLOC must be one of {list(MODES)}, got {mode!r}")
   tunables = MODES[mode]
@@ -100,3 +115,17 @@ def reexec_with_tunables(mode: str | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
+
+
+def trim() -> None:
+  """Hands the heap's free pages back to the kernel (glibc's malloc_trim(0)).
+
+  Under "reuse" free() never does, so a process would keep every page it ever
+  touched; train.py and packed sweeps call this after the first step, progress
+  lines, evaluations and checkpoints (milliseconds; the next step faults its own
+  pages in once). A no-op off glibc.
+  """
+  try:
+    _libc().malloc_trim(0)
+  except (OSError, AttributeError):
+    pass  # not glibc

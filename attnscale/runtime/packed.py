@@ -59,6 +59,7 @@ from jax.sharding import PartitionSpec as P
 from attnscale import tasks
 from attnscale.runtime import (
   configlib,
+  hostmem,
   interrupts,
   metrics_writer,
   packing,
@@ -278,6 +279,7 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
                                                                  active_K)
         jax.block_until_ready(metrics)
         train_lib.log(f"compiled and ran the first step in {time.perf_counter() - start:.1f}s")
+        hostmem.trim()  # the compiler's memory back to the kernel (attnscale/runtime/hostmem.py)
         # Speed excludes compilation: intervals start after the first step.
         ticks = [time.perf_counter()] * len(runs)
         tick_steps = [r.step + a for r, a in zip(runs, active)]
@@ -315,10 +317,12 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
           _log(runs[k], k, now, ticks[k], tick_steps[k])
           ticks[k], tick_steps[k] = now, runs[k].step
         _progress(runs, logs)
+        hostmem.trim()  # what this interval's programs freed: attnscale/runtime/hostmem.py
       evals = [k for k in evals if runs[k].active]
       if evals:
         start = time.perf_counter()
         _evaluate(runs, evals, eval_step, state_K["params"], batch_sharding)
+        hostmem.trim()
         spent = time.perf_counter() - start  # validation time is not training speed
         ticks = [t + spent for t in ticks]
       for k in saves:
@@ -330,6 +334,8 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
         run.last_good = run.step
         if run.step == run.config.num_train_steps:
           run.status = "done"
+      if saves:
+        hostmem.trim()
       if preempted:
         what = "Ctrl-C" if preemption.interrupted else "SIGTERM"
         train_lib.log(f"{what}: saved a checkpoint of every running run of the pack (steps "

@@ -42,7 +42,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from attnscale import tasks
-from attnscale.runtime import configlib, interrupts, metrics_writer, provenance, run_lock
+from attnscale.runtime import configlib, hostmem, interrupts, metrics_writer, provenance, run_lock
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
 
@@ -248,6 +248,7 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
           state, metrics = (log_step if logged else train_step)(state, batch)
           jax.block_until_ready(metrics)
           log(f"step {step + 1}: compiled and ran in {time.perf_counter() - compile_start:.1f}s")
+          hostmem.trim()  # the compiler's memory back to the kernel (attnscale/runtime/hostmem.py)
           tick, tick_step = time.perf_counter(), step + 1  # speed excludes compilation
         else:
           state, metrics = (log_step if logged else train_step)(state, batch)
@@ -281,6 +282,7 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
                        | attention_health_row(pending))
           log(f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
               f"lr {summary['lr']:.2e}{speed}")
+          hostmem.trim()  # what this interval's programs freed: attnscale/runtime/hostmem.py
           pending, tick, tick_step = [], time.perf_counter(), step
         if done or step % config.eval_every == 0:
           val = evaluate(eval_step, state["params"],
@@ -289,12 +291,14 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
           summary["val_loss"] = val
           writer.write(step, {"val/loss": val})
           log(f"step {step} | val loss {val:.4f}")
+          hostmem.trim()
           tick = time.perf_counter()  # validation time is not training speed
         if save:
           # Events up to a checkpoint reach the disk with it: a later hard kill
           # loses only what the rerun supersedes anyway.
           writer.flush()
           checkpoints.save(step, state)
+          hostmem.trim()
           last_good = step
         if preempted:
           if preemption.interrupted:
