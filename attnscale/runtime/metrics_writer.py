@@ -11,10 +11,36 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 import time
 
 import jax
-from tensorboardX.proto import event_pb2, summary_pb2
+
+
+def _import_tensorboardx_without_torch():
+  """Imports tensorboardX's record protos without PyTorch.
+
+  tensorboardX's package __init__ imports its SummaryWriter, which imports torch
+  wherever it is installed, only to accept torch tensors: 2.5-3 s and about
+  300 MB in every train.py process on 2 CPU cores, a fifth of a sweep point's
+  start-up at graphcore_cpu (#37). attnscale writes events with EventsWriter and
+  the protos alone, so torch is hidden while tensorboardX imports (its
+  `try: import torch / except ImportError` takes the numpy-only branch) and is
+  importable again afterwards.
+  """
+  hide = "torch" not in sys.modules and "tensorboardX" not in sys.modules
+  if hide:
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError
+  try:
+    import tensorboardX.event_file_writer  # noqa: F401
+    from tensorboardX.proto import event_pb2, summary_pb2
+  finally:
+    if hide and sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
+  return event_pb2, summary_pb2
+
+
+event_pb2, summary_pb2 = _import_tensorboardx_without_torch()
 
 METRICS_FILE = "metrics.jsonl"
 
