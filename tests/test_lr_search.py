@@ -179,3 +179,18 @@ def test_protocol_treats_a_rate_with_one_diverged_seed_as_diverged():
   seeds_at = lambda e: {t.seed for t in trials if t.exponent == e}
   assert seeds_at(6) == {0, 1, 2}  # in the band on seed 0, then a seed diverged
   assert seeds_at(7) == {0, 1, 2}  # the best on the mean once 2^-6 is out
+
+
+def test_a_run_that_learned_nothing_counts_as_diverged():
+  # Every rate from 2^-7 up ends at the "unigram" (5.0 plus noise); below, a
+  # real optimum at 2^-9. Without `no_learning` the noise among the failures
+  # picks a best inside the rates tried and the search stops there.
+  def loss(e):
+    return {4: 5.01, 5: 5.00, 6: 5.02, 7: 5.01}.get(e, 1.0 + (e - 9) ** 2 / 10)
+  stuck, _ = run_to_end({"a": 5}, loss, more_seeds=(1,))
+  assert exponents(stuck) == [4, 5, 6] and exponents(stuck, seed=1) == [5]  # a failure, seeded
+  found, _ = run_to_end({"a": 5}, loss, more_seeds=(1,), no_learning=4.0)
+  assert exponents(found) == [4, 5, 6, 7, 8, 9, 10] and exponents(found, seed=1) == [9]
+  # Only finished runs are judged: an unfinished one still makes the label wait.
+  assert lr_search.search({"a": 5}, lambda t: None, no_learning=4.0) == [
+      Trial("a", 4), Trial("a", 5), Trial("a", 6)]

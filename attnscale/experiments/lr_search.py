@@ -20,6 +20,15 @@ bracketed on the mean and every band rate has its seeds. A rate where any seed
 diverged counts as diverged. With packed sweeps (`sweep.py --pack`), each round's
 rates x seeds of a label train as one program.
 
+A run that did not learn is no candidate (`no_learning`, optional): a final loss
+at or above that level (e.g. near the unigram, what predicting token
+frequencies scores) counts as diverged. Without it, a label that learns nothing
+at every rate tried has a "best" chosen by noise among the failures, inside the
+rates tried, and the search would stop there and add seeds to it; with it, every
+rate failed means "all diverged", and the search goes to smaller rates (the
+small BERT's `umup` at 2^-7 ... 2^-4, where every label failed at 2^-7 or
+above: docs/experiments/bert.md).
+
 Transfer (optional): once a source label's best is bracketed, each of its
 target labels also runs (seed 0) at the source's best rate, if its own search did
 not try it: what a model tuned at one size gets at another (the width study:
@@ -73,7 +82,8 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
            bounds: tuple[int, int] = (3, 12),
            more_seeds: Sequence[int] = (1, 2),
            band_seeds: Sequence[int] = (),
-           transfer: Mapping[str, Sequence[str]] | None = None) -> list[Trial]:
+           transfer: Mapping[str, Sequence[str]] | None = None,
+           no_learning: float | None = None) -> list[Trial]:
   """The trials needed so far: stage 1 of every label (seed 0), then stage 2.
 
   Args:
@@ -88,6 +98,8 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
       of the near-best band, the best chosen on the seed mean (with `more_seeds`
       usually empty).
     transfer: source label -> target labels run (seed 0) at the source's best.
+    no_learning: a final loss at or above it counts as diverged (a run that
+      learned nothing; module docstring). None: every finite loss counts.
 
   Returns:
     Stage 1's trials (label by label, in the order they were needed), then
@@ -95,6 +107,13 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
     diverged, has none), then the transfer trials.
   """
   lo, hi = bounds
+  if no_learning is not None:
+    raw_loss = loss
+
+    def loss(t: Trial) -> float | None:
+      value = raw_loss(t)
+      return math.nan if value is not None and value >= no_learning else value
+
   stage1, stage2, best_of = [], [], {}
   for label, start in starts.items():
     tried, banded = [start - 1, start, start + 1], set()
@@ -137,7 +156,8 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
 def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[str, int],
            workdir: str | None, *, bounds: tuple[int, int] = (3, 12),
            more_seeds: Sequence[int] = (1, 2), band_seeds: Sequence[int] = (),
-           transfer: Mapping[str, Sequence[str]] | None = None) -> list[dict]:
+           transfer: Mapping[str, Sequence[str]] | None = None,
+           no_learning: float | None = None) -> list[dict]:
   """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
   finished runs in `workdir` (None: nothing has run, stage 1's first trials).
 
@@ -165,4 +185,5 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
 
   return [point(t) for t in search({label: starts[label] for label in labels}, loss,
                                    bounds=bounds, more_seeds=more_seeds,
-                                   band_seeds=band_seeds, transfer=transfer)]
+                                   band_seeds=band_seeds, transfer=transfer,
+                                   no_learning=no_learning)]
