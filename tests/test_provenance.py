@@ -16,7 +16,7 @@ from attnscale.runtime import provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"commit", "dirty", "jax", "jaxlib", "python", "device_kind", "device_count",
-        "process_count", "backend", "platform", "argv", "hostname", "time_utc", "code"}
+        "process_count", "backend", "platform", "cpu", "cpu_isa", "argv", "hostname", "time_utc", "code"}
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
@@ -132,12 +132,14 @@ def test_runs_csv_has_a_line_per_run_with_its_hyperparameters(tmp_path):
   rows = [{"scaling": "standard", "variant": "standard", "label": "sp/standard", "width": w,
            "learning_rate": 2.0**-9, "seed": s, "steps": 20, "final_train_loss": 2.0 + w / 1e3,
            "best_val_loss": 2.1, "wall_s": 3.0, "status": "done", "run": f"r{w}-{s}",
-           "curve": [(1, 3.0)], "max_logit": 12.5 if s == 0 else math.nan, "commit": "c" * 40}
+           "curve": [(1, 3.0)], "max_logit": 12.5 if s == 0 else math.nan, "commit": "c" * 40,
+           "host": "AMD EPYC/avx2"}
           for w in (32, 64) for s in (0, 1)]
   path = str(tmp_path / "out" / "runs.csv")
   columns = sweep_results.write_runs_csv(rows, path)
   assert columns == ["label", "learning_rate", "variant", "width", "seed", "final_train_loss",
-                     "best_val_loss", "max_logit", "steps", "status", "commit", "run"]
+                     "best_val_loss", "max_logit", "steps", "status", "commit", "host",
+                     "run"]
   with open(path) as f:
     lines = list(csv.DictReader(f))
   assert len(lines) == 4 and list(lines[0]) == columns
@@ -145,7 +147,7 @@ def test_runs_csv_has_a_line_per_run_with_its_hyperparameters(tmp_path):
                       "variant": "standard", "width": "32", "seed": "1",
                       "final_train_loss": repr(2.032), "best_val_loss": "2.1",
                       "max_logit": "nan", "steps": "20", "status": "done", "commit": "c" * 40,
-                      "run": "r32-1"}
+                      "host": "AMD EPYC/avx2", "run": "r32-1"}
   assert float(lines[2]["final_train_loss"]) == rows[2]["final_train_loss"]  # exact
   # Rows without a label or provenance (sweeps.collect's placeholders): empty cells.
   sweep_results.write_runs_csv([{"scaling": "standard", "status": "new", "run": "x"}], path)
@@ -178,3 +180,32 @@ def test_write_results_writes_runs_csv_and_the_commit_note(tmp_path):
   assert os.path.getsize(paths["runs.csv"]) > 0
   assert "runs from 2 commits: aaaaaaa (2 runs), bbbbbbb (1 run)" in open(
       paths["results.md"]).read()
+
+
+def test_host_cpu_reads_the_model_and_widest_vector_extension(tmp_path, monkeypatch):
+  import builtins
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
+                  "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 fma\n")
+  real_open = builtins.open
+  monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(
+      info if path == "/proc/cpuinfo" else path, *a, **k))
+  assert provenance.host_cpu() == ("AMD EPYC", "avx2")
+  info.write_text("model name : Intel Xeon\nflags : avx avx2 avx512f\n")
+  assert provenance.host_cpu() == ("Intel Xeon", "avx512f")
+
+
+def test_host_of_names_each_segments_machine(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  assert provenance.host_of(str(run)) == "unrecorded"  # no provenance.json
+  records = [{"backend": "cpu"},  # a record from before the cpu fields
+             {"backend": "cpu", "cpu": "AMD EPYC", "cpu_isa": "avx2"},
+             {"backend": "gpu", "device_kind": "NVIDIA H100 80GB HBM3"}]
+  (run / "provenance.json").write_text(json.dumps(records))
+  assert provenance.host_of(str(run)) == "unrecorded+AMD EPYC/avx2+NVIDIA H100 80GB HBM3"
+  rows = [{"commit": "a" * 40, "host": "AMD EPYC/avx2"}] * 2 + [
+      {"commit": "a" * 40, "host": "Intel Xeon/avx512f"}]
+  assert sweep_results.commit_note(rows[:2]).endswith("; on 1 host: AMD EPYC/avx2")
+  assert sweep_results.commit_note(rows).endswith(
+      "; on 2 hosts: AMD EPYC/avx2 (2 runs), Intel Xeon/avx512f (1 run)")

@@ -169,7 +169,11 @@ def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
 def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
   """Which code the rows' runs came from, as a line to print under a table:
   "runs from 1 commit: abc1234 (15 runs)" or, for several, "runs from 2
-  commits: abc1234 (12 runs), def5678 (3 runs)" (most runs first).
+  commits: abc1234 (12 runs), def5678 (3 runs)" (most runs first); then, where
+  the rows name their host (`provenance.host_of`), "; on 1 host: AMD EPYC/avx2"
+  or "; on 2 hosts: ... (12 runs), ... (3 runs)". Runs of one commit on two
+  kinds of CPU differ in rounding (XLA:CPU compiles for the host's vector
+  width), as two seeds do, so hosts are reported, not refused.
 
   A row's "commit" is `sweeps.read_run`'s (`provenance.commit_of`: "unknown"
   without a provenance.json, "+dirty" for uncommitted changes); rows never
@@ -180,16 +184,25 @@ def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
       False: a comparison across code changes is not the comparison it claims.
   """
   counts: dict[str, int] = {}
+  hosts: dict[str, int] = {}
   for r in rows:
     commit = r.get("commit")
     if isinstance(commit, str) and r.get("status") != "new":
       counts[commit] = counts.get(commit, 0) + 1
+      if isinstance(r.get("host"), str):
+        hosts[r["host"]] = hosts.get(r["host"], 0) + 1
   ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
   listed = ", ".join(f"{_short_commit(c)} ({n} run{'s' * (n != 1)})" for c, n in ordered)
   note = f"runs from {len(ordered)} commit{'s' * (len(ordered) != 1)}: {listed}"
   if len(ordered) > 1 and not allow_mixed:
     raise ValueError(f"{note}; rerun them at one commit, or pass allow_mixed=True "
                      "to compare across code changes")
+  if len(hosts) == 1:
+    note += f"; on 1 host: {next(iter(hosts))}"
+  elif hosts:
+    by_count = sorted(hosts.items(), key=lambda kv: (-kv[1], kv[0]))
+    note += f"; on {len(hosts)} hosts: " + ", ".join(
+        f"{h} ({n} run{'s' * (n != 1)})" for h, n in by_count)
   return note
 
 
@@ -200,7 +213,7 @@ def _short_commit(commit: str) -> str:
 
 # runs.csv: the columns every run has, around the swept hyperparameters.
 RUN_COLUMNS = ("label", "learning_rate", "seed", "final_train_loss", "best_val_loss",
-               "max_logit", "steps", "status", "commit", "run")
+               "max_logit", "steps", "status", "commit", "host", "run")
 # Keys of a row that are results, not swept hyperparameters ("scaling" is in the label).
 _NOT_SWEPT = set(RUN_COLUMNS) | {"scaling", "wall_s", "curve", "logits"}
 
@@ -213,7 +226,7 @@ def write_runs_csv(rows: Sequence[dict], path: str,
   Columns: label (the row's "label", else its scaling), learning_rate, the swept
   hyperparameters, seed, final_train_loss, best_val_loss, max_logit (the
   largest attention logit of the run's last log row), steps, status, commit,
-  run (its directory name).
+  host (`provenance.host_of`), run (its directory name).
   The hyperparameters are `hyperparameters`, or by default every other key the
   rows carry with a plain value (str, int, float, bool) in every row: variant,
   and what a study adds (width, num_layers). `results`: more result columns a

@@ -459,7 +459,8 @@ def read_run(run_dir: str) -> dict | None:
   max_logit is the largest attention logit of the last log row that has one
   (max over layers of `train/attn/max_logit/layer_<i>`; NaN without attention
   metrics); commit is the code the run came from (`provenance.commit_of`:
-  "unknown" without a provenance.json).
+  "unknown" without a provenance.json), host the machine it trained on
+  (`provenance.host_of`: the CPU's model and vector width, or the chip).
   """
   from attnscale.runtime import provenance  # here: this function's only use
   config_path = os.path.join(run_dir, "config.json")
@@ -504,6 +505,7 @@ def read_run(run_dir: str) -> dict | None:
       "curve": [(r["step"], r["train/loss"]) for r in train],
       "max_logit": float(max(logits[-1])) if logits else math.nan,
       "commit": provenance.commit_of(run_dir),
+      "host": provenance.host_of(run_dir),
   }
 
 

@@ -6,7 +6,8 @@ code change) keeps one record per segment:
 
     [{"commit": "8f57eff...", "dirty": false, "jax": "0.10.2", "jaxlib": "0.10.2",
       "python": "3.11.9", "device_kind": "cpu", "device_count": 1, "process_count": 1,
-      "backend": "cpu", "platform": "Linux-6.8...-x86_64", "argv": ["train.py", ...],
+      "backend": "cpu", "platform": "Linux-6.8...-x86_64", "cpu": "AMD EPYC",
+      "cpu_isa": "avx2", "argv": ["train.py", ...],
       "hostname": "...", "time_utc": "2026-11-25T10:00:00Z", "code": "/path/to/attnscale",
       "imports": {"my_scalings": "/home/me/work/my_scalings.py"}},
      ...]
@@ -17,6 +18,14 @@ when git is missing or the code is not in a checkout: an installed wheel);
 sweeps keep their run directories), so uncommitted edits are on record.
 `read(run_dir)` returns the records, `commit_of(run_dir)` the one string a
 results table keeps.
+
+"cpu" and "cpu_isa" name the host processor (/proc/cpuinfo's model name) and
+its widest vector extension (avx512f, avx2, avx, sse4_2, or the machine name
+elsewhere). XLA:CPU compiles for the host's vector width, so the same commit,
+config and seed give bit-identical runs on one kind of CPU and runs that differ
+in rounding (then drift as another seed would) on another: a sweep whose points
+ran on two kinds of machine says so here. On an accelerator the host CPU only
+feeds it ("device_kind" names the chip).
 
 "imports" (only in a run whose config has `imports`) maps each entry of
 config.imports to the file it was imported from (`configlib.import_files`), so
@@ -72,6 +81,26 @@ def git_state(cwd: str = CODE, tracked: str = os.path.abspath(__file__)
   return commit.strip(), any(not p.startswith(IGNORED) for p in paths)
 
 
+def host_cpu() -> tuple[str, str]:
+  """(model name, widest vector extension) of this host's CPU, from /proc/cpuinfo
+  (platform.processor() or the machine name, and "unknown", where it is absent)."""
+  model, flags = None, set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+          model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+          flags = set(value.split())
+  except OSError:
+    pass
+  isa = next((x for x in ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd") if x in flags),
+             UNKNOWN)
+  return model or platform.processor() or platform.machine() or UNKNOWN, isa
+
+
 def record() -> dict:
   """This process's provenance: code, versions, devices, command, host and time."""
   import jax  # here, not at import: reading provenance needs no JAX
@@ -83,13 +112,14 @@ def record() -> dict:
     jaxlib_version = UNKNOWN
   commit, dirty = git_state()
   devices = jax.devices()
+  cpu, cpu_isa = host_cpu()
   return {
       "commit": commit, "dirty": dirty, "jax": jax.__version__, "jaxlib": jaxlib_version,
       "python": platform.python_version(),
       "device_kind": devices[0].device_kind if devices else UNKNOWN,
       "device_count": jax.device_count(), "process_count": jax.process_count(),
       "backend": jax.default_backend(), "platform": platform.platform(),
-      "argv": list(sys.argv), "hostname": socket.gethostname(),
+      "cpu": cpu, "cpu_isa": cpu_isa, "argv": list(sys.argv), "hostname": socket.gethostname(),
       "time_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
       "code": CODE,
   }
@@ -150,3 +180,19 @@ def commit_of(run_dir: str) -> str:
   commits = list(dict.fromkeys(r.get("commit", UNKNOWN) for r in records)) or [UNKNOWN]
   dirty = any(r.get("dirty") for r in records)
   return "+".join(commits) + ("+dirty" if dirty else "")
+
+
+def host_of(run_dir: str) -> str:
+  """The machine a run trained on as one string: "MODEL/ISA" of the host CPU for a
+  CPU run (`host_cpu`), the device kind for an accelerator's, "+"-joined in order
+  where resumed segments ran on different ones; "unrecorded" for a run whose
+  records predate these fields (or have none)."""
+  hosts = []
+  for r in read(run_dir):
+    if r.get("backend", "cpu") != "cpu":
+      hosts.append(str(r.get("device_kind", UNKNOWN)))
+    elif "cpu" in r:
+      hosts.append(f"{r['cpu']}/{r.get('cpu_isa', UNKNOWN)}")
+    else:
+      hosts.append("unrecorded")
+  return "+".join(dict.fromkeys(hosts)) or "unrecorded"
