@@ -22,9 +22,9 @@ results table keeps.
 "cpu" and "cpu_isa" name the host processor (/proc/cpuinfo's model name) and
 its widest vector extension (avx512f, avx2, avx, sse4_2, or the machine name
 elsewhere). XLA:CPU compiles for the host's vector width, so the same commit,
-config and seed give bit-identical runs on one kind of CPU and runs that differ
-in rounding (then drift as another seed would) on another: a sweep whose points
-ran on two kinds of machine says so here. On an accelerator the host CPU only
+config and seed can round differently on another kind of CPU (and then drift as
+another seed would): a sweep whose points ran on two kinds of machine says so
+here. On an accelerator the host CPU only
 feeds it ("device_kind" names the chip).
 
 "imports" (only in a run whose config has `imports`) maps each entry of
