@@ -235,3 +235,53 @@ def test_bad_kernel_options():
     xla_attention.dot_product_attention(q, k, v, normalizer="relu")
   with pytest.raises(ValueError, match="return_lse needs normalizer='softmax'"):
     xla_attention.dot_product_attention(q, k, v, normalizer="sigmoid", return_lse=True)
+
+
+@pytest.mark.parametrize("case", ["softmax_causal", "padding_mask", "shared_mask_bias_lse",
+                                  "sigmoid_stats"])
+@pytest.mark.parametrize("batch_chunk", [1, 2, 4])
+def test_batch_chunks_compute_the_whole_batchs_values_and_gradients(case, batch_chunk):
+  """`batch_chunk` (groups of rows through a lax.map, the CPU default) changes only
+  the products' shapes: outputs and gradients equal the whole batch's (B = 6, so
+  4 runs groups of 3, the largest divisor)."""
+  B, T, N, K = 6, 20, 4, 2
+  q, k, v = random_qkv(B=B, T=T, S=T, N=N, K=K)
+  options = {"is_causal": case == "softmax_causal"}
+  mask = None
+  if case == "padding_mask":
+    mask = padding_mask([20, 7, 1, 13, 20, 3], T)
+  elif case == "shared_mask_bias_lse":
+    mask = padding_mask([15], T)  # leading 1: one mask for every row
+    options |= {"logit_bias_BTN": jax.random.normal(jax.random.key(5), (1, T, N)),
+                "return_lse": True, "logit_softcap": 5.0}
+  else:
+    options |= {"normalizer": "sigmoid", "return_stats": True, "is_causal": True}
+
+  def run(chunk):
+    def loss(q, k, v):
+      out = xla_attention.dot_product_attention(q, k, v, mask, batch_chunk=chunk, **options)
+      z = out[0] if isinstance(out, tuple) else out
+      return jnp.sum(z * jnp.cos(z)), out
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+  (loss_whole, out_whole), grads_whole = run(None)
+  (loss_chunk, out_chunk), grads_chunk = run(batch_chunk)
+  assert jax.tree.structure(out_whole) == jax.tree.structure(out_chunk)
+  for a, b in zip(jax.tree.leaves((out_whole, grads_whole)), jax.tree.leaves((out_chunk,
+                                                                              grads_chunk))):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(loss_chunk, loss_whole, rtol=1e-6)
+
+
+def test_cpu_batch_chunk_fits_the_cache_bidirectional_on_one_cpu_device():
+  from attnscale.core import attention as attention_lib
+  # The small BERT's attention: [32, 4, 128, 128] float32 logits, 256 KiB a row.
+  assert xla_attention.default_batch_chunk(32, 4, 128, 128) == 2
+  assert xla_attention.default_batch_chunk(1, 8, 4096, 4096) == 1
+  assert xla_attention.default_batch_chunk(8, 1, 8, 8) == 8  # all fits: one pass
+  assert xla_attention._divisor_at_most(6, 4) == 3 and xla_attention._divisor_at_most(7, 2) == 1
+  if jax.default_backend() == "cpu" and jax.device_count() == 1:
+    assert attention_lib.cpu_batch_chunk((32, 128, 4, 32), (32, 128, 4, 32), False) == 2
+    # Causal attention keeps its query blocks alone (measured slower in groups).
+    assert attention_lib.cpu_batch_chunk((32, 128, 4, 32), (32, 128, 4, 32), True) is None

@@ -325,6 +325,27 @@ def _cudnn(q_BTNH, k_BSKH, v_BSKH, keys):
                           q_BTNH, k_BSKH, v_BSKH, mask, keys.is_causal))
 
 
+def cpu_batch_chunk(q_shape, k_shape, is_causal: bool) -> int | None:
+  """Batch rows per pass of the XLA kernel (`xla_attention.default_batch_chunk`) for
+  bidirectional attention in a program compiled for one CPU device; None (the
+  whole batch at once) otherwise.
+
+  Measured (#37, docs/benchmarks.md): the small BERT's step (bidirectional, one
+  [B, N, T, S] block) 5-8% faster with groups of 2 rows, on one thread and on
+  two; the causal char LM's step 5-12% slower (its query blocks already cut the
+  logits, and smaller products parallelise worse), so causal attention keeps
+  its blocks alone. Not on an accelerator (not cache-bound), nor over a mesh of
+  several devices (the batch axis is sharded; a loop over groups of its rows
+  would fight that).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  devices = jax.device_count() if mesh.empty else mesh.size
+  if is_causal or target_platform() != "cpu" or devices != 1:
+    return None
+  B, T, N, _ = q_shape
+  return xla_attention.default_batch_chunk(B, N, T, k_shape[1])
+
+
 def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False):
   """The XLA kernel; returns (z, sink factor or None, `AttentionStats` or None)."""
   bias_BTN = None
@@ -335,7 +356,8 @@ def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_s
   out = xla_attention.dot_product_attention(
       q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
       logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, return_lse=sink is not None,
-      return_stats=return_stats)
+      return_stats=return_stats,
+      batch_chunk=cpu_batch_chunk(q_BTNH.shape, k_BSKH.shape, keys.is_causal))
   if sink is None and not return_stats:
     return out, None, None
   z_BTNH, rest = out[0], list(out[1:])
