@@ -117,3 +117,21 @@ def test_mixed_commits_need_the_flag(tmp_path):
     studies_main.main(argv)
   studies_main.main(argv + ["--allow_mixed_code"])
   assert "runs from 2 commits" in (tmp_path / "out" / "bert.md").read_text()
+
+
+def test_a_run_archived_without_weights_or_eval_is_reported_not_fatal(tmp_path):
+  """sweeps.archive keeps no weights: a run archived before eval.py ran cannot be
+  evaluated later; the study says so and reads its other seeds."""
+  import shutil
+  _sweep(tmp_path)
+  run = tmp_path / "standard-8-0"
+  (run / "eval.json").unlink()
+  shutil.rmtree(run / "checkpoints")
+  (run / "checkpoints").mkdir()  # as orbax leaves it: the folder, no step
+  (run / "archived.json").write_text(json.dumps({"step": STEPS}))  # sweeps.archive's mark
+  rows = bert.read_rows(str(tmp_path))
+  best = bert.at_best(rows, str(tmp_path), evaluate=True)  # would need the weights
+  assert best["standard"]["unevaluated"] == ["standard-8-0"]
+  assert sorted(bert._by_seed(best["standard"], "val_loss")) == [1, 2]
+  table = {r["label"]: r for r in bert.label_rows(best)}
+  assert table["standard"]["seeds"] == 3 and table["standard"]["val_seeds"] == 2

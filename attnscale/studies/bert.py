@@ -73,9 +73,11 @@ def read_rows(workdir: str) -> list[dict]:
 def at_best(rows: Sequence[dict], workdir: str, evaluate: bool = True) -> dict[str, dict]:
   """Per label: `best_per_scaling`'s entry plus "runs", its finished runs at the
   best rate, each with val_loss, accuracy and attention from its eval.json
-  (run by `evaluate_run` first where missing or stale, when `evaluate`). The
-  rows are updated in place, so `rows` carries the validation results too
-  (runs.csv reads them there)."""
+  (run by `evaluate_run` first where missing or stale, when `evaluate`), and
+  "unevaluated": those that have neither an eval.json nor weights (a run archived
+  before it was evaluated), whose validation numbers are missing. The rows are
+  updated in place, so `rows` carries the validation results too (runs.csv reads
+  them there)."""
   from attnscale.evaluation import eval_lib  # JAX: only when runs are read
 
   best = sweep_results.best_per_scaling(rows)
@@ -87,14 +89,25 @@ def at_best(rows: Sequence[dict], workdir: str, evaluate: bool = True) -> dict[s
         continue
       path = os.path.join(workdir, r["run"])
       if evaluate and not sweeps.evaluated(path):
-        print(f"bert: evaluating {r['run']} (whole validation split)")
-        eval_lib.evaluate_run(path)
+        if _has_weights(path):
+          print(f"bert: evaluating {r['run']} (whole validation split)")
+          eval_lib.evaluate_run(path)
+        else:  # archived (sweeps.archive) before it was evaluated: no weights to read
+          print(f"bert: {r['run']} has no weights and no eval.json (archived before it was "
+                "evaluated): its validation numbers are missing")
+          b.setdefault("unevaluated", []).append(r["run"])
       result = _eval_json(path)
       if result is not None:
         r.update(val_loss=result["val_loss"], accuracy=result["accuracy"],
                  attention=result["attention"])
       b["runs"].append(r)
   return best
+
+
+def _has_weights(path: str) -> bool:
+  """Whether the run directory holds a checkpoint (a step folder under checkpoints/)."""
+  folder = os.path.join(path, "checkpoints")
+  return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
 
 
 def _eval_json(path: str) -> dict | None:
@@ -117,7 +130,7 @@ def label_rows(best: Mapping[str, dict]) -> list[dict]:
     val = stats.mean_interval(_by_seed(b, "val_loss").values())
     acc = stats.mean_interval(_by_seed(b, "accuracy").values())
     row = {"label": label, "best_lr": b["learning_rate"], "seeds": b["seeds"],
-           "train_loss": b["final_train_loss"], "train_se": b["se"],
+           "val_seeds": len(_by_seed(b, "val_loss")), "train_loss": b["final_train_loss"], "train_se": b["se"],
            "val_loss": val.mean, "val_lo": val.lo, "val_hi": val.hi,
            "accuracy_pct": 100 * acc.mean, "acc_lo": 100 * acc.lo, "acc_hi": 100 * acc.hi}
     if BASELINE in best and label != BASELINE:
@@ -280,9 +293,13 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "val_vs_standard: the label's validation loss minus standard's (post-LN, 1/sqrt(d)), "
            "paired by seed (attnscale.experiments.stats.compare): worse, better or within "
            "noise at 95%."]
+  missing = [run for b in best.values() for run in b.get("unevaluated", [])]
+  if missing:
+    notes.append(f"Not evaluated ({len(missing)}: archived without weights before eval.py "
+                 f"ran, so their validation columns have one seed fewer): {', '.join(missing)}.")
   paths = reporting.write_tables(
       table, args.out, "bert", title="The small BERT: each scaling at its best rate",
-      notes=notes, floats=".4f", formats={"best_lr": reporting.power_of_two, "seeds": "d",
+      notes=notes, floats=".4f", formats={"best_lr": reporting.power_of_two, "seeds": "d", "val_seeds": "d",
                                           "accuracy_pct": ".2f", "acc_lo": ".2f",
                                           "acc_hi": ".2f"})
   paths += reporting.write_tables(
