@@ -95,3 +95,22 @@ def test_attention_stats_standard_numbers():
   causal = diagnostics.attention_stats(q, k, v, is_causal=True)
   want = np.mean([math.log(i) for i in range(1, 17)])
   assert float(causal["entropy"]) == pytest.approx(want, rel=1e-5)
+
+
+def test_sweeps_evaluate_finished_then_archive(trained, tmp_path):
+  """`sweep.py --evaluate`: every finished run with weights gets its eval.json once,
+  so `archive` (no weights) keeps it; archived runs are not evaluated again."""
+  import shutil
+
+  from attnscale.experiments import sweeps
+  _, workdir = trained
+  work = tmp_path / "sweep"
+  shutil.copytree(workdir, work / "a")
+  (work / "a" / "eval.json").unlink(missing_ok=True)
+  assert sweeps.evaluate_finished(str(work)) == ["a"] and sweeps.evaluated(str(work / "a"))
+  assert sweeps.evaluate_finished(str(work)) == []  # done once
+  sweeps.archive(str(work), str(tmp_path / "raw"))
+  assert (tmp_path / "raw" / "a" / "eval.json").exists()
+  shutil.copytree(tmp_path / "raw", tmp_path / "fresh")  # another machine: no weights
+  (tmp_path / "fresh" / "a" / "eval.json").unlink()
+  assert sweeps.evaluate_finished(str(tmp_path / "fresh")) == []  # nothing to read

@@ -49,7 +49,11 @@ def define_flags() -> types.SimpleNamespace:
           "archive_to", None, "Also copy each finished point's records (config, metrics, "
           "provenance, eval.json; no weights) to this directory, for committing: copied back "
           "into a fresh --workdir, they count as done (attnscale/experiments/sweeps.py "
-          "archive)."))
+          "archive); after each stage of a staged sweep and at the end."),
+      evaluate=flags.DEFINE_bool(
+          "evaluate", False, "Evaluate each finished point on the whole validation split "
+          "(eval.py; eval.json) after each stage, before --archive_to copies it: an archived "
+          "run has no weights left to evaluate."))
   flags.mark_flags_as_required(["config", "sweep", "workdir"])
   return holders
 
@@ -86,8 +90,10 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     try:
       failures = sweeps.run_sweep(config, points, workdir, jobs=h.jobs.value, pack=pack)
       # A staged sweep adds points from its results (seeds at the best learning
-      # rates): run until a reload adds nothing.
+      # rates): run until a reload adds nothing. Each stage's records are kept
+      # (evaluated, archived) before the next starts: a session may end mid-sweep.
       while True:
+        keep_records(h, workdir)
         more = sweeps.load_sweep(config, sweep, workdir)
         if {p.name for p in more} <= {p.name for p in points}:
           break
@@ -101,11 +107,20 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   paths = sweep_results.write_results(rows, workdir, title=f"{sweep} sweep")
   print(sweep_results.markdown_table(rows))
   print("wrote " + ", ".join(paths.values()))
+  keep_records(h, workdir)
+  for point, code in failures:
+    print(f"failed (exit {code}): {point.name}", file=sys.stderr)
+
+
+def keep_records(h: types.SimpleNamespace, workdir: str) -> None:
+  """--evaluate, then --archive_to, over the finished points so far."""
+  from attnscale.experiments import sweeps
+  if h.evaluate.value:
+    evaluated = sweeps.evaluate_finished(workdir)
+    print(f"evaluated {len(evaluated)} finished points (eval.json)")
   if h.archive_to.value:
     copied = sweeps.archive(workdir, h.archive_to.value)
     print(f"archived {len(copied)} finished points to {h.archive_to.value}")
-  for point, code in failures:
-    print(f"failed (exit {code}): {point.name}", file=sys.stderr)
 
 
 def import_modules(config_file: str, points) -> None:

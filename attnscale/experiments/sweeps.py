@@ -223,6 +223,31 @@ def archive(workdir: str, dest: str) -> list[str]:
   return copied
 
 
+def evaluate_finished(workdir: str) -> list[str]:
+  """Runs eval.py's evaluation (`eval_lib.evaluate_run`: the whole validation split,
+  written to eval.json) on every finished run in `workdir` that has its weights
+  and no eval.json from its last step; returns the runs evaluated.
+
+  `archive` keeps no weights, so a run archived before it was evaluated can never
+  be evaluated again: a study that later finds it at a best rate has one seed
+  fewer (docs/experiments/bert.md). `sweep.py --evaluate` calls this before each
+  archive.
+  """
+  from attnscale.evaluation import eval_lib  # JAX: only when evaluating
+
+  done = []
+  for name in sorted(os.listdir(workdir)):
+    run_dir = os.path.join(workdir, name)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    if (not os.path.isdir(run_dir) or status(run_dir, read_checkpoint=False) != "done"
+        or evaluated(run_dir) or not os.path.isdir(checkpoints)
+        or not any(step.isdigit() for step in os.listdir(checkpoints))):
+      continue
+    eval_lib.evaluate_run(run_dir)
+    done.append(name)
+  return done
+
+
 def _reads(run_dir: str, step: int) -> bool:
   """Whether checkpoint `step` of `run_dir` reads in full, onto one device here."""
   import jax  # here: reading the results needs no JAX
