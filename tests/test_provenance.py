@@ -206,6 +206,6 @@ def test_host_of_names_each_segments_machine(tmp_path):
   assert provenance.host_of(str(run)) == "unrecorded+AMD EPYC/avx2+NVIDIA H100 80GB HBM3"
   rows = [{"commit": "a" * 40, "host": "AMD EPYC/avx2"}] * 2 + [
       {"commit": "a" * 40, "host": "Intel Xeon/avx512f"}]
-  assert sweep_results.commit_note(rows[:2]).endswith("; on 1 host: AMD EPYC/avx2")
+  assert sweep_results.commit_note(rows[:2]).endswith("; hosts: AMD EPYC/avx2 (2 runs)")
   assert sweep_results.commit_note(rows).endswith(
-      "; on 2 hosts: AMD EPYC/avx2 (2 runs), Intel Xeon/avx512f (1 run)")
+      "; hosts: AMD EPYC/avx2 (2 runs), Intel Xeon/avx512f (1 run)")

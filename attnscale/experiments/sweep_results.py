@@ -170,8 +170,8 @@ def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
   """Which code the rows' runs came from, as a line to print under a table:
   "runs from 1 commit: abc1234 (15 runs)" or, for several, "runs from 2
   commits: abc1234 (12 runs), def5678 (3 runs)" (most runs first); then, where
-  the rows name their host (`provenance.host_of`), "; on 1 host: AMD EPYC/avx2"
-  or "; on 2 hosts: ... (12 runs), ... (3 runs)". Runs of one commit on two
+  the rows name their host (`provenance.host_of`), "; hosts: AMD EPYC/avx2 (12
+  runs), unrecorded (3 runs)" ("unrecorded": provenance from before the field). Runs of one commit on two
   kinds of CPU differ in rounding (XLA:CPU compiles for the host's vector
   width), as two seeds do, so hosts are reported, not refused.
 
@@ -197,12 +197,9 @@ def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
   if len(ordered) > 1 and not allow_mixed:
     raise ValueError(f"{note}; rerun them at one commit, or pass allow_mixed=True "
                      "to compare across code changes")
-  if len(hosts) == 1:
-    note += f"; on 1 host: {next(iter(hosts))}"
-  elif hosts:
+  if hosts:
     by_count = sorted(hosts.items(), key=lambda kv: (-kv[1], kv[0]))
-    note += f"; on {len(hosts)} hosts: " + ", ".join(
-        f"{h} ({n} run{'s' * (n != 1)})" for h, n in by_count)
+    note += "; hosts: " + ", ".join(f"{h} ({n} run{'s' * (n != 1)})" for h, n in by_count)
   return note
 
 
