@@ -349,3 +349,19 @@ def test_the_new_studies_sweeps():
   assert len(load("shared_kv_cpu")) == 9
   assert {p.arg.split("scaling=")[1].split(",seed")[0] for p in load("length_2025")} == {
       "standard", "log_n", "temperature_tuning", "yarn", "log_n,s=1", "log_n,s=2"}
+
+
+def test_collect_only_with_evaluate_and_archive_keeps_the_records(tmp_path):
+  """sweep.py --evaluate --archive_to: the finished points' records land in the
+  archive (an archived run without weights is not evaluated again: nothing to read)."""
+  work, dest = tmp_path / "work", tmp_path / "raw"
+  _fake_run(work / "graphcore_cpu-standard-0-lr0.125", lr=0.125,
+            losses=[(20, 2.5), (40, 2.0)], num_steps=40, elapsed=[10, 20])
+  with open(work / "graphcore_cpu-standard-0-lr0.125" / "archived.json", "w") as f:
+    json.dump({"step": 40}, f)  # archived elsewhere: done, no weights
+  out = subprocess.run(
+      [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
+       f"--workdir={work}", "--collect_only", "--evaluate", f"--archive_to={dest}"],
+      cwd=ROOT, capture_output=True, text=True, check=True).stdout
+  assert "evaluated 0 finished points" in out and f"archived 1 finished points to {dest}" in out
+  assert os.listdir(dest) == ["graphcore_cpu-standard-0-lr0.125"]
