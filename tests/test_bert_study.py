@@ -135,3 +135,6 @@ def test_a_run_archived_without_weights_or_eval_is_reported_not_fatal(tmp_path):
   assert sorted(bert._by_seed(best["standard"], "val_loss")) == [1, 2]
   table = {r["label"]: r for r in bert.label_rows(best)}
   assert table["standard"]["seeds"] == 3 and table["standard"]["val_seeds"] == 2
+  # Accuracy against standard, in points: higher is better (compare's "worse").
+  assert table["unit_scaled"]["acc_vs_standard"].endswith(": better")
+  assert table["fully_scaled"]["acc_vs_standard"].endswith(": worse")

@@ -136,8 +136,14 @@ def label_rows(best: Mapping[str, dict]) -> list[dict]:
     if BASELINE in best and label != BASELINE:
       c = stats.compare(_by_seed(best[BASELINE], "val_loss"), _by_seed(b, "val_loss"))
       row["val_vs_standard"] = c.format()
+      points = lambda x: {s: 100 * v for s, v in _by_seed(x, "accuracy").items()}
+      a = stats.compare(points(best[BASELINE]), points(b))
+      # compare's "worse" is a higher value: for accuracy, better.
+      flipped = {"worse": "better", "better": "worse"}.get(a.verdict, a.verdict)
+      row["acc_vs_standard"] = f"{a.format(verdict=False)}: {flipped}"
     else:
-      row["val_vs_standard"] = "baseline" if label == BASELINE else "-"
+      row["val_vs_standard"] = row["acc_vs_standard"] = (
+          "baseline" if label == BASELINE else "-")
     out.append(row)
   return sorted(out, key=lambda r: (math.isnan(r["val_loss"]), r["val_loss"], r["train_loss"]))
 
@@ -292,7 +298,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "label's best rate (the lowest seed mean among the rates with the most seeds).",
            "val_vs_standard: the label's validation loss minus standard's (post-LN, 1/sqrt(d)), "
            "paired by seed (attnscale.experiments.stats.compare): worse, better or within "
-           "noise at 95%."]
+           "noise at 95%; acc_vs_standard: the same for masked-token accuracy, in points "
+           "(better = higher)."]
   missing = [run for b in best.values() for run in b.get("unevaluated", [])]
   if missing:
     notes.append(f"Not evaluated ({len(missing)}: archived without weights before eval.py "
