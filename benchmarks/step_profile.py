@@ -44,6 +44,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # configs/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_throughput
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -177,12 +178,10 @@ def main(argv=None):
 def profile(args: argparse.Namespace) -> str:
   """The table (markdown, with two header lines) for the parsed arguments."""
   import jax
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
+  from train_throughput import unlogged_step  # beside this file
 
   from attnscale import tasks
-  from attnscale.runtime import packing, train_lib
-  from attnscale.runtime import train_state as ts
+  from attnscale.runtime import packing
 
   config_arg = args.config
   path, sep, arg = config_arg.partition(":")
@@ -193,15 +192,8 @@ def profile(args: argparse.Namespace) -> str:
     with config.unlocked():
       config.model.dropout = 0.0
   task = tasks.get_task(config)
-  mesh = ts.make_mesh()
-  batch_sharding = NamedSharding(mesh, P("data"))
-  tx = ts.make_optimizer(config)
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
-  step_fn = train_lib.make_train_step(
-      graphdef, task, config, shardings, batch_sharding, tx=tx,
-      attn_metrics=False if config.get("qk_clip", 0.0) == 0 else None)
-  batches = [train_lib.global_batch(task.train_batch(i), batch_sharding)
-             for i in range(args.steps)]
+  step_fn, state, batches = unlogged_step(config, [task.train_batch(i)
+                                                   for i in range(args.steps)])
   hlo = step_fn.lower(state, batches[0]).compile().as_text()
 
   def run():
@@ -225,7 +217,6 @@ def profile(args: argparse.Namespace) -> str:
 
   instructions, frames = hlo_index(hlo)
   times = collections.Counter()
-  counts = collections.Counter()
   for plane in trace_data.planes:
     for line in plane.lines:
       if not line.name.startswith("tf_XLA"):  # XLA's executor threads, not Python's
@@ -233,7 +224,6 @@ def profile(args: argparse.Namespace) -> str:
       for event in line.events:
         if event.name in instructions:
           times[event.name] += event.duration_ns / 1e6 / args.steps
-          counts[event.name] += 1
   total = sum(times.values())
 
   rows = collections.Counter()

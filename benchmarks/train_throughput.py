@@ -88,20 +88,25 @@ def flops_per_token(config) -> float:
   return 6 * matmul_params + 12 * m.num_layers * config.seq_len * m.width
 
 
-def jax_runner(config, batches_np):
-  """A function running n train steps of attnscale's train step (what train.py runs)."""
+def unlogged_step(config, batches_np):
+  """(step_fn, state, batches): the program train.py runs on the steps it does not
+  log, its initial state and the batches on the mesh. With attn_metrics on and
+  QK-clip off, the attention statistics (about 10% of a step) only run on logged
+  steps, in a second program (train_lib._train); the PyTorch twin computes none."""
   mesh = ts.make_mesh()
   batch_sharding = NamedSharding(mesh, P("data"))
   tx = ts.make_optimizer(config)  # one optimizer, as train_lib builds it
   graphdef, state, shardings = ts.create_state(config, mesh, tx)
   task = tasks.get_task(config)
-  # The program train.py runs on the steps it does not log: with attn_metrics on and
-  # QK-clip off, the attention statistics (about 10% of a step) only run on logged
-  # steps, in a second program (train_lib._train); the PyTorch twin computes none.
   step_fn = train_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
                                       attn_metrics=False if config.get("qk_clip", 0.0) == 0
                                       else None)
-  batches = [train_lib.global_batch(b, batch_sharding) for b in batches_np]
+  return step_fn, state, [train_lib.global_batch(b, batch_sharding) for b in batches_np]
+
+
+def jax_runner(config, batches_np):
+  """A function running n train steps of attnscale's train step (what train.py runs)."""
+  step_fn, state, batches = unlogged_step(config, batches_np)
   holder = {"state": state}
 
   def run(n):

@@ -16,7 +16,8 @@ from attnscale.runtime import provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"commit", "dirty", "jax", "jaxlib", "python", "device_kind", "device_count",
-        "process_count", "backend", "platform", "cpu", "cpu_isa", "argv", "hostname", "time_utc", "code"}
+        "process_count", "backend", "platform", "cpu", "cpu_isa", "argv", "hostname",
+        "time_utc", "code"}
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 

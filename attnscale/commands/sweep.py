@@ -93,10 +93,10 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
       # rates): run until a reload adds nothing. Each stage's records are kept
       # (evaluated, archived) before the next starts: a session may end mid-sweep.
       while True:
-        keep_records(h, workdir)
         more = sweeps.load_sweep(config, sweep, workdir)
         if {p.name for p in more} <= {p.name for p in points}:
           break
+        keep_records(h, workdir)  # the last stage's: below, with the results
         points = more
         failures += sweeps.run_sweep(config, points, workdir, jobs=h.jobs.value, pack=pack)
     except KeyboardInterrupt:  # the running points have saved (sweeps._call)

@@ -140,8 +140,8 @@ def dot_product_attention(q_BTNH: Array,
   """
   if normalizer not in NORMALIZERS:
     raise ValueError(f"normalizer must be one of {NORMALIZERS}, got {normalizer!r}")
-  B = q_BTNH.shape[0]
-  if batch_chunk is not None and _divisor_at_most(B, batch_chunk) < B:
+  rows = q_BTNH.shape[0]
+  if batch_chunk is not None and _divisor_at_most(rows, batch_chunk) < rows:
     kernel = functools.partial(
         dot_product_attention, is_causal=is_causal, block_q=block_q, normalizer=normalizer,
         logit_softcap=logit_softcap, return_lse=return_lse, return_stats=return_stats)
@@ -149,7 +149,7 @@ def dot_product_attention(q_BTNH: Array,
                            logit_bias_BTN=logit_bias_BTN)
   if return_lse and normalizer != "softmax":
     raise ValueError(f"return_lse needs normalizer='softmax', got {normalizer!r}")
-  _, T, N, H = q_BTNH.shape
+  B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   G = N // K
   dtype = q_BTNH.dtype

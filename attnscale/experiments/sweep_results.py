@@ -171,9 +171,10 @@ def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
   "runs from 1 commit: abc1234 (15 runs)" or, for several, "runs from 2
   commits: abc1234 (12 runs), def5678 (3 runs)" (most runs first); then, where
   the rows name their host (`provenance.host_of`), "; hosts: AMD EPYC/avx2 (12
-  runs), unrecorded (3 runs)" ("unrecorded": provenance from before the field). Runs of one commit on two
-  kinds of CPU differ in rounding (XLA:CPU compiles for the host's vector
-  width), as two seeds do, so hosts are reported, not refused.
+  runs), unrecorded (3 runs)" ("unrecorded": provenance from before the field).
+  Runs of one commit on two kinds of CPU can differ in rounding (XLA:CPU compiles
+  for the host's vector width), as two seeds do, so hosts are reported, not
+  refused.
 
   A row's "commit" is `sweeps.read_run`'s (`provenance.commit_of`: "unknown"
   without a provenance.json, "+dirty" for uncommitted changes); rows never

@@ -130,7 +130,8 @@ def label_rows(best: Mapping[str, dict]) -> list[dict]:
     val = stats.mean_interval(_by_seed(b, "val_loss").values())
     acc = stats.mean_interval(_by_seed(b, "accuracy").values())
     row = {"label": label, "best_lr": b["learning_rate"], "seeds": b["seeds"],
-           "val_seeds": len(_by_seed(b, "val_loss")), "train_loss": b["final_train_loss"], "train_se": b["se"],
+           "val_seeds": len(_by_seed(b, "val_loss")),
+           "train_loss": b["final_train_loss"], "train_se": b["se"],
            "val_loss": val.mean, "val_lo": val.lo, "val_hi": val.hi,
            "accuracy_pct": 100 * acc.mean, "acc_lo": 100 * acc.lo, "acc_hi": 100 * acc.hi}
     if BASELINE in best and label != BASELINE:
@@ -306,9 +307,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
                  f"ran, so their validation columns have one seed fewer): {', '.join(missing)}.")
   paths = reporting.write_tables(
       table, args.out, "bert", title="The small BERT: each scaling at its best rate",
-      notes=notes, floats=".4f", formats={"best_lr": reporting.power_of_two, "seeds": "d", "val_seeds": "d",
-                                          "accuracy_pct": ".2f", "acc_lo": ".2f",
-                                          "acc_hi": ".2f"})
+      notes=notes, floats=".4f", formats={"best_lr": reporting.power_of_two, "seeds": "d",
+                                          "val_seeds": "d", "accuracy_pct": ".2f",
+                                          "acc_lo": ".2f", "acc_hi": ".2f"})
   paths += reporting.write_tables(
       claims, args.out, "bert_claims", title="Graphcore's observation on BERT, tested",
       notes=["effect: label minus reference at each one's best rate, paired by seed, "
