@@ -1,5 +1,5 @@
-"""Shared fixtures: strict rank promotion, synthetic WikiText and a per-module XLA
-compilation cache. Helpers tests import live in `attnscale.testing`."""
+"""Shared fixtures: strict rank promotion, synthetic WikiText and one XLA
+compilation cache for the run. Helpers tests import live in `attnscale.testing`."""
 
 import os
 
@@ -7,14 +7,25 @@ import os
 # CI leg, for deviceless GPU compilation) JAX would otherwise try to open a GPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Tests compile hundreds of small programs and run each a few times: LLVM's -O0
-# cuts XLA:CPU's compile time by ~40% (1.7 s -> 1.0 s per program at the test
-# preset; the suite 17.5 -> 13.5 min on 2 cores). Subprocesses (train.py, eval.py) inherit it.
-# Results are the same programs, so reference == fused comparisons are unaffected;
-# set ATTNSCALE_TEST_XLA_OPT=1 to run the suite at XLA's default optimisation.
+# Tests compile hundreds of small programs and run each a few times, so the suite's
+# time is mostly XLA:CPU's compiler. Two code-generation choices cut it: LLVM's -O0
+# (~40% less compile time; the suite 17.5 -> 13.5 min on 2 cores) and, at -O0, the
+# older elemental emitters instead of XLA:CPU's MLIR fusion emitters (another ~40%:
+# two test-preset runs compile in 8.4 s instead of 14.9 on the 2-core AMD host,
+# 2026-11-26; without -O0 the old emitters are far slower). Both change how the same
+# HLO programs become machine code, not the programs: reference == fused comparisons
+# and recorded losses hold (to rounding). Subprocesses (train.py, eval.py) inherit
+# them. ATTNSCALE_TEST_XLA_OPT=1 runs the suite with XLA's defaults, as users run.
+# JAX 0.12's XLA has only the fusion emitters (an unknown flag is fatal), so there
+# the flag is left out; importing jaxlib.version starts no backend.
+import jaxlib.version  # noqa: E402
+
+TEST_XLA_FLAGS = ["--xla_backend_optimization_level=0"]
+if tuple(int(p) for p in jaxlib.version.__version__.split(".")[:2]) < (0, 11):
+  TEST_XLA_FLAGS.append("--xla_cpu_use_fusion_emitters=false")
 if os.environ.get("ATTNSCALE_TEST_XLA_OPT") != "1":
   os.environ["XLA_FLAGS"] = " ".join(
-      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
+      [os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS]).strip()
 
 # A test harness started as a background job (`cmd &` in a script, nohup) runs
 # with SIGINT ignored, and an ignored signal stays ignored across exec: the
@@ -110,20 +121,35 @@ def tfds_dir(tmp_path_factory):
   return data_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def compilation_cache_dir(tmp_path_factory):
-  """A persistent XLA cache for one test module: runs of one config compile once.
-
-  Compilation is most of a test-preset run on CPU (about 8 s of 10); the
-  end-to-end modules rerun the same config many times. Restored afterwards.
-  Use with `pytestmark = pytest.mark.usefixtures("compilation_cache_dir")`.
+  """One persistent XLA cache for the whole run, shared by the xdist workers and
+  the subprocesses they start (train.py, eval.py inherit JAX_COMPILATION_CACHE_DIR):
+  a program that several modules compile (the test preset's train step, its eval
+  step) compiles once. Compilation is most of a test-preset run on CPU (about 5 s of
+  8); the cache holds the same executables, so no result changes. It lives in this
+  run's temporary folder, so every run starts cold (as CI does).
   """
+  base = tmp_path_factory.getbasetemp()
+  # Under xdist each worker has its own basetemp below the run's folder.
+  root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+  cache = root / "xla_cache"
+  cache.mkdir(exist_ok=True)
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
   saved = {name: getattr(jax.config, name) for name in names}
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  env = {"JAX_COMPILATION_CACHE_DIR": str(cache),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  saved_env = {name: os.environ.get(name) for name in env}
+  os.environ.update(env)
+  jax.config.update("jax_compilation_cache_dir", str(cache))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   compilation_cache.reset_cache()
-  yield
+  yield cache
   for name, value in saved.items():
     jax.config.update(name, value)
+  for name, value in saved_env.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
   compilation_cache.reset_cache()

@@ -148,6 +148,7 @@ def test_tensorboard_holds_the_layer_scalars_not_the_lists(logged_run):
   assert not any("_heads" in t for t in tags)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("remat", ["full"])
 def test_remat_logs_the_same_stats(remat):
   """The stats are sown inside the rematerialised blocks and still come out."""

@@ -12,8 +12,6 @@ from attnscale.experiments import reporting
 from attnscale.studies import coord_check
 from configs import shakespeare_char
 
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
-
 
 def make_config(tfds_dir, arg, **overrides):
   config = shakespeare_char.get_config(arg)

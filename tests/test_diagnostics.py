@@ -19,7 +19,7 @@ from attnscale.studies import __main__ as cli
 from configs import bert_small
 
 # A persistent XLA cache (conftest); strict rank promotion guards the masks' shapes.
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir", "strict_rank_promotion")
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
 STEPS = 3
 
@@ -47,6 +47,7 @@ def study_csv(workdir, out):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("run", ["bert_run", "char_run"])
 def test_recomputed_study_equals_eval_json(run, request, tmp_path):
   config, workdir, result = request.getfixturevalue(run)

@@ -34,7 +34,6 @@ NUM_STEPS, CHECKPOINT_EVERY = 300, 100
 COMPARED = ("train/loss", "train/grad_norm", "train/loss_last20", "train/lr", "val/loss")
 
 # The in-process restores (eval_lib) compile once per module.
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
 
 
 @pytest.fixture(scope="module")

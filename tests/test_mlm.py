@@ -26,7 +26,7 @@ from attnscale.testing import SCALING_CASES
 from configs import bert_small
 
 # A persistent XLA cache for this module (conftest): reruns of one config compile once.
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir", "strict_rank_promotion")
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 
 V = 60  # vocabulary of the synthetic token tests
 RESERVED = len(tokenizer.SPECIALS)

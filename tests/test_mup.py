@@ -16,8 +16,6 @@ from attnscale.runtime import steps as steps_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
-
 # The sp losses of the first 5 steps, recorded on the code before mup existed
 # (commit 1d9988b): sp's programs must not change. Re-recorded once, 2026-11-25, when
 # the XLA kernel's hand-written backward (#37) changed gradients by rounding: the
@@ -38,9 +36,20 @@ SP_LOSSES_JAX_0_12 = {
     "preset=graphcore_cpu": [4.170993804931641, 3.9187233448028564, 3.5825002193450928,
                              3.3730432987213135, 3.380084991455078],
 }
+# XLA:CPU compiles for the host's vector width (AVX2 or AVX-512), so one program can
+# round a few ulp differently on another machine (CI's AMD host: the 2nd loss 1 ulp
+# off, 2026-11-26). A change to sp moves these losses by far more than 8 ulp.
+ULP_RTOL = 1e-6  # ~8 float32 ulp
+
+
 def recorded(arg: str) -> list[list[float]]:
   """The recorded sp losses of `arg`: JAX 0.10's and JAX 0.12's."""
   return [SP_LOSSES[arg], SP_LOSSES_JAX_0_12[arg]]
+
+
+def is_recorded(got: list[float], arg: str) -> bool:
+  """Whether `got` is one of `arg`'s recordings, up to the hosts' rounding."""
+  return any(np.allclose(got, want, rtol=ULP_RTOL, atol=0) for want in recorded(arg))
 
 
 SMALL = {"model.num_layers": 2, "seq_len": 32, "batch_size": 4}
@@ -76,7 +85,7 @@ def losses(config, steps):
 @pytest.mark.parametrize("arg", SP_LOSSES)
 def test_sp_losses_unchanged(tfds_dir, arg):
   overrides = SMALL if arg == "preset=graphcore_cpu" else {}
-  assert losses(make_config(tfds_dir, arg, **overrides), 5) in recorded(arg), MESSAGE
+  assert is_recorded(losses(make_config(tfds_dir, arg, **overrides), 5), arg), MESSAGE
 
 
 def test_mup_equals_sp_at_the_base_width(tfds_dir):
@@ -84,7 +93,7 @@ def test_mup_equals_sp_at_the_base_width(tfds_dir):
   config = make_config(tfds_dir, "preset=graphcore_cpu", **SMALL,
                        **{"model.parameterization": "mup"})
   assert config.model.width == config.model.base_width == 64
-  assert losses(config, 5) in recorded("preset=graphcore_cpu")
+  assert is_recorded(losses(config, 5), "preset=graphcore_cpu")
 
 
 def test_mup_rules():
@@ -159,6 +168,7 @@ def test_mup_weight_decay_takes_the_group_learning_rate(tfds_dir):
   np.testing.assert_allclose(updates["up"]["kernel"], -lr / 2 * wd, rtol=1e-5)
 
 
+@pytest.mark.heavy
 def test_mup_trains_and_resumes(tfds_dir, tmp_path_factory):
   overrides = {"model.parameterization": "mup", "lr_schedule": "constant", "warmup_steps": 0,
                "log_every": 1}
@@ -201,7 +211,7 @@ def test_bad_values_fail_in_one_line(fields, field):
 def test_depth_rule_equals_sp_at_the_base_depth(tfds_dir, alpha):
   config = make_config(tfds_dir, "preset=graphcore_cpu", **SMALL,
                        **{"model.depth_alpha": alpha, "model.base_depth": 2})
-  assert losses(config, 5) in recorded("preset=graphcore_cpu")
+  assert is_recorded(losses(config, 5), "preset=graphcore_cpu")
 
 
 def test_depth_rules():
@@ -248,6 +258,7 @@ def test_depth_rule_multiplies_each_branch(tfds_dir):
   np.testing.assert_allclose(updates["w"], expected, rtol=1e-4)
 
 
+@pytest.mark.heavy
 def test_depth_rule_trains_and_resumes(tfds_dir, tmp_path_factory):
   overrides = {"model.depth_alpha": 0.5, "model.base_depth": 1, "lr_schedule": "constant",
                "warmup_steps": 0, "log_every": 1}

@@ -37,7 +37,6 @@ RATES, SEEDS = (2.0**-8, 2.0**-6), (0, 1)
 EARLY_STEPS, EARLY, LATE = 10, 1e-4, 2e-2
 COMPARED = ("train/loss", "train/grad_norm", "train/loss_last20", "train/lr", "val/loss")
 
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ def _one_step(config):
   return jax.device_get((metrics["loss"], metrics["grad_norm"], state["params"]))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("get_config", [shakespeare_char.get_config, bert_small.get_config],
                          ids=["char_lm", "mlm"])
 def test_remat_changes_nothing_computed(get_config):

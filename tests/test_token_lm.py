@@ -23,8 +23,6 @@ from attnscale.experiments import sweeps
 from attnscale.runtime import configlib, metrics_writer
 from configs import gpt2
 
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
-
 
 @pytest.fixture(scope="module")
 def shakespeare():

@@ -12,8 +12,6 @@ from attnscale.runtime import configlib, packed, packing, train_lib
 from attnscale.runtime import train_state as ts
 from tests.test_mup import SMALL, losses, make_config
 
-pytestmark = pytest.mark.usefixtures("compilation_cache_dir")
-
 UMUP = {"model.parameterization": "umup", "model.scaling": "umup",
         "model.unit.attn_residual": "rule"}
 
@@ -56,6 +54,7 @@ def test_umup_readout_is_untied_and_muP(tfds_dir):
       make_config(tfds_dir, "preset=test,scaling=unit_scaled"))["params"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("scaling", ["qk_rmsnorm", "cosine", "qk_layernorm", "inverse_d"])
 def test_mup_equals_sp_at_the_base_width(tfds_dir, scaling):
   # graphcore_cpu's width 64 is the default base_width: every mup factor is exactly 1.
@@ -141,6 +140,7 @@ def test_muon_one_step_is_its_definition(tfds_dir, rule, factor):
                                rtol=1e-5)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("arg, overrides, label", [
     ("preset=test,scaling=qk_rmsnorm", {"model.parameterization": "mup"}, "qk_rmsnorm+mup"),
     ("preset=test,scaling=cosine", {"model.parameterization": "mup"}, "cosine+mup"),
@@ -165,6 +165,7 @@ def test_trains_and_resumes(tfds_dir, tmp_path_factory, arg, overrides, label):
     np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.heavy
 def test_packed_muon_trains(tfds_dir, tmp_path):
   """Two Muon runs differing in learning rate and weight decay share one program."""
   configs = [make_config(tfds_dir, "preset=test", optimizer="muon", learning_rate=lr,
