@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The checks only a GPU can make, in one short call (a lent machine's minutes are few):
+#   1. the attention and kernel tests on the GPU (cuDNN for every scaling, fused ==
+#      reference, causality, kernel options, precision, packing);
+#   2. benchmarks/attention.py in bfloat16: which kernel each scaling compiles to, time
+#      and peak memory, measured;
+#   3. benchmarks/train_throughput.py: measured step time and MFU at cpu, nanogpt and
+#      GPT-2 small's body (compare with compile.py's roofline for the same shapes);
+#   4. benchmarks/sweep_throughput.py: runs per hour of packed sweeps on one GPU.
+#
+#   bash benchmarks/gpu_session.sh            # on a GPU machine with the project's deps
+#
+# Each step has its own time limit and log ($OUT/<step>.log, default /tmp/gpu_session);
+# the end of each log is printed. A machine without the project's pip dependencies
+# can be handed them as .gpu/site.tgz (a site-packages subset, unpacked onto
+# PYTHONPATH) and the data as .gpu/data.tgz (unpacked into ATTNSCALE_DATA).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_session}
+mkdir -p "$OUT"
+if [ -f .gpu/site.tgz ]; then
+  mkdir -p /tmp/site && tar -xzf .gpu/site.tgz -C /tmp/site
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -f .gpu/data.tgz ]; then
+  mkdir -p /tmp/data && tar -xzf .gpu/data.tgz -C /tmp/data && export ATTNSCALE_DATA=/tmp/data
+fi
+# Several processes share the GPU (pytest's workers, a sweep's jobs): no preallocation.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_PLATFORMS=${JAX_PLATFORMS:-cuda,cpu}
+export ATTNSCALE_TEST_XLA_OPT=1  # the tests' -O0 is for XLA:CPU's compile time only
+PY=${PY:-python3}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  nproc
+  $PY -c "import jax, jaxlib, flax, optax; print('jax', jax.__version__, 'jaxlib', \
+jaxlib.__version__, 'flax', flax.__version__, 'optax', optax.__version__); print(jax.devices())"
+} 2>&1 | tee "$OUT/env.txt"
+
+step() {  # step NAME SECONDS COMMAND...: runs it under a limit, logs, prints the log's end
+  local name=$1 limit=$2 start rc
+  shift 2
+  start=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "== $name: exit $rc after $(( $(date +%s) - start )) s (limit $limit)"
+  case $name in tests*)  # pytest -v: counts so far, even when the limit stopped it
+    echo "   PASSED $(grep -c ' PASSED ' "$OUT/$name.log") FAILED $(grep -c ' FAILED ' "$OUT/$name.log")" \
+         "SKIPPED $(grep -c ' SKIPPED ' "$OUT/$name.log") ERROR $(grep -c ' ERROR ' "$OUT/$name.log")"
+    grep -E "^(FAILED|ERROR) " "$OUT/$name.log" | cut -c1-300 | head -n 20 ;;
+  *) grep -E "^\||^#|rror" "$OUT/$name.log" | grep -v "^# *$" | tail -n "${TAIL:-45}" ;;
+  esac
+}
+
+PYTEST=($PY -m pytest -p no:cacheprovider -o addopts= -m "not slow and not heavy and not accelerator"
+        -n "${WORKERS:-8}" --dist loadscope -v -rfE)
+step tests_attention 90 "${PYTEST[@]}" tests/test_attention.py tests/test_kernel_options.py
+step tests_more "${TESTS_LIMIT:-120}" "${PYTEST[@]}" tests/test_causality.py tests/test_scalings.py \
+    tests/test_xla_attention.py tests/test_attention_options.py tests/test_temperature_scalings.py \
+    tests/test_mixed_precision.py tests/test_precision.py tests/test_packed.py
+step attention 90 $PY benchmarks/attention.py --dtype bfloat16 --seq 1024,4096 --iters 5
+step train 110 $PY benchmarks/train_throughput.py --sizes cpu,nanogpt,gpt2 --frameworks jax \
+    --dtype bfloat16 --rounds 3 --steps 10
+step sweep 100 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs 1,8,32 \
+    --packs_jobs2= --steps 100
