@@ -8,7 +8,8 @@
 #      GPT-2 small's body (compare with compile.py's roofline for the same shapes);
 #   4. benchmarks/sweep_throughput.py: runs per hour of packed sweeps on one GPU.
 #
-#   bash benchmarks/gpu_session.sh            # on a GPU machine with the project's deps
+#   bash benchmarks/gpu_session.sh            # every step, on a GPU machine with the deps
+#   bash benchmarks/gpu_session.sh train sweep  # some of them
 #
 # Each step has its own time limit and log ($OUT/<step>.log, default /tmp/gpu_session);
 # the end of each log is printed. A machine without the project's pip dependencies
@@ -39,7 +40,8 @@ step() {  # step NAME SECONDS COMMAND...: runs it under a limit, logs, prints th
   local name=$1 limit=$2 start rc
   shift 2
   start=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  # SIGINT first: pytest then stops its workers and prints its summary; KILL 15 s later.
+  timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1
   rc=$?
   echo "== $name: exit $rc after $(( $(date +%s) - start )) s (limit $limit)"
   case $name in tests*)  # pytest -v: counts so far, even when the limit stopped it
@@ -51,13 +53,22 @@ step() {  # step NAME SECONDS COMMAND...: runs it under a limit, logs, prints th
 }
 
 PYTEST=($PY -m pytest -p no:cacheprovider -o addopts= -m "not slow and not heavy and not accelerator"
-        -n "${WORKERS:-8}" --dist loadscope -v -rfE)
-step tests_attention 90 "${PYTEST[@]}" tests/test_attention.py tests/test_kernel_options.py
-step tests_more "${TESTS_LIMIT:-120}" "${PYTEST[@]}" tests/test_causality.py tests/test_scalings.py \
-    tests/test_xla_attention.py tests/test_attention_options.py tests/test_temperature_scalings.py \
-    tests/test_mixed_precision.py tests/test_precision.py tests/test_packed.py
-step attention 90 $PY benchmarks/attention.py --dtype bfloat16 --seq 1024,4096 --iters 5
-step train 110 $PY benchmarks/train_throughput.py --sizes cpu,nanogpt,gpt2 --frameworks jax \
-    --dtype bfloat16 --rounds 3 --steps 10
-step sweep 100 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs 1,8,32 \
-    --packs_jobs2= --steps 100
+        -n "${WORKERS:-8}" --dist loadscope -v -rfE --tb=line)
+run() {  # run STEP: one of the steps below
+  case $1 in
+  tests_attention) step $1 90 "${PYTEST[@]}" tests/test_attention.py tests/test_kernel_options.py ;;
+  tests_more) step $1 "${TESTS_LIMIT:-120}" "${PYTEST[@]}" tests/test_causality.py \
+      tests/test_scalings.py tests/test_xla_attention.py tests/test_attention_options.py \
+      tests/test_temperature_scalings.py tests/test_mixed_precision.py tests/test_precision.py \
+      tests/test_packed.py ;;
+  attention) step $1 90 $PY benchmarks/attention.py --dtype bfloat16 --seq 1024,4096 --iters 5 ;;
+  train) step $1 110 $PY benchmarks/train_throughput.py --sizes "${SIZES:-gpt2,nanogpt,cpu}" \
+      --frameworks jax --dtype bfloat16 --rounds 3 --steps 10 ;;
+  sweep) step $1 100 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs 1,8,32 \
+      --packs_jobs2= --steps 100 ;;
+  *) echo "unknown step $1 (tests_attention, tests_more, attention, train, sweep)"; exit 2 ;;
+  esac
+}
+for s in "${@:-tests_attention tests_more attention train sweep}"; do
+  for one in $s; do run "$one"; done
+done

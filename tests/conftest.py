@@ -6,6 +6,11 @@ import os
 # The CPU is the only device here. With the CUDA plugin installed (the newest-JAX
 # CI leg, for deviceless GPU compilation) JAX would otherwise try to open a GPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# On a GPU (JAX_PLATFORMS=cuda,...) float32 matrix products run in TF32 by default, 10
+# mantissa bits: the fused == reference comparisons test float32 arithmetic, so there
+# they run at full precision. The CPU has no TF32: nothing changes here.
+if os.environ["JAX_PLATFORMS"] != "cpu":
+  os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 # Tests compile hundreds of small programs and run each a few times, so the suite's
 # time is mostly XLA:CPU's compiler. Two code-generation choices cut it: LLVM's -O0
