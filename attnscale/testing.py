@@ -240,10 +240,11 @@ def serve_directory(directory):
 def restore_checkpoint(config, workdir: str, step: int | None = None):
   """The train state `config`'s run saved in `workdir` at `step` (default: the
   latest), restored in this process onto its default mesh, as numpy arrays."""
-  from attnscale.runtime import train_state as ts  # orbax: only the end-to-end tests need it
+  from attnscale.runtime import checkpoints as ckpt  # orbax: only end-to-end tests need it
+  from attnscale.runtime import train_state as ts
 
   _, state, shardings = ts.create_state(config, ts.make_mesh(config))
-  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints)
   try:
     return jax.device_get(checkpoints.restore(state, shardings, step=step))
   finally:

@@ -20,6 +20,7 @@ from flax import nnx
 
 from attnscale import tasks
 from attnscale.evaluation import diagnostics, length_eval
+from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import configlib, provenance, steps
 from attnscale.runtime import train_state as ts
 
@@ -51,19 +52,19 @@ def restore(config, workdir, step=None):
   """
   mesh = ts.evaluation_mesh(config)  # the run's FSDP sharding when it fits the devices here
   graphdef, state, shardings = ts.create_state(config, mesh)
-  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints)
   try:
     if step is None:
       if checkpoints.latest_step() is None:
         raise ValueError(f"--workdir {workdir} has no checkpoint to evaluate")
       state, step, damaged = checkpoints.restore_newest_intact(state, shardings)
       if damaged and jax.process_index() == 0:
-        print(f"warning: {ts.describe_damaged(damaged)}; evaluating step {step}",
+        print(f"warning: {ckpt.describe_damaged(damaged)}; evaluating step {step}",
               file=sys.stderr, flush=True)
     else:
       try:
         state = checkpoints.restore(state, shardings, step)
-      except ts.DamagedCheckpointError as e:
+      except ckpt.DamagedCheckpointError as e:
         intact = [s for s in checkpoints.intact_steps(state, shardings) if s != step]
         raise ValueError(f"--step={step}: {e}; steps that can be read: "
                          f"{', '.join(map(str, intact)) or 'none'}") from None

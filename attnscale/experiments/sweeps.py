@@ -253,16 +253,17 @@ def _reads(run_dir: str, step: int) -> bool:
   import jax  # here: reading the results needs no JAX
 
   from attnscale.evaluation import eval_lib
+  from attnscale.runtime import checkpoints as ckpt
   from attnscale.runtime import train_state as ts
 
   config = eval_lib.load_config(run_dir)
   shapes = ts.state_shapes(config)
   shardings = ts.state_shardings(shapes, ts.make_mesh(None, jax.devices()[:1]))
-  checkpoints = ts.Checkpoints(run_dir, config.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(run_dir, config.keep_checkpoints)
   try:
     checkpoints.restore(shapes, shardings, step)
     return True
-  except ts.DamagedCheckpointError:
+  except ckpt.DamagedCheckpointError:
     return False
   finally:
     checkpoints.close()

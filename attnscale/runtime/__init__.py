@@ -5,7 +5,9 @@
     config_reference.py  docs/reference/config.md, generated from ModelConfig and the configs
     cli.py             the entry points' flags: one-line errors (imports no JAX)
     config_files.py    which file --config names: a path, or a name in the project's configs/
-    train_state.py     state, optimizer, mesh, shardings, orbax checkpoints
+    train_state.py     the train state, mesh and shardings (FSDP)
+    optimizers.py      Adam(W), Muon, the schedule, clipping, muP's rate multipliers
+    checkpoints.py     orbax checkpoints; damaged ones set aside, never deleted
     steps.py           the jitted train and eval steps
     train_lib.py       the training loop (resume, logging, checkpoints, preemption)
     interrupts.py      SIGTERM and Ctrl-C; run_lock.py: one writer per run directory

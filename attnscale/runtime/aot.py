@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from attnscale import tasks
-from attnscale.runtime import configlib, steps
+from attnscale.runtime import configlib, optimizers, steps
 from attnscale.runtime import train_state as ts
 
 GiB = 2**30
@@ -212,7 +212,7 @@ def lower_steps(config, target_name: str):
   cfg = ts.model_config(config)
   task = tasks.task_class(config).without_data(config)
   mesh = ts.make_mesh(config, devs)
-  tx = ts.make_optimizer(config)
+  tx = optimizers.make_optimizer(config)
   shapes = ts.state_shapes(config, tx)
   shardings = ts.state_shardings(shapes, mesh)
   state = ts.abstract_state(shapes, shardings)

@@ -25,7 +25,7 @@ from ml_collections import config_dict
 from attnscale.checks import check_choice, check_positive  # noqa: F401 (configs use them here)
 from attnscale.models.config import ModelConfig
 
-OPTIMIZERS = ("adamw", "adam", "muon")  # config.optimizer (attnscale/runtime/train_state.py)
+OPTIMIZERS = ("adamw", "adam", "muon")  # config.optimizer (attnscale/runtime/optimizers.py)
 # config.muon_lr_rule: how Muon's update is scaled across matrix shapes.
 MUON_LR_RULES = ("moonlight", "modded_nanogpt")
 

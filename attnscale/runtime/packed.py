@@ -57,11 +57,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attnscale import tasks
+from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import (
   configlib,
   hostmem,
   interrupts,
   metrics_writer,
+  optimizers,
   packing,
   provenance,
   steps,
@@ -78,7 +80,7 @@ class _Run:
   config: ml_collections.ConfigDict
   workdir: str
   task: tasks.Task
-  checkpoints: ts.Checkpoints | None = None
+  checkpoints: ckpt.Checkpoints | None = None
   writer: MetricsWriter | None = None
   step: int = 0
   last_good: int | None = None
@@ -139,11 +141,11 @@ def _train(runs: list[_Run], graphdef, shardings, mesh, locks) -> list[dict]:
   try:
     # Every run's initial state at once: the init vmapped over the seeds (the only
     # field the init reads that may differ in a pack).
-    init = ts.init_fn(base, ts.make_optimizer(base))
-    seeds_K = jnp.asarray([ts.hparams(r.config)["seed"] for r in runs])
+    init = ts.init_fn(base, optimizers.make_optimizer(base))
+    seeds_K = jnp.asarray([optimizers.hparams(r.config)["seed"] for r in runs])
     state_K = jax.jit(jax.vmap(init), out_shardings=shardings_K)(seeds_K)
     for k, run in enumerate(runs):
-      run.checkpoints = ts.Checkpoints(run.workdir, run.config.keep_checkpoints)
+      run.checkpoints = ckpt.Checkpoints(run.workdir, run.config.keep_checkpoints)
       if run.checkpoints.latest_step() is not None:
         state = train_lib._resume(run.checkpoints, _slot(state_K, k), shardings, run.workdir)
         state_K = _put(state_K, k, state)
@@ -226,7 +228,7 @@ def lower(config, num_runs: int, target_name: str):
   state_K = jax.tree.map(stacked, shapes, shardings_K)
   batch = {k: stacked(x, batch_K) for k, x in type(task).batch_spec(config).items()}
   hparams_K = {k: jax.ShapeDtypeStruct((num_runs,), np.asarray(v).dtype)
-               for k, v in ts.hparams(config).items()}
+               for k, v in optimizers.hparams(config).items()}
   active_K = jax.ShapeDtypeStruct((num_runs,), np.bool_)
   lowered = train_step.lower(state_K, batch, hparams_K, active_K)
   return lowered, {"devices": devs, "model": ts.model_config(config), "state": state_K,
@@ -243,7 +245,7 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
   train_step, log_step, eval_step, batch_sharding = _programs(
       runs[0].task, base, graphdef, shardings_K, mesh)
   hparams_K = jax.tree.map(lambda *x: jnp.asarray(np.stack(x)),
-                           *[ts.hparams(r.config) for r in runs])
+                           *[optimizers.hparams(r.config) for r in runs])
   num_params = sum(x[0].size for x in jax.tree.leaves(state_K["params"]))
   train_lib.log(f"{base.task} | a pack of {len(runs)} runs | {num_params / 1e6:.2f}M params "
                 f"each | {jax.device_count()} devices ({jax.devices()[0].platform})")

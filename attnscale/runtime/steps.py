@@ -31,6 +31,7 @@ import optax
 from flax import nnx
 
 from attnscale.models import base as models_base
+from attnscale.runtime import optimizers
 from attnscale.runtime import train_state as ts
 
 
@@ -51,7 +52,7 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
     state_shardings, batch_sharding: the layouts jit compiles for.
     tx: the optimizer the state's opt_state was initialised with: pass the one
       given to `create_state`, so both come from one object. None builds
-      `train_state.make_optimizer(config)` (the same transformation) for callers
+      `optimizers.make_optimizer(config)` (the same transformation) for callers
       that hold none.
     attn_metrics: whether the step returns the attention metrics; None = the
       config's `attn_metrics` (train_lib builds both programs and runs the
@@ -82,7 +83,7 @@ def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | 
   are the config's Python numbers and `tx` (or `make_optimizer(config)`) is used,
   so a single run's program is what it always was. Arguments as `make_train_step`.
   """
-  tx = ts.make_optimizer(config) if tx is None else tx
+  tx = optimizers.make_optimizer(config) if tx is None else tx
   if attn_metrics is None:
     attn_metrics = bool(config.get("attn_metrics", False))
   clip = float(config.get("qk_clip", 0.0)) > 0  # whether, not how much: a branch
@@ -93,10 +94,10 @@ def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | 
     step = state["step"]
     if hparams is None:
       seed, tau = config.seed, float(config.get("qk_clip", 0.0))
-      opt, schedule = tx, ts.learning_rate_schedule(config)
+      opt, schedule = tx, optimizers.learning_rate_schedule(config)
     else:
       seed, tau = hparams["seed"], hparams["qk_clip"]
-      opt, schedule = ts.make_optimizer(config, hparams), ts.learning_rate_schedule(
+      opt, schedule = optimizers.make_optimizer(config, hparams), optimizers.learning_rate_schedule(
           config, hparams)
 
     def loss_fn(params, batch, key):

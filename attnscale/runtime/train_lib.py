@@ -42,7 +42,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from attnscale import tasks
-from attnscale.runtime import configlib, hostmem, interrupts, metrics_writer, provenance, run_lock
+from attnscale.runtime import checkpoints as ckpt
+from attnscale.runtime import (
+  configlib,
+  hostmem,
+  interrupts,
+  metrics_writer,
+  optimizers,
+  provenance,
+  run_lock,
+)
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
 
@@ -160,7 +169,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   task = tasks.get_task(config)
   mesh = ts.make_mesh(config)
   batch_sharding = ts.batch_sharding(mesh)
-  tx = ts.make_optimizer(config)  # the one optimizer: its state and its updates
+  tx = optimizers.make_optimizer(config)  # the one optimizer: its state and its updates
   # Before the workdir: a parameter that config.mesh.fsdp cannot split fails here.
   graphdef, state, shardings = ts.create_state(config, mesh, tx)
   os.makedirs(workdir, exist_ok=True)
@@ -176,7 +185,7 @@ def provenance_imports(config) -> dict:
   return {"imports": files} if files else {}
 
 
-def _resume(checkpoints: ts.Checkpoints, state: ts.State, shardings, workdir: str):
+def _resume(checkpoints: ckpt.Checkpoints, state: ts.State, shardings, workdir: str):
   """`state` from the newest checkpoint that can be read (unchanged if none).
 
   Newer ones that cannot be read are set aside (`Checkpoints.set_aside`: moved
@@ -188,8 +197,8 @@ def _resume(checkpoints: ts.Checkpoints, state: ts.State, shardings, workdir: st
   for error in damaged:
     checkpoints.set_aside(error.step)
   if damaged:
-    log(f"warning: {ts.describe_damaged(damaged)}; resuming from step {step}; the "
-        f"damaged files are kept in {os.path.join(workdir, ts.DAMAGED_DIR)}")
+    log(f"warning: {ckpt.describe_damaged(damaged)}; resuming from step {step}; the "
+        f"damaged files are kept in {os.path.join(workdir, ckpt.DAMAGED_DIR)}")
   log(f"resumed from {workdir} at step {step}")
   if int(state["last_losses"]["count"]) == 0:
     log("  (the checkpoint predates the saved loss window: loss_last20 averages "
@@ -200,7 +209,7 @@ def _resume(checkpoints: ts.Checkpoints, state: ts.State, shardings, workdir: st
 def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, shardings,
            lock: run_lock.RunLock) -> dict[str, float]:
   """The training loop of `train_and_evaluate`, in its locked workdir."""
-  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints)
   try:
     state = _resume(checkpoints, state, shardings, workdir)
   except BaseException:

@@ -104,6 +104,7 @@ def trajectory(config, steps: int) -> list[dict[str, float]]:
   from flax import nnx
 
   from attnscale import tasks
+  from attnscale.runtime import optimizers
   from attnscale.runtime import steps as steps_lib
   from attnscale.runtime import train_state as ts
 
@@ -114,7 +115,7 @@ def trajectory(config, steps: int) -> list[dict[str, float]]:
   task = tasks.get_task(config)
   mesh = ts.make_mesh(config)
   batch_sharding = ts.batch_sharding(mesh)
-  tx = ts.make_optimizer(config)
+  tx = optimizers.make_optimizer(config)
   graphdef, state, shardings = ts.create_state(config, mesh, tx)
   train_step = steps_lib.make_train_step(graphdef, task, config, shardings, batch_sharding,
                                          tx=tx)

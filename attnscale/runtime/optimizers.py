@@ -1,0 +1,173 @@
+"""The run's optimizer: Adam, AdamW or Muon on a learning-rate schedule, gradient
+clipping, and muP's per-parameter learning-rate multipliers.
+
+`make_optimizer(config)` is the one place a run's optimizer is built (train.py's
+loop, a packed sweep's traced step, `compile.py`). A packed step passes `hparams`,
+the config's `TRACED_FIELDS` as arrays (attnscale/runtime/packing.py says why), so
+the learning rate, weight decay and clipping threshold may differ between the runs
+of one compiled program while the optimizer state keeps one layout.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from attnscale.models import ModelConfig, mup
+from attnscale.runtime import configlib, packing
+
+# The fields a packed step takes as arrays (attnscale/runtime/packing.py says why).
+TRACED_FIELDS = packing.TRACED_FIELDS
+
+
+def hparams(config) -> dict[str, np.ndarray]:
+  """`config`'s `TRACED_FIELDS` as numpy scalars (to stack into a pack): the seed as
+  int32 (what `jax.random.key` makes of a Python int), the rest as float32 (what a
+  Python float becomes where it meets a float32 array)."""
+  return {k: np.float32(config.get(k, 0.0)) for k in TRACED_FIELDS if k != "seed"} | {
+      "seed": np.int32(config.seed)}
+
+
+def _value(config, hparams, name):
+  """`hparams[name]` (a traced value of a packed step) if given, else the config's."""
+  return config[name] if hparams is None else hparams[name]
+
+
+def learning_rate_schedule(config, hparams=None) -> optax.Schedule:
+  """Linear warm-up to config.learning_rate, then constant or cosine decay.
+
+  `hparams`: the `TRACED_FIELDS` as arrays (a packed step's), replacing the
+  config's values; the schedule's form (warm-up steps, decay length) is the config's.
+  """
+  lr = _value(config, hparams, "learning_rate")
+  warmup = optax.linear_schedule(0.0, lr, max(config.warmup_steps, 1))
+  if config.lr_schedule == "constant":
+    after = optax.constant_schedule(lr)
+  else:  # cosine down to min_learning_rate at num_train_steps (nanoGPT's lr_decay_iters)
+    decay_steps = max(config.num_train_steps - config.warmup_steps, 1)
+    after = optax.cosine_decay_schedule(
+        lr, decay_steps, alpha=_value(config, hparams, "min_learning_rate") / lr)
+  if config.warmup_steps == 0:
+    return after
+  return optax.join_schedules([warmup, after], [config.warmup_steps])
+
+
+OPTIMIZERS, MUON_LR_RULES = configlib.OPTIMIZERS, configlib.MUON_LR_RULES
+# Moonlight's update RMS: 0.2 matches AdamW's typical update RMS (Liu et al. 2025).
+MOONLIGHT_RMS = 0.2
+
+
+def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
+  """The run's optimizer: Adam, AdamW or Muon on the schedule, clipping, muP's multipliers.
+
+  `hparams`: as in `learning_rate_schedule` (a packed step builds its optimizer
+  inside the traced step from them; its state has the same layout).
+  """
+  schedule = learning_rate_schedule(config, hparams)
+  cfg = configlib.model_config(config)
+  # optax's default epsilon; the depth rule scales it (mup.adam_eps_mult, 1 otherwise).
+  eps = {} if not cfg.depth_alpha else {"eps": 1e-8 * mup.adam_eps_mult(cfg)}
+  if config.optimizer == "adam":
+    opt = optax.adam(schedule, b1=config.b1, b2=config.b2, **eps)
+  else:
+    opt = optax.adamw(schedule, b1=config.b1, b2=config.b2, **eps,
+                      weight_decay=_value(config, hparams, "weight_decay"), mask=_decay_mask)
+  if config.optimizer == "muon":
+    opt = muon(config, schedule, opt, _value(config, hparams, "weight_decay"))
+  if mup.has_lr_multipliers(cfg):
+    # After Adam(W): the whole step, decay included, at the group's lr (MuAdamW's).
+    opt = optax.chain(opt, scale_by_lr_multipliers(cfg))
+  if config.grad_clip > 0:
+    opt = optax.chain(optax.clip_by_global_norm(_value(config, hparams, "grad_clip")), opt)
+  return opt
+
+
+def _decay_mask(params):
+  # nanoGPT decays only the matrices and embeddings (ndim >= 2), never gains.
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def is_muon_matrix(path, p) -> bool:
+  """Whether Muon trains the parameter at `path`: the hidden matrices (`mup.is_hidden`,
+  the Dense layers' 2-D kernels); embeddings, the tied readout, gains and biases are
+  AdamW's (modded-nanogpt's and Moonlight's split)."""
+  return mup.is_hidden(path) and p.ndim == 2
+
+
+def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
+         ) -> optax.GradientTransformation:
+  """Muon on the hidden matrices, `adamw` (the run's Adam(W)) on everything else.
+
+  Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks"
+  (kellerjordan.github.io/posts/muon; modded-nanogpt): the Nesterov momentum
+  M <- beta M + G (beta = 0.95, optax's bias-corrected EMA form) is orthogonalised by
+  5 quintic Newton-Schulz steps X <- a X + (b A + c A^2) X, A = X X^T, from
+  X0 = M / ||M||_F, (a, b, c) = (3.4445, -4.7750, 2.0315) (`optax.contrib.scale_by_muon`,
+  transposed so the iteration runs on the wide side). The update O (singular values
+  about 1) is then scaled by `config.muon_lr_rule`, for W of shape (fan_in, fan_out):
+
+      moonlight       O x 0.2 sqrt(max(fan_in, fan_out)): update RMS 0.2, AdamW's, so
+                      one learning rate serves both (Liu et al. 2025, "Muon is
+                      Scalable for LLM Training", arXiv 2502.16982, section 2.2; Kimi)
+      modded_nanogpt  O x sqrt(max(1, fan_out / fan_in)) (modded-nanogpt; Bernstein's
+                      spectral-norm width rule: the update's RMS->RMS norm is 1)
+
+  then decayed (decoupled, W x weight_decay, as Moonlight) and multiplied by the
+  schedule's learning rate. Both rules read the shape, so the learning rate transfers
+  across width without a muP multiplier. Built from optax.contrib's pieces with
+  `optax.partition` (not `optax.contrib.muon`, whose Adam branch is Nesterov and
+  shares Muon's epsilon): the non-matrix branch is exactly the run's Adam(W). The
+  opt_state layout depends on the parameters' shapes only, not on the traced
+  learning rate or decay.
+  """
+  rule = config.get("muon_lr_rule", "moonlight")
+  consistent_rms = MOONLIGHT_RMS if rule == "moonlight" else None
+  matrices = optax.chain(
+      # Every leaf it sees is a (fan_in, fan_out) matrix; the callable keeps the
+      # partition's masked leaves (optax.contrib.muon does the same).
+      optax.contrib.scale_by_muon(weight_dimension_numbers=lambda updates: jax.tree.map(
+          lambda _: optax.contrib.MuonDimensionNumbers(), updates)),
+      scale_by_muon_shape(consistent_rms),
+      optax.add_decayed_weights(weight_decay),
+      optax.scale_by_learning_rate(schedule))
+  labels = lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, p: "muon" if is_muon_matrix(path, p) else "adam", params)
+  return optax.partition({"muon": matrices, "adam": adamw}, labels)
+
+
+def muon_shape_factor(shape, consistent_rms: float | None) -> float:
+  """Muon's per-matrix factor for W of `shape` (fan_in, fan_out): consistent_rms
+  sqrt(max(fan_in, fan_out)) (Moonlight), or sqrt(max(1, fan_out / fan_in)) when None
+  (modded-nanogpt); optax.contrib's `scale_by_shape` formulas."""
+  fan_in, fan_out = shape
+  if consistent_rms is not None:
+    return consistent_rms * max(fan_in, fan_out) ** 0.5
+  return max(1.0, fan_out / fan_in) ** 0.5
+
+
+def scale_by_muon_shape(consistent_rms: float | None) -> optax.GradientTransformation:
+  """Multiplies each orthogonalised update by `muon_shape_factor` (stateless)."""
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u: u * muon_shape_factor(u.shape, consistent_rms),
+                        updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def scale_by_lr_multipliers(cfg: ModelConfig) -> optax.GradientTransformation:
+  """Multiplies each parameter's update by its learning-rate multiplier
+  (`mup.lr_multipliers`: 1/m on hidden matrices under mup, r^(alpha - 1) on block
+  parameters under the depth rule, 1 elsewhere). Stateless, so a
+  checkpoint's opt_state holds nothing more than Adam's."""
+
+  def update(updates, state, params=None):
+    del params
+    mults = mup.lr_multipliers(cfg, updates)
+    return jax.tree.map(lambda u, m: u if m == 1.0 else u * jnp.asarray(m, u.dtype),
+                        updates, mults), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
