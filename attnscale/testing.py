@@ -300,7 +300,7 @@ def fake_run(root, name: str, arg: str, overrides: dict, records: Sequence[dict]
              done: bool = True) -> str:
   """A run directory as train.py leaves one, without training: config.json
   (configs/shakespeare_char.py's `arg` with `overrides`), metrics.jsonl (`records`)
-  and, when `done`, a checkpoint directory at the last step (what `sweeps.status`
+  and, when `done`, a checkpoint directory at the last step (what `run_records.status`
   reads; a run stopped by a NaN has none), for testing what the studies compute
   from sweeps. Returns its path."""
   from configs import shakespeare_char

@@ -114,12 +114,12 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
 
 def keep_records(h: types.SimpleNamespace, workdir: str) -> None:
   """--evaluate, then --archive_to, over the finished points so far."""
-  from attnscale.experiments import sweeps
+  from attnscale.experiments import run_records
   if h.evaluate.value:
-    evaluated = sweeps.evaluate_finished(workdir)
+    evaluated = run_records.evaluate_finished(workdir)
     print(f"evaluated {len(evaluated)} finished points (eval.json)")
   if h.archive_to.value:
-    copied = sweeps.archive(workdir, h.archive_to.value)
+    copied = run_records.archive(workdir, h.archive_to.value)
     print(f"archived {len(copied)} finished points to {h.archive_to.value}")
 
 

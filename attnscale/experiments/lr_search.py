@@ -166,7 +166,7 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
     labels: label -> (the config argument's scaling, field overrides).
     starts: label -> the exponent its search starts at.
   """
-  from attnscale.experiments import sweeps
+  from attnscale.experiments import run_records, sweeps
 
   def point(t: Trial) -> dict:
     scaling, overrides = labels[t.label]
@@ -177,7 +177,7 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
     if workdir is None:
       return None
     p = point(t)
-    row = sweeps.read_run(os.path.join(workdir, sweeps.Point(
+    row = run_records.read_run(os.path.join(workdir, sweeps.Point(
         p["arg"], tuple(sorted(p["overrides"].items()))).name))
     if row is None or row["status"] not in ("done", "diverged"):
       return None

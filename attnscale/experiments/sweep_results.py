@@ -25,7 +25,7 @@ from attnscale.experiments import (
   stats,  # every comparison: t-intervals, paired or Welch
 )
 
-# A row per run (`sweeps.read_run`): these columns, plus "curve".
+# A row per run (`run_records.read_run`): these columns, plus "curve".
 COLUMNS = ("scaling", "variant", "learning_rate", "seed", "steps", "final_train_loss",
            "best_val_loss", "wall_s", "status", "run")
 TEXT_COLUMNS = ("scaling", "variant", "status")  # left-aligned in Markdown
@@ -176,7 +176,7 @@ def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
   for the host's vector width), as two seeds do, so hosts are reported, not
   refused.
 
-  A row's "commit" is `sweeps.read_run`'s (`provenance.commit_of`: "unknown"
+  A row's "commit" is `run_records.read_run`'s (`provenance.commit_of`: "unknown"
   without a provenance.json, "+dirty" for uncommitted changes); rows never
   started (no "commit") are not counted.
 

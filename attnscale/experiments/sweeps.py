@@ -13,6 +13,8 @@ and `train.py` resumes it where it stopped. `run_sweep` runs the points (one
 after another, or `jobs` at a time), skipping finished ones; `collect` reads
 every point's `config.json` and `metrics.jsonl` into rows, which
 `attnscale/experiments/sweep_results.py` turns into tables and figures (`write_results`).
+What one run directory says (done or not, its row, its archived records) is
+`attnscale/experiments/run_records.py`.
 """
 
 from __future__ import annotations
@@ -21,12 +23,10 @@ import concurrent.futures
 import dataclasses
 import importlib.util
 import inspect
-import json
 import math
 import os
 import queue
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +34,17 @@ import threading
 import time
 from collections.abc import Sequence
 
-import ml_collections
+# A run directory's status, records and row, also reachable as sweeps.<name>.
+from attnscale.experiments.run_records import (  # noqa: F401
+  ARCHIVED,
+  RECORDS,
+  archive,
+  checkpoint_steps,
+  evaluate_finished,
+  evaluated,
+  read_run,
+  status,
+)
 
 # The results' tables and figures, also reachable as sweeps.<name> (notebooks).
 from attnscale.experiments.sweep_results import (  # noqa: F401
@@ -51,7 +61,7 @@ from attnscale.experiments.sweep_results import (  # noqa: F401
   within_noise,
   write_results,
 )
-from attnscale.runtime import configlib, packing
+from attnscale.runtime import packing
 
 # Where train.py is: the repository root, above attnscale/experiments/.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,113 +170,6 @@ def _sweeps_module(config_file: str):
     raise ValueError(f"--config {config_file} defines no sweeps (no {SWEEPS_FILE} next to "
                      f"it with CONFIG = {config_name!r})")
   return module
-
-
-def checkpoint_steps(run_dir: str) -> list[int]:
-  """The steps of the checkpoints on disk in `run_dir`, ascending ([] if none)."""
-  path = os.path.join(run_dir, "checkpoints")
-  return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
-
-
-def status(run_dir: str, read_checkpoint: bool = True) -> str:
-  """'done' (a checkpoint at num_train_steps), 'partial' (started) or 'new'.
-
-  A final checkpoint that cannot be read (a truncated file) is 'partial': it is
-  read in full (`read_checkpoint`; False looks at the step numbers alone), so a
-  sweep reruns the point, whose train.py sets the damaged checkpoint aside and
-  redoes the steps from the newest one that reads. An archived run (`archive`:
-  its records without weights, ARCHIVED naming its last step) is 'done'.
-  """
-  config_path = os.path.join(run_dir, "config.json")
-  if not os.path.exists(config_path):
-    return "new"
-  with open(config_path) as f:
-    num_steps = json.load(f)["num_train_steps"]
-  steps = checkpoint_steps(run_dir)
-  if not steps and os.path.exists(os.path.join(run_dir, ARCHIVED)):
-    with open(os.path.join(run_dir, ARCHIVED)) as f:
-      return "done" if json.load(f).get("step") == num_steps else "partial"
-  if not steps or steps[-1] < num_steps:
-    return "partial"
-  return "done" if not read_checkpoint or _reads(run_dir, steps[-1]) else "partial"
-
-
-# A finished run's records, without its weights: what `archive` copies.
-ARCHIVED = "archived.json"
-RECORDS = ("config.json", "metrics.jsonl", "provenance.json", "eval.json")
-
-
-def archive(workdir: str, dest: str) -> list[str]:
-  """Copies the records (RECORDS) of every finished run in `workdir` to
-  `dest/<run>/`, with ARCHIVED ({"step": its last step}); returns the runs copied.
-
-  What a sweep's results need, small enough to commit (tens of kB a run, no
-  checkpoints): `collect` and the studies read an archived run as any other, and
-  a sweep counts it done (`status`), so copying `dest` back into a fresh
-  workdir (`cp -r DEST/. WORKDIR/`) resumes a staged sweep on another machine
-  without rerunning what finished. eval.py needs the weights: evaluate first.
-  """
-  copied = []
-  for name in sorted(os.listdir(workdir)):
-    run_dir = os.path.join(workdir, name)
-    if not os.path.isdir(run_dir) or status(run_dir, read_checkpoint=False) != "done":
-      continue
-    os.makedirs(os.path.join(dest, name), exist_ok=True)
-    for record in RECORDS:
-      if os.path.exists(os.path.join(run_dir, record)):
-        shutil.copyfile(os.path.join(run_dir, record), os.path.join(dest, name, record))
-    with open(os.path.join(run_dir, "config.json")) as f:
-      step = json.load(f)["num_train_steps"]
-    with open(os.path.join(dest, name, ARCHIVED), "w") as f:
-      json.dump({"step": step}, f)
-    copied.append(name)
-  return copied
-
-
-def evaluate_finished(workdir: str) -> list[str]:
-  """Runs eval.py's evaluation (`eval_lib.evaluate_run`: the whole validation split,
-  written to eval.json) on every finished run in `workdir` that has its weights
-  and no eval.json from its last step; returns the runs evaluated.
-
-  `archive` keeps no weights, so a run archived before it was evaluated can never
-  be evaluated again: a study that later finds it at a best rate has one seed
-  fewer (docs/experiments/bert.md). `sweep.py --evaluate` calls this before each
-  archive.
-  """
-  from attnscale.evaluation import eval_lib  # JAX: only when evaluating
-
-  done = []
-  for name in sorted(os.listdir(workdir)):
-    run_dir = os.path.join(workdir, name)
-    checkpoints = os.path.join(run_dir, "checkpoints")
-    if (not os.path.isdir(run_dir) or status(run_dir, read_checkpoint=False) != "done"
-        or evaluated(run_dir) or not os.path.isdir(checkpoints)
-        or not any(step.isdigit() for step in os.listdir(checkpoints))):
-      continue
-    eval_lib.evaluate_run(run_dir)
-    done.append(name)
-  return done
-
-
-def _reads(run_dir: str, step: int) -> bool:
-  """Whether checkpoint `step` of `run_dir` reads in full, onto one device here."""
-  import jax  # here: reading the results needs no JAX
-
-  from attnscale.evaluation import eval_lib
-  from attnscale.runtime import checkpoints as ckpt
-  from attnscale.runtime import train_state as ts
-
-  config = eval_lib.load_config(run_dir)
-  shapes = ts.state_shapes(config)
-  shardings = ts.state_shardings(shapes, ts.make_mesh(None, jax.devices()[:1]))
-  checkpoints = ckpt.Checkpoints(run_dir, config.keep_checkpoints)
-  try:
-    checkpoints.restore(shapes, shardings, step)
-    return True
-  except ckpt.DamagedCheckpointError:
-    return False
-  finally:
-    checkpoints.close()
 
 
 def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
@@ -463,77 +366,8 @@ def _cpu_shares(jobs: int) -> list:
   return [set(cpus[j::jobs]) for j in range(jobs)]
 
 
-def evaluated(run_dir: str) -> bool:
-  """eval.json exists and is from the run's last step."""
-  path = os.path.join(run_dir, "eval.json")
-  if not os.path.exists(path):
-    return False
-  with open(path) as f, open(os.path.join(run_dir, "config.json")) as g:
-    return json.load(f).get("step") == json.load(g)["num_train_steps"]
-
-
 # ---------------------------------------------------------------------------
 # Collecting results.
-
-def read_run(run_dir: str) -> dict | None:
-  """One row of the results table from a run directory (None if never started).
-
-  final_train_loss is the last logged `train/loss_last20` (Graphcore's metric:
-  the mean training loss over the last 20 steps); wall_s sums every process's
-  `elapsed_s` (a resumed run adds its segments). A run that stopped on a NaN
-  (loss or gradient norm) has status 'diverged' and final_train_loss NaN.
-  max_logit is the largest attention logit of the last log row that has one
-  (max over layers of `train/attn/max_logit/layer_<i>`; NaN without attention
-  metrics); commit is the code the run came from (`provenance.commit_of`:
-  "unknown" without a provenance.json), host the machine it trained on
-  (`provenance.host_of`: the CPU's model and vector width, or the chip).
-  """
-  from attnscale.runtime import provenance  # here: this function's only use
-  config_path = os.path.join(run_dir, "config.json")
-  if not os.path.exists(config_path):
-    return None
-  with open(config_path) as f:
-    config = configlib.migrate(json.load(f))
-  records = []
-  metrics_path = os.path.join(run_dir, "metrics.jsonl")
-  if os.path.exists(metrics_path):
-    with open(metrics_path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-  train = [r for r in records if "train/loss" in r]
-  val = [r["val/loss"] for r in records if "val/loss" in r]
-  wall, previous = 0.0, 0.0
-  for r in train:
-    elapsed = r.get("train/elapsed_s", 0.0)
-    if elapsed < previous:  # a new process (resume) started a new segment
-      wall += previous
-    previous = elapsed
-  state = status(run_dir, read_checkpoint=False)  # the metrics are what a row reads
-  last_step = train[-1]["step"] if train else 0
-  logits = [[v for k, v in r.items() if k.startswith("train/attn/max_logit/layer_")]
-            for r in train]
-  logits = [per_layer for per_layer in logits if per_layer]
-  if state != "done" and not all(math.isfinite(r["train/loss"])
-                                  and math.isfinite(r.get("train/grad_norm", 0.0)) for r in train):
-    state = "diverged"
-  model = config["model"]
-  return {
-      "scaling": configlib.run_label(ml_collections.ConfigDict(config)),
-      "variant": model.get("variant", "standard"),
-      "learning_rate": config["learning_rate"],
-      "seed": config["seed"],
-      "steps": last_step,
-      "final_train_loss": train[-1].get("train/loss_last20", math.nan) if state == "done"
-                          else math.nan,
-      "best_val_loss": min(val) if val else math.nan,
-      "wall_s": wall + previous,
-      "status": state,
-      "run": os.path.basename(os.path.normpath(run_dir)),
-      "curve": [(r["step"], r["train/loss"]) for r in train],
-      "max_logit": float(max(logits[-1])) if logits else math.nan,
-      "commit": provenance.commit_of(run_dir),
-      "host": provenance.host_of(run_dir),
-  }
-
 
 def collect(workdir: str, points: Sequence[Point] | None = None) -> list[dict]:
   """Rows for `points` (default: every run directory in `workdir`), sorted by

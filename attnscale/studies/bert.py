@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, stats, sweep_results, sweeps
+from attnscale.experiments import reporting, run_records, stats, sweep_results, sweeps
 from attnscale.studies import registry
 
 BASELINE = "standard"  # BERT's own model: post-LN, 1/sqrt(d)
@@ -88,11 +88,11 @@ def at_best(rows: Sequence[dict], workdir: str, evaluate: bool = True) -> dict[s
           r["status"] != "done"):
         continue
       path = os.path.join(workdir, r["run"])
-      if evaluate and not sweeps.evaluated(path):
+      if evaluate and not run_records.evaluated(path):
         if _has_weights(path):
           print(f"bert: evaluating {r['run']} (whole validation split)")
           eval_lib.evaluate_run(path)
-        else:  # archived (sweeps.archive) before it was evaluated: no weights to read
+        else:  # archived (run_records.archive) before it was evaluated: no weights to read
           print(f"bert: {r['run']} has no weights and no eval.json (archived before it was "
                 "evaluated): its validation numbers are missing")
           b.setdefault("unevaluated", []).append(r["run"])
@@ -113,7 +113,7 @@ def _has_weights(path: str) -> bool:
 def _eval_json(path: str) -> dict | None:
   """The run's eval.json if it is from its last step, else None."""
   import json
-  if not sweeps.evaluated(path):
+  if not run_records.evaluated(path):
     return None
   with open(os.path.join(path, "eval.json")) as f:
     return json.load(f)

@@ -111,10 +111,10 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
   """
   import json
 
-  from attnscale.experiments import sweeps
+  from attnscale.experiments import run_records
   rows = []
   for workdir in workdirs:
-    run = sweeps.read_run(workdir)
+    run = run_records.read_run(workdir)
     if run is None:
       continue
     with open(os.path.join(workdir, "config.json")) as f:
@@ -124,7 +124,7 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
            "final_train_loss": run["final_train_loss"], "best_val_loss": run["best_val_loss"],
            "commit": run["commit"], "run": run["run"]}
     # A diverged run is tracked at its last good checkpoint, if it saved one.
-    if track and sweeps.checkpoint_steps(workdir):
+    if track and run_records.checkpoint_steps(workdir):
       report, _ = run_report(workdir)
       row.update(lost_fractions(report))
       for fmt in ("float16", "e5m2"):
