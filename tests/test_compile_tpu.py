@@ -118,7 +118,7 @@ def test_fsdp_over_a_v5p_128_gathers_weights_not_activations():
   """64 chips (the name counts 128 cores), fsdp=64: no collective moves an
   activation. The TPU compiler gathers some weights in two stages, the first a
   bf16[32,6,384] (32 devices' shards of 6 rows) whose 32 is also the batch over 2
-  devices; those are weights (aot._staged_weight_gather)."""
+  devices; those are weights (hlo._staged_weight_gather)."""
   c = compile_config(**{"mesh.fsdp": 64})
   report = aot.compile_report(c, "tpu-v5p-128")
   assert report["num_devices"] == 64 and report["fits"]

@@ -44,7 +44,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   del argv
   h = holders
   logging.set_verbosity(logging.WARNING)
-  from attnscale.runtime import aot
+  from attnscale.runtime import aot, aot_report
   if h.tokens.value is not None and h.tokens.value <= 0:
     cli.fail(f"--tokens must be > 0, got {h.tokens.value:g}")
   try:
@@ -52,12 +52,12 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     report = aot.compile_report(h.config.value, h.target.value)
   except ValueError as e:
     cli.fail(str(e))
-  print(aot.format_report(report))
+  print(aot_report.format_report(report))
   if h.tokens.value:
     config = h.config.value
-    report["training_time"] = aot.training_time(report, int(h.tokens.value),
+    report["training_time"] = aot_report.training_time(report, int(h.tokens.value),
                                                 config.batch_size * config.seq_len)
-    print(aot.format_training_time(report["training_time"], h.target.value))
+    print(aot_report.format_training_time(report["training_time"], h.target.value))
   if h.out.value:
     with open(h.out.value, "w") as f:
       json.dump(report, f, indent=2, default=str)

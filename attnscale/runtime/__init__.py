@@ -15,6 +15,8 @@
     provenance.py      WORKDIR/provenance.json: the commit, versions, devices and command
                        of each (re)start, and the files of config.imports
     aot.py             compiling for TPU slices and GPUs without them (targets/)
+    hlo.py             reading compiled HLO: the attention kernel, collectives
+    aot_report.py      compile.py's table and best-case training time
 
 May import core, numerics, models, data and tasks.
 """

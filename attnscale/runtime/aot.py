@@ -41,7 +41,22 @@ from attnscale import tasks
 from attnscale.runtime import configlib, optimizers, steps
 from attnscale.runtime import train_state as ts
 
-GiB = 2**30
+# The HLO readers and the report's text, in their own modules; re-exported here.
+from attnscale.runtime.aot_report import (  # noqa: F401
+  GiB,
+  devices_phrase,
+  format_bytes,
+  format_report,
+  format_training_time,
+  training_time,
+)
+from attnscale.runtime.hlo import (  # noqa: F401
+  COLLECTIVES,
+  activation_collectives,
+  attention_kernel,
+  count_collectives,
+)
+
 TARGET_DIR = os.path.join(os.path.dirname(__file__), "targets")
 
 
@@ -99,7 +114,6 @@ TARGETS: dict[str, Target] = {
     "gpu-h100x8": Target("gpu", "1x1x8", **_H100),
     "cpu": Target("cpu"),
 }
-COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
 def target(name: str) -> Target:
@@ -375,186 +389,3 @@ def _oom_bytes(message: str) -> float | None:
   m = (re.search(r"required for HLO temporaries \(([\d.]+)([KMGT])\)", message)
        or re.search(r"Used ([\d.]+)([KMGT]) of", message))
   return float(m.group(1)) * unit[m.group(2)] if m else float("nan")
-
-
-def attention_kernel(hlo: str) -> str:
-  """Which fused attention the compiled program holds: splash, cudnn or xla."""
-  if "splash_" in hlo and "tpu_custom_call" in hlo:
-    return "splash"
-  if "__cudnn$fmha" in hlo:
-    return "cudnn"
-  return "xla"
-
-
-_COLLECTIVE_RE = re.compile(r"=\s*(\([^=]*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-
-
-def count_collectives(hlo: str) -> dict[str, int]:
-  """How many of each collective the compiled HLO holds (async pairs counted once)."""
-  counts = dict.fromkeys(COLLECTIVES, 0)
-  for m in _COLLECTIVE_RE.finditer(hlo):
-    counts[m.group(2)] += 1
-  return counts
-
-
-_SHAPE_RE = re.compile(r"[a-z]+[0-9]*\[([\d,]*)\]")
-
-
-def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
-                           model_dims=()) -> list[str]:
-  """The collectives that move an activation, as their HLO result shapes.
-
-  FSDP's collectives move parameters (all-gather) and gradients (reduce-scatter,
-  all-reduce), which XLA may combine or concatenate, so sizes say little; but
-  an activation has a batch dimension: a result with an axis of the global or
-  per-device batch, or of its tokens (B, B T, and their shards over the
-  devices), that no parameter has, and at least one device's share of the
-  batch in size, is listed, as is every all-to-all.
-  `model_dims` (heads, head dim) are parameter axes too: XLA gathers a
-  projection reshaped to [N, H, D]. A batch axis of the same size as one of
-  those is not caught (nanogpt: B = H = 64), but its B T is.
-
-  Not listed: a weight gathered in stages. On a large slice the TPU compiler
-  gathers a matrix's 64 shards as two all-gathers, the first over groups of 32
-  devices: bf16[1,6,384] (one device's 6 of 384 rows) -> bf16[32,6,384], then
-  reshaped to the weight. Its leading axis counts devices, not rows of the batch
-  (32 = nanogpt's batch 64 over 2), so a result [g, ...] with g dividing the
-  device count whose other axes merge into a parameter's (g times its second
-  axis dividing a parameter's leading axes, its last axes the parameter's) is
-  a weight (`_staged_weight_gather`).
-  """
-  param_dims = {d for x in jax.tree.leaves(params) for d in x.shape} | set(model_dims)
-  param_shapes = {tuple(x.shape) for x in jax.tree.leaves(params) if x.ndim >= 2}
-  batch_dims = set()
-  for x in jax.tree.leaves(batch_spec):
-    for n in (x.shape[0], math.prod(x.shape)):
-      batch_dims |= {n // d for d in range(1, num_devices + 1) if n % d == 0}
-  batch_dims -= param_dims | {1}
-  # An activation is at least one device's share of the batch (the token ids);
-  # smaller results with a batch-sized axis are the loss's sums.
-  smallest = min(x.size // num_devices for x in jax.tree.leaves(batch_spec))
-  found = []
-  for m in _COLLECTIVE_RE.finditer(hlo):
-    shapes = [[int(d) for d in shape.split(",") if d] for shape in _SHAPE_RE.findall(m.group(1))]
-    if m.group(2) == "all-gather":
-      shapes = [dims for dims in shapes
-                if not _staged_weight_gather(dims, param_shapes, num_devices)]
-    big = {d for dims in shapes if math.prod(dims) >= smallest for d in dims}
-    if m.group(2) == "all-to-all" or big & batch_dims:
-      found.append(f"{m.group(2)} {m.group(1)[:200]}")
-  return found
-
-
-def _staged_weight_gather(dims: list[int], param_shapes, num_devices: int) -> bool:
-  """Whether an all-gather's result [g, a, *rest] is a stage of gathering a weight:
-  g divides the device count, a is one device's shard of a parameter's axis (a k
-  for some k >= g dividing the device count), and [g a, *rest] is a slice of
-  that parameter's rows (g a divides its leading axes' product, *rest its last)."""
-  if len(dims) < 3 or dims[0] < 2 or num_devices % dims[0]:
-    return False
-  shards = {dims[1] * k for k in range(dims[0], num_devices + 1) if num_devices % k == 0}
-  rows, rest = dims[0] * dims[1], tuple(dims[2:])
-  for shape in param_shapes:
-    lead = shape[:len(shape) - len(rest)]
-    if (lead and shape[len(lead):] == rest and math.prod(lead) % rows == 0
-        and shards & set(lead)):
-      return True
-  return False
-
-
-def format_bytes(b: float | None) -> str:
-  """GiB to two places; below 0.01 GiB, MiB (and so on down to bytes): a state
-  sharded over 64 chips is not "0.00 GiB"."""
-  if b is None:
-    return "-"
-  for unit, size, least in (("GiB", GiB, 0.01), ("MiB", 2**20, 0.01), ("KiB", 2**10, 1)):
-    if abs(b) >= least * size:
-      return f"{b / size:.2f} {unit}"
-  return f"{b:.0f} B"
-
-
-def devices_phrase(report: dict[str, Any]) -> str:
-  """What the target's devices are: chips, and for TPUs the cores its name counts."""
-  n, chip, cores = report["num_devices"], report["chip"], report.get("cores_per_chip", 1)
-  if report["platform"] == "tpu":
-    each = (f"{cores} TensorCores each, one JAX device: the name counts {n * cores} cores"
-            if cores > 1 else "1 TensorCore each")
-    return f"{n} chips of {chip} ({each})"
-  if report["platform"] == "gpu":
-    return f"{n} GPU{'s' if n > 1 else ''} ({chip})"
-  return f"{n} CPU device{'s' if n > 1 else ''} ({report['device_kind']})"
-
-
-def format_report(report: dict[str, Any]) -> str:
-  """The report as the table compile.py prints."""
-  g = format_bytes
-  memory = "HBM" if report["platform"] != "cpu" else "host memory"
-  lines = [f"{report['label']} | {report['dtype']} | remat {report['remat']} | "
-           f"{report['num_params'] / 1e6:.2f}M params",
-           f"target {report['target']}: {devices_phrase(report)}, "
-           f"{g(report['device_memory_bytes'])} {memory} each | mesh data "
-           f"{report['mesh']['data']} x fsdp {report['mesh']['fsdp']}"]
-  header = f"{'':26}{'train_step':>18}{'eval_step':>18}"
-  lines += ["", header]
-  rows = [("parameters / device", lambda r: g(r["memory"]["parameters"])),
-          ("optimizer state / device", lambda r: g(r["memory"]["optimizer_state"])),
-          ("batch / device", lambda r: g(r["memory"]["batch"])),
-          ("temporaries / device", lambda r: g(r["memory"].get("temporaries"))),
-          ("total / device", lambda r: g(r["memory"]["total"])),
-          ("fits", lambda r: ("yes" if r["memory"]["fits"] else
-                              f"no (+{g(r['memory']['over_by'])})")),
-          ("attention kernel", lambda r: r.get("kernel", "-")),
-          ("all-gather", lambda r: _count(r, "all-gather")),
-          ("reduce-scatter", lambda r: _count(r, "reduce-scatter")),
-          ("all-reduce", lambda r: _count(r, "all-reduce")),
-          ("all-to-all", lambda r: _count(r, "all-to-all")),
-          ("activation collectives", lambda r: (str(len(r["activation_collectives"]))
-                                                if "activation_collectives" in r else "-")),
-          ("FLOPs / device (XLA)", lambda r: _e(r.get("flops", {}).get("compiled_per_device"))),
-          ("FLOPs / device (6N+12LTD)", lambda r: _e(r.get("flops", {}).get(
-              "analytic_per_device"))),
-          ("step time >= (roofline)", lambda r: (f"{r['roofline']['step_s_lower_bound'] * 1e3:.2f} ms"
-                                                 if "roofline" in r else "-")),
-          ("best-case MFU (estimate)", lambda r: (f"{r['roofline']['best_mfu']:.0%}"
-                                                  if r.get("roofline", {}).get("best_mfu")
-                                                  else "-"))]
-  for label, fn in rows:
-    lines.append(f"{label:26}{fn(report['train_step']):>18}{fn(report['eval_step']):>18}")
-  lines.append("Compiled, not run: memory, kernel and collectives are the compiler's; the "
-               "step time is a lower bound.\nActivation collectives: those that move a "
-               "batch-sized tensor (FSDP moves weights and gradients only).")
-  for name in ("train_step", "eval_step"):
-    row = report[name]
-    if "why" in row:
-      unknown = " (not compiled: the rows below fits are -)" if "error" in row else ""
-      lines.append(f"{name} does not fit{unknown}: {row['why']}")
-  return "\n".join(lines)
-
-
-def training_time(report: dict[str, Any], tokens: int, tokens_per_step: int) -> dict[str, Any]:
-  """The best case for training `tokens` tokens on the report's target: the
-  roofline step time times the steps (ceil(tokens / tokens_per_step)). A lower
-  bound, never a measurement: no input pipeline, logging, evaluation, checkpoints
-  or collectives' latency, and the chip at its peak FLOPs or bandwidth."""
-  steps = -(-tokens // tokens_per_step)
-  step_s = report["train_step"].get("roofline", {}).get("step_s_lower_bound")
-  return {"tokens": tokens, "tokens_per_step": tokens_per_step, "steps": steps,
-          "seconds_lower_bound": None if step_s is None else steps * step_s}
-
-
-def format_training_time(t: dict[str, Any], target_name: str) -> str:
-  """compile.py --tokens' line."""
-  if t["seconds_lower_bound"] is None:
-    return f"training {t['tokens']:.3g} tokens on {target_name}: no roofline for this target"
-  s = t["seconds_lower_bound"]
-  return (f"training {t['tokens']:.3g} tokens on {target_name}: >= {s / 3600:.2f} hours "
-          f"({t['steps']:,} steps of {t['tokens_per_step']:,} tokens at the roofline step "
-          "time; a lower bound, not an estimate of a real run)")
-
-
-def _count(row, kind):
-  return str(row["collectives"][kind]) if "collectives" in row else "-"
-
-
-def _e(x):
-  return f"{x:.3g}" if x else "-"
