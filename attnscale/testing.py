@@ -369,12 +369,6 @@ def compile_config(preset="nanogpt", scaling="standard", **fields):
   return config
 
 
-# GPT-2 small's shape (12 x 768, 12 heads, block 1024, vocabulary 50257) at batch 8.
-GPT2_SMALL = {"batch_size": 8, "seq_len": 1024, "model.num_layers": 12, "model.num_heads": 12,
-              "model.width": 768, "model.block_size": 1024, "model.vocab_size": 50257,
-              "model.dropout": 0.0}
-
-
 def check_fsdp_report(report, config, kernel: str) -> None:
   """A compile report of `config` at fsdp=8 (`aot.compile_report`) is FSDP: it fits,
   uses `kernel`, moves no activation, and holds an eighth of every matrix."""

@@ -89,3 +89,13 @@ def test_a_weight_gathered_in_stages_is_not_an_activation():
   assert _found("bf16[16384,384]") == ["all-gather bf16[16384,384]"]  # B T x D
   assert _found("bf16[384,384]") == []  # a whole weight
   assert _found("bf16[6,64,384]", "all-to-all") == ["all-to-all bf16[6,64,384]"]
+
+
+def test_a_parameters_shard_is_not_an_activation():
+  """A gradient reduce-scattered into FSDP shards is a weight's: the [256, 384]
+  position table's into 64 shards of 4 rows (4 = the batch over 16 devices, a
+  batch size too), GPT-2 small's on 8 H100s (f32[128,768] of [1024, 768]). An
+  activation of a shard's size on another axis still counts."""
+  assert _found("f32[4,384]", "reduce-scatter") == []
+  assert _found("f32[48,384]", "reduce-scatter") == []  # 384 / 8 rows of proj
+  assert _found("f32[4,256,384]", "reduce-scatter") == ["reduce-scatter f32[4,256,384]"]

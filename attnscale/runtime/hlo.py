@@ -57,7 +57,9 @@ def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
   (32 = nanogpt's batch 64 over 2), so a result [g, ...] with g dividing the
   device count whose other axes merge into a parameter's (g times its second
   axis dividing a parameter's leading axes, its last axes the parameter's) is
-  a weight (`_staged_weight_gather`).
+  a weight (`_staged_weight_gather`). Nor a parameter's FSDP shard (`_parameter_shard`:
+  GPT-2 small's position table's gradient reduce-scattered from f32[1024,768] to
+  f32[128,768] on 8 H100s, where 128 is also the batch of 512 over 4 devices).
   """
   param_dims = {d for x in jax.tree.leaves(params) for d in x.shape} | set(model_dims)
   param_shapes = {tuple(x.shape) for x in jax.tree.leaves(params) if x.ndim >= 2}
@@ -72,6 +74,7 @@ def activation_collectives(hlo: str, params, batch_spec, num_devices: int,
   found = []
   for m in _COLLECTIVE_RE.finditer(hlo):
     shapes = [[int(d) for d in shape.split(",") if d] for shape in _SHAPE_RE.findall(m.group(1))]
+    shapes = [dims for dims in shapes if not _parameter_shard(dims, param_shapes, num_devices)]
     if m.group(2) == "all-gather":
       shapes = [dims for dims in shapes
                 if not _staged_weight_gather(dims, param_shapes, num_devices)]
@@ -98,3 +101,15 @@ def _staged_weight_gather(dims: list[int], param_shapes, num_devices: int) -> bo
   return False
 
 
+def _parameter_shard(dims: list[int], param_shapes, num_devices: int) -> bool:
+  """Whether a collective's result of shape `dims` is one FSDP shard of a parameter
+  (of its gradient): a parameter's shape with one axis divided by k > 1, k dividing
+  the device count (`train_state.fsdp_spec` splits one axis so)."""
+  for shape in param_shapes:
+    if len(shape) != len(dims):
+      continue
+    differ = [i for i, (a, b) in enumerate(zip(shape, dims)) if a != b]
+    if (len(differ) == 1 and dims[differ[0]] > 0 and shape[differ[0]] % dims[differ[0]] == 0
+        and num_devices % (shape[differ[0]] // dims[differ[0]]) == 0):
+      return True
+  return False
