@@ -63,7 +63,7 @@ PYTEST=($PY -m pytest -p no:cacheprovider -o addopts= -m "not slow and not heavy
 run() {  # run STEP: one of the steps below
   case $1 in
   tests_attention) step $1 120 "${PYTEST[@]}" tests/test_attention.py tests/test_kernel_options.py ;;
-  tests_more) step $1 "${TESTS_LIMIT:-120}" "${PYTEST[@]}" tests/test_causality.py \
+  tests_more) step $1 120 "${PYTEST[@]}" tests/test_causality.py \
       tests/test_scalings.py tests/test_xla_attention.py tests/test_attention_options.py \
       tests/test_temperature_scalings.py tests/test_mixed_precision.py tests/test_precision.py \
       tests/test_packed.py ;;

@@ -97,8 +97,8 @@ def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | 
       opt, schedule = tx, optimizers.learning_rate_schedule(config)
     else:
       seed, tau = hparams["seed"], hparams["qk_clip"]
-      opt, schedule = optimizers.make_optimizer(config, hparams), optimizers.learning_rate_schedule(
-          config, hparams)
+      opt = optimizers.make_optimizer(config, hparams)
+      schedule = optimizers.learning_rate_schedule(config, hparams)
 
     def loss_fn(params, batch, key):
       model = nnx.merge(graphdef, params)

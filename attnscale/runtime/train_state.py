@@ -54,6 +54,7 @@ from attnscale.runtime.checkpoints import (  # noqa: F401
   DAMAGED_DIR,
   Checkpoints,
   DamagedCheckpointError,
+  State,  # the train state dict, defined beside its checkpoints (no import cycle)
   abstract_state,
   describe_damaged,
 )
@@ -71,8 +72,6 @@ from attnscale.runtime.optimizers import (  # noqa: F401
   scale_by_lr_multipliers,
   scale_by_muon_shape,
 )
-
-State = dict[str, Any]
 
 # Graphcore's final training loss is the mean of the last 20 steps' losses.
 LAST_LOSSES = 20
