@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu_session.sh            # every step, on a GPU machine with the deps
 #   bash benchmarks/gpu_session.sh train sweep  # some of them
 #   LIMIT_train=400 bash benchmarks/gpu_session.sh train   # another time limit (seconds)
+#   SIZES=gpt2 PACKS=8 bash benchmarks/gpu_session.sh train sweep  # the train sizes, the packs
 #
 # Each step has its own time limit and log ($OUT/<step>.log, default /tmp/gpu_session);
 # the end of each log is printed. A machine without the project's pip dependencies
@@ -70,7 +71,7 @@ run() {  # run STEP: one of the steps below
   attention) step $1 90 $PY benchmarks/attention.py --dtype bfloat16 --seq 1024,4096 --iters 5 ;;
   train) step $1 240 $PY benchmarks/train_throughput.py --sizes "${SIZES:-gpt2,nanogpt,cpu}" \
       --frameworks jax --dtype bfloat16 --rounds 3 --steps 10 ;;
-  sweep) step $1 150 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs 1,8,32 \
+  sweep) step $1 150 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs "${PACKS:-1,8,32}" \
       --packs_jobs2= --steps 100 ;;
   *) echo "unknown step $1 (tests_attention, tests_more, attention, train, sweep)"; exit 2 ;;
   esac

@@ -158,11 +158,18 @@ def measure_in_process(size, frameworks, args) -> dict:
   config = get_config(size, args)
   runners, out = {}, {}
   for f in frameworks:
+    start = time.perf_counter()
     runners[f] = make_runner(f, config, args)
+    # Progress on stderr (the parent passes it through), so that a run stopped by a
+    # time limit still says which phase it was in.
+    print(f"{size} {f}: state and batches built in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr, flush=True)
     start = time.perf_counter()
     runners[f](2)  # warm-up: compilation, allocator, caches
     hostmem.trim()  # as train.py after its first step (attnscale/runtime/hostmem.py)
     out[f] = (time.perf_counter() - start, [])
+    print(f"{size} {f}: compiled and ran 2 steps in {out[f][0]:.1f} s", file=sys.stderr,
+          flush=True)
   for _ in range(args.rounds):
     for f, run in runners.items():
       start = time.perf_counter()
@@ -179,9 +186,10 @@ def measure_in_subprocess(size, framework, args) -> tuple[float, list[float]]:
     cmd += ["--dtype", args.dtype]
   if args.malloc:  # else the child picks the default, as this process did
     cmd += ["--malloc", args.malloc]
-  proc = subprocess.run(cmd, capture_output=True, text=True)
+  # stderr is not captured: the child's progress and errors show as they happen.
+  proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
   if proc.returncode:
-    sys.exit(f"error: {framework} at size {size} failed:\n{proc.stderr[-3000:]}")
+    sys.exit(f"error: {framework} at size {size} failed (its stderr is above)")
   warmup, times = json.loads(proc.stdout.strip().splitlines()[-1])
   return warmup, times
 
