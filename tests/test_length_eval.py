@@ -104,6 +104,8 @@ def test_length_sweep_and_study(tmp_path):
   assert (out / "length.png").stat().st_size > 0
   rows = (out / "length_runs.csv").read_text().splitlines()
   assert len(rows) == 1 + 2 * 2  # header, 2 runs x 2 lengths
+  runs = (out / "runs.csv").read_text().splitlines()  # a row a run, with its provenance
+  assert len(runs) == 1 + 2 and "val_loss_L32" in runs[0] and ",done," in runs[1]
   # Rerunning skips both the training and the evaluation.
   log = []
   sweeps.run_sweep(config_file, points, str(tmp_path), log=log.append)
@@ -120,7 +122,8 @@ def test_length_study_groups_seeds(tmp_path):
     w = tmp_path / f"{scaling}-{positions}-{seed}"
     w.mkdir()
     (w / "config.json").write_text(json.dumps(
-        {"seed": seed, "seq_len": 4, "model": {"scaling": scaling, "positions": positions}}))
+        {"seed": seed, "seq_len": 4, "learning_rate": 0.01, "num_train_steps": 10,
+         "model": {"scaling": scaling, "positions": positions}}))
     lengths = {str(L): {"val_loss": x, "bits_per_char": x / math.log(2), "targets": 100,
                         "loss_by_position": [x] * L} for L, x in zip((4, 16), losses)}
     (w / "eval.json").write_text(json.dumps({"scaling": scaling, "lengths": lengths}))
@@ -133,6 +136,9 @@ def test_length_study_groups_seeds(tmp_path):
   assert "| log_n | none | 1 | 2.100 | 2.200 | +0.100 |" in md
   assert "runs from 1 commit: unknown (3 runs)" in md  # no provenance.json
   assert (out / "length.png").stat().st_size > 0
+  runs = (out / "runs.csv").read_text().splitlines()
+  assert runs[0].split(",")[:3] == ["label", "learning_rate", "positions"]
+  assert "val_loss_L4" in runs[0] and "val_loss_L16" in runs[0] and len(runs) == 1 + 3
   # Runs of two commits: refused, unless told (then said under the table).
   (tmp_path / "standard-rope-1" / "provenance.json").write_text(json.dumps([{"commit": "b" * 40}]))
   with pytest.raises(SystemExit, match="length: runs from 2 commits.*--allow_mixed_code"):

@@ -5,7 +5,10 @@ per length the loss and the loss by position, `attnscale.evaluation.length_eval`
 run's config.json (scaling label, positions, seed, training length). Runs that
 differ only in seed form one group: the table gives each group's mean and
 standard error over seeds (for two seeds, half their difference), the figure
-its mean line and the seeds' range as a band.
+its mean line and the seeds' range as a band. runs.csv has one row a run
+(`sweep_results.write_runs_csv`: training loss, largest logit, commit, host)
+with its validation loss at each evaluation length; length_runs.csv one row a
+run and length.
 
   python -m attnscale.studies length --out studies_out --workdirs runs/length/*
 """
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting
+from attnscale.experiments import reporting, run_records, sweep_results
 from attnscale.runtime import configlib, provenance
 from attnscale.studies import registry
 
@@ -176,6 +179,17 @@ def plot_length(result: LengthResult):
   return fig
 
 
+def write_runs_csv(r: LengthResult, path: str) -> str:
+  """runs.csv: each run's row (`run_records.read_run`) with its positions and its
+  validation loss at every evaluation length (val_loss_L<n>); returns `path`."""
+  results = [f"val_loss_L{L}" for L in r.lengths]
+  rows = [{**run_records.read_run(run.workdir), "positions": run.positions,
+           **{f"val_loss_L{L}": run.lengths[L]["val_loss"] for L in r.lengths}}
+          for run in r.runs]
+  sweep_results.write_runs_csv(rows, path, hyperparameters=("positions",), results=results)
+  return path
+
+
 # ---------------------------------------------------------------------------
 # The command line: python -m attnscale.studies length --workdirs RUN ...
 
@@ -189,10 +203,11 @@ def run_length(a):
            f"evaluation length (eval.py --lengths), mean ± standard error over seeds.",
            f"Last column: loss at {last} minus loss at {first} (how much worse the model "
            "gets with longer windows; negative = longer context helps).",
-           "Per-run values: length_runs.csv.",
+           "Per-run values: runs.csv (a row a run), length_runs.csv (a row a run and length).",
            registry.code_note([{"commit": provenance.commit_of(run.workdir)} for run in r.runs],
                               a, "length")]
   paths = reporting.write_tables(r.rows(), a.out, "length_runs", title="Length study, every run")
+  paths.append(write_runs_csv(r, os.path.join(a.out, "runs.csv")))
   written, notes = reporting.write_study(plot_length(r), r.summary_rows(), a.out, "length",
                           "Loss against evaluation length", notes)
   return written + paths, notes
