@@ -120,7 +120,8 @@ SWEEPS["practice_test"] = staged("test", {k: PRACTICE[k] for k in ("standard", "
 # one sweep with checkpoints for the diagnostics, plus a parameter-matched control:
 # grouped-query attention with 2 key/value heads of 4 has exactly shared K/V's
 # attention parameters (q d^2, k and v d^2/2 each, out d^2 = 3 d^2) with keys and
-# values untied. Staged like the practice sweep (the same search and seeds).
+# values untied. Staged like the practice sweep, with the study protocol: seeds 1 and 2
+# at every rate of each near-best band (band_seeds), the best on the seed mean.
 SHARED_KV = {}
 for _name in ("standard", "cosine", "qk_rmsnorm", "key_norm_sum"):
   SHARED_KV[_name] = PRACTICE[_name]
@@ -129,7 +130,7 @@ SHARED_KV["standard_kv2"] = ("standard", {"model.num_kv_heads": 2})
 # Starts: the practice sweep's best (docs/results/practice), the same for shared.
 SHARED_KV_LR_START = {k: 4 if k.startswith("key_norm_sum") else 9 for k in SHARED_KV}
 SWEEPS["shared_kv"] = staged("graphcore_cpu", SHARED_KV, SHARED_KV_LR_START,
-                             bounds=PRACTICE_LR_RANGE)
+                             bounds=PRACTICE_LR_RANGE, more_seeds=(), band_seeds=(1, 2))
 SWEEPS["shared_kv_test"] = staged(
     "test", {k: SHARED_KV[k] for k in ("standard", "standard_shared")},
     {"standard": 7, "standard_shared": 7}, bounds=PRACTICE_LR_RANGE, more_seeds=(1,))
@@ -189,7 +190,7 @@ SWEEPS["width_test"] = _width_sweep("test", {k: WIDTH_LABELS[k] for k in ("sp", 
 # depth 4: graphcore_cpu's): 1 is CompleteP's 1/L, 0.5 depth-muP's 1/sqrt(L). At
 # width 64 = base_width mup is sp, so there is no mup label. Every label starts at
 # graphcore_cpu's best (2^-9); the search brackets wherever it moves. Depth 2's best
-# rate is transferred to 4 and 8. About 3 labels x 3 depths x 6 runs, 1-1.5 hours.
+# rate is transferred to 4 and 8. About 3 labels x 3 depths x 8-10 runs, 2-3 hours.
 DEPTHS = (2, 4, 8)
 DEPTH_LABELS = {
     "sp": ("standard", {}),
@@ -198,14 +199,14 @@ DEPTH_LABELS = {
 }
 
 
-def _depth_sweep(preset, labels, depths, seeds):
+def _depth_sweep(preset, labels, depths, seeds, band_seeds=()):
   points = {f"{label}@L{n}": (scaling, overrides | {"model.num_layers": n})
             for n in depths for label, (scaling, overrides) in labels.items()}
   starts = dict.fromkeys(points, 9)
   transfer = {f"{label}@L{depths[0]}": [f"{label}@L{n}" for n in depths[1:]]
               for label in labels}
   return staged(preset, points, starts, bounds=WIDTH_BOUNDS, more_seeds=seeds,
-                transfer=transfer)
+                band_seeds=band_seeds, transfer=transfer)
 
 
 # The transfer study (issue #41, docs/experiments/width.md "Transfer"): how should
@@ -270,7 +271,8 @@ SWEEPS["transfer_test"] = _transfer_sweep(
                                              "sp_muon_cosine", "umup", "sp_muon_qk_clip")},
     (16, 32), dict.fromkeys(TRANSFER_LABELS, 7) | {"umup": 1})
 
-SWEEPS["depth"] = _depth_sweep("graphcore_cpu", DEPTH_LABELS, DEPTHS, (1,))
+# The study protocol: seeds 1 and 2 at every rate of each near-best band.
+SWEEPS["depth"] = _depth_sweep("graphcore_cpu", DEPTH_LABELS, DEPTHS, (), band_seeds=(1, 2))
 SWEEPS["depth_test"] = _depth_sweep("test", {k: DEPTH_LABELS[k] for k in ("sp", "complete_p")},
                                     (1, 2), (1,))
 
@@ -303,7 +305,9 @@ def sensitivity(preset, labels, best, seeds) -> Sweep:
       for label, (scaling, overrides) in labels.items() if e <= best[label] + 2])
 
 
-SWEEPS["sensitivity"] = sensitivity("graphcore_cpu", SENSITIVITY, SENSITIVITY_BEST, (0, 1))
+# Three seeds at every rate (the study protocol's least): 3 x 76 = 228 runs, each
+# (label, rate)'s seeds in one pack.
+SWEEPS["sensitivity"] = sensitivity("graphcore_cpu", SENSITIVITY, SENSITIVITY_BEST, (0, 1, 2))
 SWEEPS["sensitivity_test"] = sensitivity(
     "test", {k: SENSITIVITY[k] for k in ("standard", "qk_clip")}, {"standard": 4, "qk_clip": 4},
     (0,))
@@ -351,7 +355,7 @@ SWEEPS["length_test"] = length("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, 
 # The precision study (README, "Low precision"; docs/science.md, "Low precision"):
 # each scaling at its graphcore_cpu learning rate (LENGTH_LRS), in every model.dtype
 # with no loss scaling, and fp8 also with per-tensor scaling (the conventional
-# baseline). About an hour and a half on 2 idle cores.
+# baseline).
 PRECISION_SCALINGS = ("standard", "fully_scaled", "cosine", "qk_layernorm", "key_norm_sum",
                       "unit_scaled")
 PRECISION_FORMATS = {  # label -> field overrides (float32: none)
@@ -361,8 +365,10 @@ PRECISION_FORMATS = {  # label -> field overrides (float32: none)
     "fp8": {"model.dtype": "fp8"},
     "fp8_per_tensor": {"model.dtype": "fp8", "model.fp8_scaling": "per_tensor"},
 }
-# Seed 0 in every format; seed 1 in float32 and unscaled fp8 (the two ends), for
-# the seed spread: 6 x (5 + 2) = 42 runs.
+# Seeds 0, 1 and 2 in every format (the study protocol's least, so that each format
+# is compared with float32 paired by seed): 6 x 5 x 3 = 90 runs, each (scaling,
+# format)'s seeds in one pack, about 3-4 hours on 2 idle cores (the 42 runs of seed 0
+# everywhere and seed 1 in float32 and fp8 took about an hour and a half).
 
 
 def precision(preset, scalings, formats, seeds, lrs=None) -> Sweep:
@@ -375,7 +381,7 @@ def precision(preset, scalings, formats, seeds, lrs=None) -> Sweep:
 
 
 SWEEPS["precision"] = precision("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
-                                {0: tuple(PRECISION_FORMATS), 1: ("float32", "fp8")},
+                                dict.fromkeys((0, 1, 2), tuple(PRECISION_FORMATS)),
                                 lrs=LENGTH_LRS)
 # The same at the cpu preset (about 6 hours), each scaling at the preset's 2e-3.
 SWEEPS["precision_cpu"] = precision("cpu", PRECISION_SCALINGS, PRECISION_FORMATS,

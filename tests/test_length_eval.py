@@ -139,6 +139,9 @@ def test_length_study_groups_seeds(tmp_path):
   runs = (out / "runs.csv").read_text().splitlines()
   assert runs[0].split(",")[:3] == ["label", "learning_rate", "positions"]
   assert "val_loss_L4" in runs[0] and "val_loss_L16" in runs[0] and len(runs) == 1 + 3
+  # log_n has no positions twin of standard here and one seed: nothing to pair.
+  compare = (out / "length_compare.md").read_text()
+  assert "| log_n | none | standard, none |" not in compare
   # Runs of two commits: refused, unless told (then said under the table).
   (tmp_path / "standard-rope-1" / "provenance.json").write_text(json.dumps([{"commit": "b" * 40}]))
   with pytest.raises(SystemExit, match="length: runs from 2 commits.*--allow_mixed_code"):
@@ -147,3 +150,24 @@ def test_length_study_groups_seeds(tmp_path):
   assert "runs from 2 commits: unknown (2 runs), bbbbbbb (1 run)" in (out / "length.md").read_text()
   with pytest.raises(SystemExit, match="has no eval.json"):
     studies_main.main(["length", "--out", str(out), "--workdirs", str(tmp_path)])
+
+
+def test_length_comparisons_are_paired_by_seed():
+  """comparison_rows: each group against standard (same positions) and rope against
+  none, paired by seed: differences 0.1, 0.2, 0.3 give +0.200 +- t(0.975, 2) 0.1 / sqrt 3."""
+  from attnscale.studies import length
+  def run(scaling, positions, seed, at_4, at_16):
+    return length.RunLengths(f"w/{scaling}-{positions}-{seed}", scaling, positions, seed, 4,
+                             {4: {"val_loss": at_4}, 16: {"val_loss": at_16}})
+  runs = [run("standard", "rope", s, 2.0 + s, 2.5 + s) for s in range(3)]
+  runs += [run("cosine", "rope", s, 2.1 + 0.1 * s + s, 2.5 + s) for s in range(3)]
+  runs += [run("cosine", "none", s, 2.1 + 0.1 * s + s, 2.6 + s) for s in range(3)]
+  rows = {(r["scaling"], r["positions"], r["against"]): r
+          for r in length.comparison_rows(length.LengthResult(runs))}
+  assert set(rows) == {("cosine", "rope", "standard, rope"), ("cosine", "none", "cosine, rope")}
+  vs_standard = rows["cosine", "rope", "standard, rope"]
+  assert vs_standard["L=4"] == "+0.200 [-0.048, +0.448] paired n=3: within noise"
+  assert vs_standard["L=16"] == "+0.000 [+0.000, +0.000] paired n=3: within noise"
+  # Growth: standard 0.5 each seed; cosine 0.4, 0.3, 0.2 -> -0.2 with the same spread.
+  assert vs_standard["growth 4->16"] == "-0.200 [-0.448, +0.048] paired n=3: within noise"
+  assert rows["cosine", "none", "cosine, rope"]["L=16"].startswith("+0.100 [+0.100, +0.100]")

@@ -311,14 +311,21 @@ def test_scale_figure_and_precision_plot():
   fig = study.plot_scales(reports, title="unit")
   assert len(fig.axes) == 2 and len(fig.axes[0].get_yticklabels()) == len(
       {t.name for t in reports["float32"].tensors})
-  rows = [{"scaling": "standard", "dtype": d, "final_train_loss": v}
+  rows = [{"scaling": "standard", "dtype": d, "seed": 0, "final_train_loss": v}
           for d, v in (("float32", 1.5), ("fp8", float("nan")))]
   assert study.plot_precision(rows).axes
-  rows += [{"scaling": "standard", "dtype": "float32", "final_train_loss": 1.7}]
+  rows += [{"scaling": "standard", "dtype": "float32", "seed": s, "final_train_loss": v}
+           for s, v in ((1, 1.7), (2, 1.6))]
+  # bfloat16 1.6, 2.0, 1.9: per-seed differences 0.1, 0.3, 0.3 -> paired +0.233 +-
+  # t(0.975, 2) x 0.115 / sqrt(3) = 0.287: within noise on 3 seeds.
+  rows += [{"scaling": "standard", "dtype": "bfloat16", "seed": s, "final_train_loss": v}
+           for s, v in ((0, 1.6), (1, 2.0), (2, 1.9))]
   summary = {r["dtype"]: r for r in study.summary_table(rows)}
   assert summary["float32"]["final_train_loss"] == pytest.approx(1.6)
   assert summary["float32"]["half_range"] == pytest.approx(0.1)
   assert summary["fp8"]["diverged"] == 1 and math.isnan(summary["fp8"]["delta_vs_float32"])
+  assert summary["fp8"]["vs_float32"] == "n=3+0: too few seeds"
+  assert summary["bfloat16"]["vs_float32"] == "+0.233 [-0.054, +0.520] paired n=3: within noise"
   lost = study.lost_fractions(reports["fp8"])
   assert 0 <= lost["grad_lost"] <= 1 and study.lost_fractions(reports["float32"])["grad_lost"] == 0
   # The unit model with its unit-scaled loss: forward and gradients near std 1

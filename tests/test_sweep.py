@@ -341,7 +341,9 @@ def test_the_new_studies_sweeps():
   assert {dict(p.overrides)["model.num_layers"] for p in depth} == {2, 4, 8}
   assert {dict(p.overrides).get("model.depth_alpha", 0) for p in depth} == {0, 0.5, 1.0}
   sensitivity = load("sensitivity")
-  assert len(sensitivity) == 2 * (7 * 10 + 6)  # seeds x (rates 2^-11..2^-2, unit 2^-7..2^-2)
+  assert len(sensitivity) == 3 * (7 * 10 + 6)  # seeds x (rates 2^-11..2^-2, unit 2^-7..2^-2)
+  assert len(load("precision")) == 6 * 5 * 3  # scalings x formats x seeds
+  assert {p.arg.split("seed=")[1] for p in load("length")} == {"0", "1", "2"}
   assert max(dict(p.overrides)["learning_rate"] for p in sensitivity) == 2.0**-2
   shared = {(p.arg, p.overrides) for p in load("shared_kv")}
   assert any(("model.shared_kv", True) in o for _, o in shared)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, run_records, sweep_results
+from attnscale.experiments import reporting, run_records, stats, sweep_results
 from attnscale.runtime import configlib, provenance
 from attnscale.studies import registry
 
@@ -120,6 +120,35 @@ class LengthResult:
     return rows
 
 
+def comparison_rows(r: LengthResult, reference: str = "standard") -> list[dict]:
+  """Each group against `reference` with the same positions, and rope against no
+  positions for each scaling that has both: at every evaluation length and in the
+  growth (loss at the last length minus at the first), `stats.compare` (b - a,
+  paired by seed where they share seeds, 95% t). Positive: b is worse."""
+  groups = r.groups()
+  first, last = r.lengths[0], r.lengths[-1]
+
+  def by_seed(runs, L=None):
+    return {run.seed: (run.lengths[L]["val_loss"] if L else
+                       run.lengths[last]["val_loss"] - run.lengths[first]["val_loss"])
+            for run in runs}
+
+  pairs = [((reference, pos), (scaling, pos), f"{reference}, {pos}")
+           for scaling, pos in sorted(groups) if scaling != reference
+           and (reference, pos) in groups]
+  pairs += [((scaling, "rope"), (scaling, "none"), f"{scaling}, rope")
+            for scaling, pos in sorted(groups) if pos == "none" and (scaling, "rope") in groups]
+  rows = []
+  for a, b, against in pairs:
+    row = {"scaling": b[0], "positions": b[1], "against": against}
+    for L in r.lengths:
+      row[f"L={L}"] = stats.compare(by_seed(groups[a], L), by_seed(groups[b], L)).format()
+    row[f"growth {first}->{last}"] = stats.compare(by_seed(groups[a]),
+                                                   by_seed(groups[b])).format()
+    rows.append(row)
+  return rows
+
+
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
   """Mean and standard error (sample std / sqrt(n)); s.e. 0 for one value."""
   x = np.asarray(values, float)
@@ -208,6 +237,12 @@ def run_length(a):
                               a, "length")]
   paths = reporting.write_tables(r.rows(), a.out, "length_runs", title="Length study, every run")
   paths.append(write_runs_csv(r, os.path.join(a.out, "runs.csv")))
+  paths += reporting.write_tables(
+      comparison_rows(r), a.out, "length_compare", title="Length study: comparisons",
+      notes=["b - a in nats of validation loss (positive: b is worse), 95% t-interval, "
+             "paired by seed where the two share seeds (attnscale.experiments.stats.compare); "
+             "a is `against`, b the row's scaling and positions. Growth: the loss at the "
+             "longest evaluation length minus at the shortest."])
   written, notes = reporting.write_study(plot_length(r), r.summary_rows(), a.out, "length",
                           "Loss against evaluation length", notes)
   return written + paths, notes

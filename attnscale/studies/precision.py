@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting
+from attnscale.experiments import reporting, stats, sweep_results
 from attnscale.numerics import precision, scale_tracking
 from attnscale.studies import registry
 
@@ -119,10 +119,9 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
       continue
     with open(os.path.join(workdir, "config.json")) as f:
       config = json.load(f)
-    row = {"scaling": run["scaling"], "dtype": dtype_label(config), "seed": run["seed"],
-           "status": run["status"], "steps": run["steps"],
-           "final_train_loss": run["final_train_loss"], "best_val_loss": run["best_val_loss"],
-           "commit": run["commit"], "run": run["run"]}
+    row = {k: run[k] for k in ("scaling", "learning_rate", "seed", "status", "steps",
+                               "final_train_loss", "best_val_loss", "max_logit", "commit",
+                               "host", "run")} | {"dtype": dtype_label(config)}
     # A diverged run is tracked at its last good checkpoint, if it saved one.
     if track and run_records.checkpoint_steps(workdir):
       report, _ = run_report(workdir)
@@ -144,7 +143,11 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
 def summary_table(rows: Sequence[dict]) -> list[dict]:
   """Per scaling and dtype: the final loss over seeds (mean, and the half range
   max - min over 2 when there are two or more), its difference to float32's mean,
-  the runs that diverged, and the mean grad_lost / fwd_lost."""
+  that difference paired by seed with its 95% t-interval (`vs_float32`,
+  `stats.compare`), the runs that diverged, and the mean grad_lost / fwd_lost."""
+  def by_seed(runs, dtype):
+    return {r["seed"]: r["final_train_loss"] for r in runs if r["dtype"] == dtype}
+
   out = []
   for scaling in sorted({str(r["scaling"]) for r in rows}):
     mine = [r for r in rows if str(r["scaling"]) == scaling]
@@ -160,6 +163,8 @@ def summary_table(rows: Sequence[dict]) -> list[dict]:
                   "diverged": len(runs) - len(losses), "final_train_loss": mean,
                   "half_range": (max(losses) - min(losses)) / 2 if len(losses) > 1 else math.nan,
                   "delta_vs_float32": mean - float(np.mean(base)) if base else math.nan,
+                  "vs_float32": "" if dtype == "float32" else stats.compare(
+                      by_seed(mine, "float32"), by_seed(runs, dtype)).format(),
                   "grad_lost": lost("grad_lost"), "fwd_lost": lost("fwd_lost")})
   return out
 
@@ -336,7 +341,13 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       title="Low precision without loss scaling: per scaling and format, over seeds",
       notes=["final_train_loss: mean over the seeds that did not diverge; half_range: "
              "(max - min)/2 over them; delta_vs_float32: against float32's mean; "
+             "vs_float32: the same paired by seed, 95% t-interval (stats.compare); "
              "grad_lost / fwd_lost: means over the runs (see precision.md)."])
+  runs_csv = os.path.join(args.out, "runs.csv")  # a row a run, with provenance
+  sweep_results.write_runs_csv(rows, runs_csv, hyperparameters=("dtype",), results=(
+      "delta_vs_float32", "grad_lost", "fwd_lost", "grad_underflow_float16",
+      "grad_underflow_e5m2"))
+  paths.append(runs_csv)
   paths.append(reporting.save_figure(plot_precision(rows), args.out, "precision"))
   summaries = []  # each float32 run's scales at init and trained (`scale_summary`)
   for workdir in args.workdirs:
