@@ -47,13 +47,15 @@ def grid(preset, scalings, learning_rates, seeds) -> Sweep:
 
 
 def staged(preset, labels, starts, *, bounds, more_seeds=(1, 2), band_seeds=(),
-           transfer=None) -> Sweep:
+           transfer=None, window=0) -> Sweep:
   """The staged learning-rate search over {label: (scaling, overrides)}
-  (attnscale/experiments/lr_search.py; `band_seeds`: the study protocol)."""
+  (attnscale/experiments/lr_search.py; `band_seeds`: the study protocol; `window`:
+  seed 0 at every rate within that many octaves of each best)."""
   def points(workdir):
     from attnscale.experiments import lr_search  # only the staged sweeps read results
     return lr_search.points(preset, labels, starts, workdir, bounds=bounds,
-                            more_seeds=more_seeds, band_seeds=band_seeds, transfer=transfer)
+                            more_seeds=more_seeds, band_seeds=band_seeds, transfer=transfer,
+                            window=window)
   return Sweep(preset, points)
 
 
@@ -225,7 +227,11 @@ def _depth_sweep(preset, labels, depths, seeds, band_seeds=()):
 # are integers throughout (trial names, run directories, the near-best band), and the
 # band's three seeds already say which neighbouring octaves are within noise; a
 # half-octave grid would about double the runs. The search at each width is its own;
-# the smallest width's best also runs at every other width (transfer).
+# the smallest width's best also runs at every other width (transfer). Sensitivity:
+# seed 0 also runs every rate within two octaves of each best (`window`), so that
+# Wortsman et al.'s S is over the same five rates around the best at every width
+# (attnscale/studies/transfer.py); about 1-2 runs more per label and width, the
+# higher of them often diverging early.
 TRANSFER_ATTENTIONS = ("standard", "qk_rmsnorm", "cosine")
 UMUP = {"model.parameterization": "umup", "model.scaling": "umup",
         "model.unit.attn_residual": "rule"}
@@ -254,7 +260,7 @@ def _transfer_sweep(preset, labels, widths, start_64):
             for w in widths for label in labels}
   transfer = {f"{label}@{widths[0]}": [f"{label}@{w}" for w in widths[1:]] for label in labels}
   return staged(preset, points, starts, bounds=TRANSFER_BOUNDS, more_seeds=(),
-                band_seeds=(1, 2), transfer=transfer)
+                band_seeds=(1, 2), transfer=transfer, window=2)
 
 
 # Size: 11 labels x 4 widths = 44 searches. Each is about 4 rates at seed 0 and seeds 1

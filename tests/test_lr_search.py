@@ -194,3 +194,18 @@ def test_a_run_that_learned_nothing_counts_as_diverged():
   # Only finished runs are judged: an unfinished one still makes the label wait.
   assert lr_search.search({"a": 5}, lambda t: None, no_learning=4.0) == [
       Trial("a", 4), Trial("a", 5), Trial("a", 6)]
+
+
+def test_window_runs_seed_0_around_the_settled_best_without_moving_it():
+  """window=2: once the best (2^-6) is bracketed, seed 0 also runs 2^-4 and 2^-8,
+  the rates within two octaves that the search skipped; bounds still hold, and a
+  window rate better than the best (a second valley) does not move it."""
+  loss = lambda e: 1.0 + (e - 6) ** 2 if e != 4 else 0.5
+  trials, _ = run_to_end({"a": 6}, loss, more_seeds=(1,), window=2, bounds=(3, 12))
+  assert exponents(trials) == [5, 6, 7, 4, 8]
+  assert Trial("a", 6, 1) in trials and Trial("a", 4, 1) not in trials  # best stays 2^-6
+  bounded, _ = run_to_end({"a": 6}, lambda e: abs(e - 6.1), more_seeds=(), window=2,
+                          bounds=(5, 12))
+  assert exponents(bounded) == [5, 6, 7, 8]  # 2^-4 is outside the bounds
+  none, _ = run_to_end({"a": 6}, lambda e: abs(e - 6.1), more_seeds=())
+  assert exponents(none) == [5, 6, 7]

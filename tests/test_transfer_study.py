@@ -148,6 +148,20 @@ def test_slopes_say_which_rate_transfers(rows, fits):
   assert sp["worst_transfer_loss"] == pytest.approx(0.135) and mup["worst_transfer_loss"] == 0
 
 
+def test_sensitivity_is_over_two_octaves_each_side_of_the_best(rows):
+  """Seed 0 runs further below muP's best at 32 (2^-11, 2^-12, contiguous with the
+  search's 2^-7 ... 2^-10): 2^-11 is in S's window of two octaves, 2^-12 is left out."""
+  base = next(r for r in rows if r["label"] == "mup_adam_standard" and r["width"] == 32
+              and r["seed"] == 0 and r["learning_rate"] == 2.0**-9)
+  more = [dict(base, learning_rate=2.0**-e, final_train_loss=_loss("mup_adam_standard", 32, e, 0))
+          for e in (11, 12)]
+  r = next(r for r in transfer.sensitivity_rows(list(rows) + more)
+           if (r["label"], r["width"]) == ("mup_adam_standard", 32))
+  assert (r["rates"], r["left_out"], r["rate_range"]) == (5, 1, "2^-11 ... 2^-7")
+  # 2^-7 diverged (L0); 2^-8 ... 2^-11 at 2 + 0.015 (1, 0, 1, 4).
+  assert r["S"] == pytest.approx((L0 + 4 * 2.0 + 0.015 * (1 + 0 + 1 + 4)) / 5 - 2.0)
+
+
 def test_sensitivity_by_hand(rows):
   sens = {(r["label"], r["width"]): r for r in transfer.sensitivity_rows(rows)}
   # sp at 32: every seed ran 2^-7, 2^-8, 2^-9, so S per seed, mean and t over 3 seeds.

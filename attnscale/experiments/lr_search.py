@@ -29,6 +29,12 @@ rate failed means "all diverged", and the search goes to smaller rates (the
 small BERT's `umup` at 2^-7 ... 2^-4, where every label failed at 2^-7 or
 above: docs/experiments/bert.md).
 
+Window (optional): once a label's best is settled, seed 0 also runs at every rate
+within `window` octaves of it (inside `bounds`) that the search did not try, so
+that each label has the same rates around its best: what a sensitivity measure
+over a fixed range (Wortsman et al. 2023's S) needs to compare labels and sizes.
+These runs do not move the best (the search reads only its own trials).
+
 Transfer (optional): once a source label's best is bracketed, each of its
 target labels also runs (seed 0) at the source's best rate, if its own search did
 not try it: what a model tuned at one size gets at another (the width study:
@@ -83,7 +89,7 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
            more_seeds: Sequence[int] = (1, 2),
            band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None,
-           no_learning: float | None = None) -> list[Trial]:
+           no_learning: float | None = None, window: int = 0) -> list[Trial]:
   """The trials needed so far: stage 1 of every label (seed 0), then stage 2.
 
   Args:
@@ -100,11 +106,13 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
     transfer: source label -> target labels run (seed 0) at the source's best.
     no_learning: a final loss at or above it counts as diverged (a run that
       learned nothing; module docstring). None: every finite loss counts.
+    window: seed 0 at every rate within this many octaves of each settled best
+      (module docstring); 0: none.
 
   Returns:
     Stage 1's trials (label by label, in the order they were needed), then
     stage 2's (a label whose search is still running, or whose every rate
-    diverged, has none), then the transfer trials.
+    diverged, has none), then the window's, then the transfer trials.
   """
   lo, hi = bounds
   if no_learning is not None:
@@ -114,7 +122,7 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
       value = raw_loss(t)
       return math.nan if value is not None and value >= no_learning else value
 
-  stage1, stage2, best_of = [], [], {}
+  stage1, stage2, around, best_of = [], [], [], {}
   for label, start in starts.items():
     tried, banded = [start - 1, start, start + 1], set()
     while True:
@@ -145,11 +153,13 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
           continue
       if best is not None:
         stage2 += [Trial(label, best, seed) for seed in more_seeds]
+        around += [Trial(label, e, 0) for e in range(best - window, best + window + 1)
+                   if lo <= e <= hi and e not in tried]
         best_of[label] = best
       break
   moved = [Trial(target, best_of[source], 0) for source, targets in (transfer or {}).items()
            if source in best_of for target in targets]
-  trials = stage1 + stage2
+  trials = stage1 + stage2 + around
   return trials + [t for t in dict.fromkeys(moved) if t not in trials]
 
 
@@ -157,7 +167,7 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
            workdir: str | None, *, bounds: tuple[int, int] = (3, 12),
            more_seeds: Sequence[int] = (1, 2), band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None,
-           no_learning: float | None = None) -> list[dict]:
+           no_learning: float | None = None, window: int = 0) -> list[dict]:
   """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
   finished runs in `workdir` (None: nothing has run, stage 1's first trials).
 
@@ -186,4 +196,4 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
   return [point(t) for t in search({label: starts[label] for label in labels}, loss,
                                    bounds=bounds, more_seeds=more_seeds,
                                    band_seeds=band_seeds, transfer=transfer,
-                                   no_learning=no_learning)]
+                                   no_learning=no_learning, window=window)]

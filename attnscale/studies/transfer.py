@@ -46,13 +46,15 @@ large-scale Transformer training instabilities", arXiv 2309.14322, section 3.1),
 
     S = mean_lr min(L(lr), L_0) - min_lr L(lr),   L_0 = ln V (a diverged run: L_0)
 
-Wortsman et al. take the mean over one fixed range of rates at every size; here the
-rates are the search's, which it chose itself, so S is over the whole-octave rates
-contiguous with the best (no gap wider than an octave): the transfer run, set apart
-several octaves from an sp search at a large width, is left out (`left_out`), as it
-would put a far rate into one width's mean and not another's and make S grow with
-width by construction. The search's range still varies (3-6 rates: `rates`), so
-read S across widths with `rates` beside it. The mean and t-interval are over the
+Wortsman et al. take the mean over one fixed range of rates at every size; here
+each label and width has its own best, so S is over a fixed range relative to it:
+the whole-octave rates within WINDOW (2) octaves of the best and contiguous with it
+(no gap wider than an octave). The sweep runs seed 0 at all five of them
+(lr_search's `window`); a rate outside (the transfer run, set apart several octaves
+from an sp search at a large width, or the far end of a long search) is left out
+(`left_out`), as it would put a far rate into one width's mean and not another's.
+Where the window is not complete yet (`rates` < 5: the sweep is still running, or a
+bound cut it) S is over fewer rates, so read S across widths with `rates` beside it. The mean and t-interval are over the
 seeds that ran the same rates as seed 0; where fewer than 2 did (the protocol's seeds
 1 and 2 run only the band), seed 0 alone (`basis`). S's slope against log2(width):
 least squares over the widths, 95% t-interval with n - 2 degrees of freedom (the
@@ -83,6 +85,7 @@ LABELS = tuple(f"{p}_{o}_{a}" for p, o in (("sp", "adam"), ("mup", "adam"), ("sp
                for a in ("standard", "qk_rmsnorm", "cosine")) + ("umup", "sp_muon_qk_clip")
 QK_CLIP = 50.0  # the sweep's tau, which its label leaves unsaid
 TOL = 1e-9  # log2 rate: an interval "covers" a slope up to float round-off
+WINDOW = 2  # octaves each side of the best that S averages over (configs/sweeps.py's window)
 
 
 def transfer_label(config: Mapping) -> str:
@@ -272,7 +275,8 @@ def _contiguous(xs: Sequence[float], around: float) -> list[float]:
 
 
 def sensitivity_rows(rows: Sequence[dict]) -> list[dict]:
-  """Per label and width: S over the rates contiguous with the best (module docstring)."""
+  """Per label and width: S over the rates within WINDOW octaves of the best and
+  contiguous with it (module docstring)."""
   out = []
   for label in labels_of(rows):
     for w in widths_of(rows, label):
@@ -280,7 +284,8 @@ def sensitivity_rows(rows: Sequence[dict]) -> list[dict]:
       grid, _ = best_rate(by_rate)
       init = math.log(next(r["vocab_size"] for r in rows if r["label"] == label))
       seeds = sorted({s for v in by_rate.values() for s in v})
-      block = {s: _contiguous([x for x, v in by_rate.items() if s in v], grid) for s in seeds}
+      block = {s: [x for x in _contiguous([x for x, v in by_rate.items() if s in v], grid)
+                   if abs(x - grid) <= WINDOW + TOL] for s in seeds}
       first = seeds[0]
       same = [s for s in seeds if block[s] == block[first]]
       per_seed = {s: sensitivity([by_rate[x][s] for x in block[s]], init) for s in same}
@@ -476,10 +481,11 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       sens, args.out, "transfer_sensitivity", floats=".3f",
       title="Learning-rate sensitivity against width",
       notes=["S: Wortsman et al.'s mean over rates of min(L, L0) minus the best, L0 = ln V "
-             "(diverged = L0), per seed over the rates contiguous with the best (left_out: "
-             "that seed's other rates, e.g. a transfer run); [S_lo, S_hi]: 95% t over the "
-             "seeds with seed 0's rates, else seed 0 alone (basis). Compare widths with "
-             "`rates` beside: the search chose them.", code])
+             f"(diverged = L0), per seed over the rates within {WINDOW} octaves of the best "
+             "and contiguous with it (left_out: that seed's other rates, e.g. a transfer "
+             "run); [S_lo, S_hi]: 95% t over the seeds with seed 0's rates, else seed 0 "
+             f"alone (basis). rates < {2 * WINDOW + 1}: the window is not complete (sweep "
+             "running, or a bound), so compare widths with `rates` beside.", code])
   paths += reporting.write_tables(
       sensitivity_slope_rows(sens), args.out, "transfer_sensitivity_slopes", floats=".3f",
       title="Sensitivity against width: slopes",
