@@ -143,7 +143,8 @@ def _train(runs: list[_Run], graphdef, shardings, mesh, locks) -> list[dict]:
     # field the init reads that may differ in a pack).
     init = ts.init_fn(base, optimizers.make_optimizer(base))
     seeds_K = jnp.asarray([optimizers.hparams(r.config)["seed"] for r in runs])
-    state_K = jax.jit(jax.vmap(init), out_shardings=shardings_K)(seeds_K)
+    with ts.threefry_kernel_on_gpu():  # GPU compile time: its docstring
+      state_K = jax.jit(jax.vmap(init), out_shardings=shardings_K)(seeds_K)
     for k, run in enumerate(runs):
       run.checkpoints = ckpt.Checkpoints(run.workdir, run.config.keep_checkpoints)
       if run.checkpoints.latest_step() is not None:

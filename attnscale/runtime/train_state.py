@@ -32,6 +32,7 @@ Dimension legend: W the window of recent losses (`LAST_LOSSES`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import jax
@@ -237,9 +238,31 @@ def create_state(config, mesh, tx: optax.GradientTransformation | None = None,
   """
   init = init_fn(config, make_optimizer(config) if tx is None else tx)
   shardings = state_shardings(jax.eval_shape(init), mesh)
-  state = jax.jit(init, out_shardings=shardings)()
+  with threefry_kernel_on_gpu():
+    state = jax.jit(init, out_shardings=shardings)()
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: init_model(config)), nnx.Param)
   return graphdef, state, shardings
+
+
+@contextlib.contextmanager
+def threefry_kernel_on_gpu():
+  """Lowers jax.random's threefry to JAX's CUDA kernel inside this block, on GPU only.
+
+  Why: XLA:GPU compiles each parameter's threefry as its own fused loop, and for
+  GPT-2 small's init (about 150 random matrices) compiling `jit(init)` took 197 s
+  on one H200 against 3.8 s with the kernel (measured 2026-11-26, JAX 0.11.2;
+  docs/benchmarks.md). The kernel computes the same threefry2x32 bits, so the
+  initial parameters are unchanged (checked on that GPU); what it costs is memory
+  for the random bits, which an init holds anyway. The flag is part of jit's cache
+  key, and CPU and TPU lowerings ignore it. Left off for the train step, where a
+  dropout mask's bits would be materialised instead of fused.
+  """
+  previous = jax.config.jax_threefry_gpu_kernel_lowering
+  jax.config.update("jax_threefry_gpu_kernel_lowering", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_threefry_gpu_kernel_lowering", previous)
 
 
 def state_shapes(config, tx: optax.GradientTransformation | None = None) -> State:
