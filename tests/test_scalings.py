@@ -184,7 +184,8 @@ def _logit_scale(name, T, *, causal, **params):
 
 
 def test_log_n_is_standard_at_the_training_length():
-  from attnscale.core.scalings import Dims, log_n_init
+  from attnscale.core.length_scalings import log_n_init
+  from attnscale.core.scalings import Dims
   L = 64
   s0 = log_n_init(Dims(heads=2, kv_heads=2, head_dim=16, train_len=L))
   assert s0 == pytest.approx(1 / np.log(L))
@@ -239,3 +240,8 @@ def test_qk_rmsnorm_and_inverse_d():
   assert out.logit_scale == pytest.approx(8**-0.5)
   assert scalings.get("inverse_d")(q, k, keys).logit_scale == pytest.approx(1 / 8)
   assert scalings.get("inverse_d", mult=4.0).init_logit_scale(8) == pytest.approx(0.5)
+
+
+def test_moved_length_scalings_say_where_they_went():
+  with pytest.raises(ImportError, match="attnscale.core.length_scalings.Yarn"):
+    from attnscale.core.scalings import Yarn  # noqa: F401

@@ -4,9 +4,14 @@
     xla_attention.py     the fused path's XLA kernel (CPU, and what the others refuse)
     splash_attention.py  the fused path's TPU kernel (Pallas splash attention)
     scalings.py          the registry of scalings: formula, source, learned parameters
+    length_scalings.py   the scalings whose temperature grows with the sequence (log-n, YaRN)
     visibility.py        which keys each query sees; sums over exactly those
     positions.py         rotary positions
     sharding.py          the mesh's axes and the activation layout every model keeps
 
 Imports nothing else of attnscale.
 """
+
+# Every scaling registers on import: scalings.py's, then length_scalings.py's, so that
+# any import of the package (`from attnscale.core import scalings`) has them all.
+from attnscale.core import length_scalings, scalings  # noqa: E402, F401
