@@ -21,6 +21,7 @@ from attnscale.testing import padding_mask, random_qkv
 
 # The module, not the function `attnscale.core.attention` that shadows its name.
 attention_lib = importlib.import_module("attnscale.core.attention")
+fused_lib = importlib.import_module("attnscale.core.fused")
 # Interpret mode is slow: these run in the newest-JAX CI leg (.ci/run).
 pytestmark = pytest.mark.accelerator
 
@@ -76,17 +77,17 @@ def test_splash_sees_no_future_and_no_padding(name):
 
 def test_default_picks_splash_on_tpu_only(monkeypatch):
   args = ((2, 8, 4, 16), (2, 8, 2, 16), jnp.bfloat16, None, "softmax", None, None)
-  assert attention_lib.kernel_for(None, *args) == "xla"  # this CPU
-  monkeypatch.setattr(attention_lib, "target_platform", lambda: "tpu")
-  assert attention_lib.kernel_for(None, *args) == "splash"
+  assert fused_lib.kernel_for(None, *args) == "xla"  # this CPU
+  monkeypatch.setattr(fused_lib, "target_platform", lambda: "tpu")
+  assert fused_lib.kernel_for(None, *args) == "splash"
   sigmoid = (*args[:4], "sigmoid", None, None)
-  assert attention_lib.kernel_for(None, *sigmoid) == "xla"  # no sigmoid in splash
+  assert fused_lib.kernel_for(None, *sigmoid) == "xla"  # no sigmoid in splash
   custom = (*args[:3], jnp.ones((1, 1, 8, 8), bool), "softmax", None, None)
-  assert attention_lib.kernel_for(None, *custom) == "xla"  # a T x S mask is no segment ids
-  monkeypatch.setattr(attention_lib, "target_platform", lambda: "gpu")
-  assert attention_lib.kernel_for(None, *args) == "cudnn"
-  assert attention_lib.kernel_for(None, *args[:5], 50.0, None) == "xla"  # cuDNN: no soft-cap
-  assert attention_lib.kernel_for(None, (2, 8, 4, 16), (2, 8, 2, 16), jnp.float32,
+  assert fused_lib.kernel_for(None, *custom) == "xla"  # a T x S mask is no segment ids
+  monkeypatch.setattr(fused_lib, "target_platform", lambda: "gpu")
+  assert fused_lib.kernel_for(None, *args) == "cudnn"
+  assert fused_lib.kernel_for(None, *args[:5], 50.0, None) == "xla"  # cuDNN: no soft-cap
+  assert fused_lib.kernel_for(None, (2, 8, 4, 16), (2, 8, 2, 16), jnp.float32,
                                   None, "softmax", None, None) == "xla"  # half precision only
 
 

@@ -275,13 +275,13 @@ def test_batch_chunks_compute_the_whole_batchs_values_and_gradients(case, batch_
 
 
 def test_cpu_batch_chunk_fits_the_cache_bidirectional_on_one_cpu_device():
-  from attnscale.core import attention as attention_lib
+  from attnscale.core import fused as fused_lib
   # The small BERT's attention: [32, 4, 128, 128] float32 logits, 256 KiB a row.
   assert xla_attention.default_batch_chunk(32, 4, 128, 128) == 2
   assert xla_attention.default_batch_chunk(1, 8, 4096, 4096) == 1
   assert xla_attention.default_batch_chunk(8, 1, 8, 8) == 8  # all fits: one pass
   assert xla_attention._divisor_at_most(6, 4) == 3 and xla_attention._divisor_at_most(7, 2) == 1
   if jax.default_backend() == "cpu" and jax.device_count() == 1:
-    assert attention_lib.cpu_batch_chunk((32, 128, 4, 32), (32, 128, 4, 32), False) == 2
+    assert fused_lib.cpu_batch_chunk((32, 128, 4, 32), (32, 128, 4, 32), False) == 2
     # Causal attention keeps its query blocks alone (measured slower in groups).
-    assert attention_lib.cpu_batch_chunk((32, 128, 4, 32), (32, 128, 4, 32), True) is None
+    assert fused_lib.cpu_batch_chunk((32, 128, 4, 32), (32, 128, 4, 32), True) is None

@@ -1,6 +1,7 @@
 """The attention math: pure JAX, no Flax (a notebook can use it alone).
 
     attention.py         attention(), attention_weights(): the reference and fused paths
+    fused.py             the fused path: the scaling folded into q, the kernel picked by target
     xla_attention.py     the fused path's XLA kernel (CPU, and what the others refuse)
     splash_attention.py  the fused path's TPU kernel (Pallas splash attention)
     scalings.py          the registry of scalings: formula, source, learned parameters

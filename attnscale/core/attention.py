@@ -10,9 +10,9 @@ implementations:
 
 * "reference": plain einsums, the T x S logits materialised, softmax in float32 (or wider).
   This is the definition.
-* the fused path (default): s_i folded into q, c_i applied to the output, and one
-  scale-1 kernel call, so one kernel serves every scaling: splash attention
-  (`attnscale.core.splash_attention`, Pallas) on a TPU, cuDNN flash attention
+* the fused path (default, `attnscale.core.fused`): s_i folded into q, c_i applied
+  to the output, and one scale-1 kernel call, so one kernel serves every scaling:
+  splash attention (`attnscale.core.splash_attention`, Pallas) on a TPU, cuDNN flash attention
   (`jax.nn.dot_product_attention`) on a GPU, `attnscale.core.xla_attention` elsewhere
   and for what those cannot take (sigmoid everywhere; soft-cap and sink on cuDNN).
 
@@ -28,39 +28,18 @@ K key/value heads (K divides N: grouped-query attention), H head dim.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
+from attnscale.core import fused as fused_lib
 from attnscale.core import scalings as scalings_lib
-from attnscale.core import xla_attention
+from attnscale.core.fused import AttentionStats
 from attnscale.core.visibility import VisibleKeys, upcast
 
 Array = jax.Array
 
 IMPLEMENTATIONS = (None, "reference", "xla", "cudnn", "splash")
 NORMALIZERS = ("softmax", "sigmoid")
-
-
-class AttentionStats(NamedTuple):
-  """Per-query health of one attention call (`attention(..., return_stats=True)`).
-
-  Float32, [B, T, N], no gradient; the definitions of eval.py's diagnostics
-  (`attnscale.evaluation.diagnostics`, from `attention_weights`), per query:
-
-  * max_logit: max_j l_ij over the visible keys, l the scaled and soft-capped
-    logit (without sigmoid's -log n_i); -inf for a query that sees no key.
-  * entropy: -sum_j p_ij log p_ij over the visible keys, nats. Softmax: of the
-    weights, lse_i - sum_j p_ij l_ij. With a sink, of the keys' weights p_ij =
-    w_i s_ij (w_i = sigmoid(lse_i - b) < 1, s_i the softmax over the keys):
-    w_i H(s_i) - w_i log w_i, the sink's own weight left out. Sigmoid: of the
-    unnormalised weights sigmoid(l_ij - log n_i) (no distribution, so only
-    comparable between sigmoid runs). 0 for a query that sees no key.
-  """
-
-  max_logit_BTN: Array
-  entropy_BTN: Array
 
 
 def attention(q_BTNH: Array,
@@ -133,26 +112,26 @@ def attention(q_BTNH: Array,
     scaled = scale_fn(q_BTNH, k_BSKH, keys)
     out_scale_BTN = scaled.output_scale
   else:
-    q_BTNH_folded, k_BSKH_folded, out_scale_BTN = _fold(scale_fn, q_BTNH, k_BSKH, keys,
-                                                        v_BSKH.dtype)
+    q_BTNH_folded, k_BSKH_folded, out_scale_BTN = fused_lib.fold(
+        scale_fn, q_BTNH, k_BSKH, keys, v_BSKH.dtype)
   if mask_BNTS is not None:
     # A query with no visible key returns zeros, never NaN or a mean of values.
     n_BTN = keys.count()
-    base = 1.0 if out_scale_BTN is None else _broadcast(out_scale_BTN, n_BTN.shape)
+    base = 1.0 if out_scale_BTN is None else fused_lib.broadcast(out_scale_BTN, n_BTN.shape)
     out_scale_BTN = jnp.where(n_BTN > 0, base, 0.0)
 
   if implementation == "reference":
     z_BTNH, stats = _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink,
                                return_stats)
   else:
-    z_BTNH, sink_BTN, stats = _fused(q_BTNH_folded, k_BSKH_folded, v_BSKH, keys,
-                                     implementation, normalizer, logit_softcap, sink,
-                                     return_stats)
+    z_BTNH, sink_BTN, stats = fused_lib.fused(q_BTNH_folded, k_BSKH_folded, v_BSKH, keys,
+                                              implementation, normalizer, logit_softcap,
+                                              sink, return_stats)
     if sink_BTN is not None:
-      out_scale_BTN = sink_BTN if out_scale_BTN is None else sink_BTN * _broadcast(
+      out_scale_BTN = sink_BTN if out_scale_BTN is None else sink_BTN * fused_lib.broadcast(
           out_scale_BTN, sink_BTN.shape)
   if out_scale_BTN is not None:
-    z_BTNH = z_BTNH * _per_query(out_scale_BTN, z_BTNH.shape)
+    z_BTNH = z_BTNH * fused_lib.per_query(out_scale_BTN, z_BTNH.shape)
   z_BTNH = z_BTNH.astype(q_BTNH.dtype)
   if not return_stats:
     return z_BTNH
@@ -160,224 +139,6 @@ def attention(q_BTNH: Array,
   seen_BTN = jnp.broadcast_to(keys.count(), stats.max_logit_BTN.shape) > 0
   return z_BTNH, AttentionStats(jnp.where(seen_BTN, stats.max_logit_BTN, -jnp.inf),
                                 jnp.where(seen_BTN, stats.entropy_BTN, 0.0))
-
-
-def _broadcast(x, shape) -> Array:
-  """x broadcast to `shape` explicitly (a scalar, [N], [B, T, N], ... per query)."""
-  x = upcast(x)
-  return jnp.broadcast_to(x.reshape((1,) * (len(shape) - x.ndim) + x.shape), shape)
-
-
-def _per_query(x_BTN, shape_BTNH) -> Array:
-  """A factor broadcastable to [B, T, N] -> [B, T, N, 1], to multiply [B, T, N, H]."""
-  return _broadcast(x_BTN, shape_BTNH[:3])[..., None]
-
-
-def _fold(scale_fn, q_BTNH, k_BSKH, keys, dtype):
-  """(s_i q'_i, k', c_i): the scaling folded into q, in the kernel's dtype.
-
-  Under `jax.checkpoint`: the backward pass recomputes the scaling's per-vector
-  math (norms, cosines, sums over keys: O(B T N H)) from q and k instead of
-  keeping its float32 intermediates, so a scaling costs about what standard
-  costs in activation memory (cosine at the nanogpt preset in bf16 on TPU v5e-8:
-  1.17x standard's per-device memory stored, 1.05x recomputed; `compile.py`).
-  """
-  def fold(q_BTNH, k_BSKH):
-    scaled = scale_fn(q_BTNH, k_BSKH, keys)
-    q_BTNH = upcast(scaled.q) * _per_query(scaled.logit_scale, scaled.q.shape)
-    c = scaled.output_scale
-    return q_BTNH.astype(dtype), scaled.k.astype(dtype), None if c is None else upcast(c)
-  return jax.checkpoint(fold)(q_BTNH, k_BSKH)
-
-
-def _fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink,
-           return_stats=False):
-  """Calls a fused kernel with scale 1 on the folded q (`_fold`); returns (z, sink factor,
-  `AttentionStats` or None).
-
-  The kernel (`kernel_for`): "splash" (`attnscale.core.splash_attention`, TPU;
-  soft-cap and sink inside the kernel, padding as segment ids), "cudnn"
-  (`jax.nn.dot_product_attention`'s cuDNN flash attention, GPU; right padding
-  as sequence lengths), or "xla" (`attnscale.core.xla_attention`: causal blocks,
-  matmul layouts; jax.nn's own XLA path is 3x slower on CPU). The sink factor
-  sigmoid(lse_i - b), [B, T, N], multiplies the output (None without a sink,
-  or where the kernel applied the sink itself). Stats (`return_stats`): from
-  the XLA kernel itself, or for splash and cuDNN (which return no row max or
-  weighted logit sum) from the XLA kernel run with an empty value head dim: its
-  logits and softmax again, no p @ v product, no gradient.
-  """
-  dtype = v_BSKH.dtype
-  kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
-                      normalizer, logit_softcap, sink)
-  z_BTNH = None
-  if kernel == "splash":
-    z_BTNH = _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink)
-  elif kernel == "cudnn":
-    try:
-      z_BTNH = _cudnn(q_BTNH, k_BSKH, v_BSKH, keys)
-    except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions at trace time
-      if implementation == "cudnn":
-        raise
-  if z_BTNH is None:
-    return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats)
-  if not return_stats:
-    return z_BTNH, None, None
-  # The stats-only pass: v with head dim 0 makes the kernel's p @ v empty.
-  B, S, K, _ = v_BSKH.shape
-  _, _, stats = _xla(*jax.lax.stop_gradient((q_BTNH, k_BSKH, jnp.zeros((B, S, K, 0), dtype))),
-                     keys, normalizer, logit_softcap, sink, True)
-  return z_BTNH, None, stats
-
-
-def target_platform() -> str:
-  """"tpu", "gpu" or "cpu": the platform the program being traced is compiled for.
-
-  The device kind of the mesh it is traced under (`jax.sharding.use_abstract_mesh`;
-  `attnscale.runtime.steps` traces every step under its mesh), so that a program compiled
-  on a CPU host for a TPU slice or for GPUs (`compile.py`) gets that platform's
-  kernel; outside a mesh, `jax.default_backend()`.
-  """
-  mesh = jax.sharding.get_abstract_mesh()
-  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-  platform = getattr(device, "platform", None) or jax.default_backend()
-  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
-
-
-def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
-               logit_softcap, sink) -> str:
-  """The fused kernel a call runs: "splash", "cudnn" or "xla" (see `_fused`).
-
-  None picks by `target_platform()`: splash on a TPU unless
-  `splash_attention.unsupported_reason` names a reason; cuDNN on a GPU for
-  bf16/fp16 softmax with no soft-cap and no sink (jax.nn neither takes a tanh
-  nor returns lse); the XLA kernel otherwise.
-  """
-  if implementation in ("xla", "splash", "cudnn"):
-    return implementation
-  platform = target_platform()
-  # Splash takes a key (padding) mask [B|1, 1, 1, S] as segment ids; not a per-head
-  # or per-query one.
-  custom_mask = mask_BNTS is not None and (mask_BNTS.shape[2] != 1 or mask_BNTS.shape[1] != 1)
-  if platform == "tpu" and _splash_lib().unsupported_reason(
-      q_shape, k_shape, normalizer=normalizer, has_custom_mask=custom_mask) is None:
-    return "splash"
-  plain = normalizer == "softmax" and logit_softcap is None and sink is None
-  if platform == "gpu" and plain and dtype in (jnp.bfloat16, jnp.float16):
-    return "cudnn"  # cuDNN's fused attention takes half precision only
-  return "xla"
-
-
-def _key_mask_BS(keys, batch: int) -> Array | None:
-  """The key (padding) mask as [B, S] (None: no mask); only for a [B|1, 1, 1, S] mask."""
-  if keys.mask_BNTS is None:
-    return None
-  mask = keys.mask_BNTS
-  return jnp.broadcast_to(mask[:, 0, 0, :], (batch, keys.kv_len))
-
-
-def _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink):
-  """Splash attention inside shard_map over the mesh's batch axes (`attnscale.core.splash_attention`)."""
-  mask = keys.mask_BNTS
-  if mask is not None and (mask.shape[2] != 1 or mask.shape[1] != 1):
-    raise ValueError("implementation='splash' takes a key (padding) mask [B, 1, 1, S] only "
-                     f"(it becomes segment ids), got mask shape {tuple(mask.shape)}")
-  mesh = jax.sharding.get_abstract_mesh()
-  sink_N = None if sink is None else _broadcast(sink, (q_BTNH.shape[2],))
-  return _splash_lib().dot_product_attention(
-      q_BTNH, k_BSKH, v_BSKH, is_causal=keys.is_causal,
-      kv_mask_BS=_key_mask_BS(keys, q_BTNH.shape[0]), logit_softcap=logit_softcap,
-      sink_N=sink_N, mesh=None if mesh.empty else mesh,
-      interpret=target_platform() != "tpu")
-
-
-def _splash_lib():
-  # Imported on first use: it loads Pallas's TPU kernels, which a CPU or GPU run never needs.
-  from attnscale.core import splash_attention
-  return splash_attention
-
-
-def _cudnn(q_BTNH, k_BSKH, v_BSKH, keys):
-  """cuDNN flash attention; right padding goes in as sequence lengths, not a mask.
-
-  A key mask [B, 1, 1, S] that is right padding (keys [0, n_b) visible in row b,
-  BERT's [CLS] ... [SEP] [PAD]...) becomes `key_value_seq_lengths` n_b, so no
-  [B, N, T, S] bias is built; whether it is right padding is checked on the
-  device (O(B S)), and any other key mask runs the XLA kernel instead (a
-  `lax.cond`, so the answer is exact either way). A custom T x S mask goes to
-  cuDNN as a mask.
-  """
-  cudnn = lambda mask=None, lengths=None: jax.nn.dot_product_attention(
-      q_BTNH, k_BSKH, v_BSKH, mask=mask, scale=1.0, is_causal=keys.is_causal,
-      key_value_seq_lengths=lengths, implementation="cudnn")
-  mask = keys.mask_BNTS
-  if mask is None:
-    return cudnn()
-  if mask.shape[1:3] != (1, 1):
-    return cudnn(mask=mask)
-  B, S = q_BTNH.shape[0], keys.kv_len
-  visible_BS = _key_mask_BS(keys, B)
-  n_B = visible_BS.sum(axis=-1, dtype=jnp.int32)
-  right_padding = jnp.all(visible_BS == (jnp.arange(S)[None, :] < n_B[:, None]))
-  # A row with no visible key: length 1 keeps cuDNN finite; `attention` zeroes the row.
-  return jax.lax.cond(right_padding,
-                      lambda: cudnn(lengths=jnp.maximum(n_B, 1)),
-                      lambda: xla_attention.dot_product_attention(
-                          q_BTNH, k_BSKH, v_BSKH, mask, keys.is_causal))
-
-
-def cpu_batch_chunk(q_shape, k_shape, is_causal: bool) -> int | None:
-  """Batch rows per pass of the XLA kernel (`xla_attention.default_batch_chunk`) for
-  bidirectional attention in a program compiled for one CPU device; None (the
-  whole batch at once) otherwise.
-
-  Measured (#37, docs/benchmarks.md): the small BERT's step (bidirectional, one
-  [B, N, T, S] block) 5-8% faster with groups of 2 rows, on one thread and on
-  two; the causal char LM's step 5-13% slower (its query blocks already cut the
-  logits, and smaller products parallelise worse), so causal attention keeps
-  its blocks alone. Not on an accelerator (not cache-bound), nor over a mesh of
-  several devices (the batch axis is sharded; a loop over groups of its rows
-  would fight that).
-  """
-  mesh = jax.sharding.get_abstract_mesh()
-  devices = jax.device_count() if mesh.empty else mesh.size
-  if is_causal or target_platform() != "cpu" or devices != 1:
-    return None
-  B, T, N, _ = q_shape
-  return xla_attention.default_batch_chunk(B, N, T, k_shape[1])
-
-
-def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False):
-  """The XLA kernel; returns (z, sink factor or None, `AttentionStats` or None)."""
-  bias_BTN = None
-  if normalizer == "sigmoid":
-    # -log n_i per query: O(B T N), from the causal prefix and the key mask.
-    n_BTN = keys.count()
-    bias_BTN = -jnp.log(jnp.maximum(n_BTN, 1.0))
-  out = xla_attention.dot_product_attention(
-      q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
-      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, return_lse=sink is not None,
-      return_stats=return_stats,
-      batch_chunk=cpu_batch_chunk(q_BTNH.shape, k_BSKH.shape, keys.is_causal))
-  if sink is None and not return_stats:
-    return out, None, None
-  z_BTNH, rest = out[0], list(out[1:])
-  sink_BTN = stats = None
-  if sink is not None:
-    lse_BTN = rest.pop(0)
-    # sum_j p_ij = Z / (Z + e^b) = sigmoid(lse_i - b), with Z = sum_j e^(l_ij) = e^(lse_i).
-    sink_BTN = jax.nn.sigmoid(lse_BTN - _broadcast(sink, lse_BTN.shape))
-  if return_stats:
-    max_BTN, entropy_BTN = rest.pop(0)
-    if bias_BTN is not None:  # the logit itself, as the diagnostics: without -log n_i
-      max_BTN = max_BTN - _broadcast(bias_BTN, max_BTN.shape)
-    if sink is not None:
-      # The keys' weights w s_ij, w = sigmoid(lse - b): -sum w s log(w s) = w H(s) - w log w.
-      w_BTN = jax.lax.stop_gradient(sink_BTN)
-      log_w_BTN = jax.nn.log_sigmoid(jax.lax.stop_gradient(lse_BTN)
-                                     - _broadcast(sink, lse_BTN.shape))
-      entropy_BTN = w_BTN * entropy_BTN - w_BTN * jax.lax.stop_gradient(log_w_BTN)
-    stats = AttentionStats(max_BTN, entropy_BTN)
-  return z_BTNH, sink_BTN, stats
 
 
 def attention_weights(q_BTNH: Array,
@@ -433,7 +194,7 @@ def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None
   # Group query heads by their key/value head: n = k * G + g.
   q_BTKGH = upcast(scaled.q).reshape(B, T, K, G, H)
   logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, upcast(scaled.k))
-  s_BTN = _broadcast(scaled.logit_scale, (B, T, N))
+  s_BTN = fused_lib.broadcast(scaled.logit_scale, (B, T, N))
   s_BKGT1 = s_BTN.reshape(B, T, K, G).transpose(0, 2, 3, 1)[..., None]
   logits_BKGTS = logits_BKGTS * s_BKGT1
   if logit_softcap is not None:
@@ -454,7 +215,7 @@ def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None
       max_BKGT1 = jnp.where(jnp.isfinite(max_BKGT1), max_BKGT1, 0.0)
     else:
       # The sink's term joins the shift, so neither it nor the keys' terms overflow.
-      sink_1KG11 = _broadcast(sink, (N,)).reshape(1, K, G, 1, 1)
+      sink_1KG11 = fused_lib.broadcast(sink, (N,)).reshape(1, K, G, 1, 1)
       max_BKGT1 = jnp.maximum(max_BKGT1, sink_1KG11)
     max_BKGT1 = jax.lax.stop_gradient(max_BKGT1)
     e_BKGTS = jnp.where(visible_BKGTS, jnp.exp(logits_BKGTS - max_BKGT1), 0.0)

@@ -4,7 +4,7 @@
 
 over the keys j (and k) that query i sees.
 
-The scale is already folded into q (`attention._fused`), and splash computes q.k
+The scale is already folded into q (`attnscale.core.fused`), and splash computes q.k
 unscaled, so this is scaling-free like `attnscale.core.xla_attention`. Options: the
 logit soft-cap c, cap(x) = c tanh(x / c) (Gemma Team 2024, "Gemma 2", arXiv
 2408.00118), applied before masking; an attention sink b per query head, the

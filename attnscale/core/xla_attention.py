@@ -3,7 +3,7 @@
     z_i = sum_j p_ij v_j,   p_i = softmax_j(l_ij)   over the keys j query i sees,
     l_ij = cap(q_i . k_j) + b_i
 
-The scale is already folded into q (`attention._fused`), so this is scaling-free.
+The scale is already folded into q (`attnscale.core.fused`), so this is scaling-free.
 Options `attention` uses: `logit_softcap` c, cap(x) = c tanh(x / c) (Gemma 2),
 applied to the scaled logits before masking; a per-query logit bias b_i
 (`logit_bias_BTN`); normalizer="sigmoid", p_ij = sigmoid(l_ij) with no row
@@ -214,7 +214,7 @@ def dot_product_attention(q_BTNH: Array,
 
 # On CPU, bidirectional attention takes the rows of the batch in groups whose
 # float32 logits, [rows, N, T, S], fill at most this many bytes
-# (`default_batch_chunk`; `attention.cpu_batch_chunk` decides where): a group's
+# (`default_batch_chunk`; `fused.cpu_batch_chunk` decides where): a group's
 # logits, p and their gradients then stay in a core's L2 cache (512 KiB to 2 MiB
 # on x86 server cores) across the softmax and the products, instead of streaming
 # [B, N, T, S] through L3 pass after pass. At the small BERT's shape (B=32,

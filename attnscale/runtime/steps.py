@@ -14,7 +14,7 @@ continues exactly where the saved one stopped.
 
 Both steps are traced under their mesh (`jax.sharding.use_abstract_mesh`), so
 the model sees which platform it is compiled for (the attention kernel follows
-it: `attention.target_platform`) and keeps its activations on the batch axes
+it: `attnscale.core.fused.target_platform`) and keeps its activations on the batch axes
 (`sharding.constrain_batch`).
 
 Dimension legend: W the window of recent losses (`train_state.LAST_LOSSES`).
