@@ -6,7 +6,9 @@
 #      and peak memory, measured;
 #   3. benchmarks/train_throughput.py: measured step time and MFU at cpu, nanogpt and
 #      GPT-2 small's body (compare with compile.py's roofline for the same shapes);
-#   4. benchmarks/sweep_throughput.py: runs per hour of packed sweeps on one GPU.
+#   4. benchmarks/sweep_throughput.py: runs per hour of packed sweeps on one GPU;
+#   5. (by name only: `dropout`) nanogpt's train step with dropout 0.2: does drawing
+#      its masks (XLA's fused threefry) slow the GPU compile, as it did the init's?
 #
 #   bash benchmarks/gpu_session.sh            # every step, on a GPU machine with the deps
 #   bash benchmarks/gpu_session.sh train sweep  # some of them
@@ -71,9 +73,11 @@ run() {  # run STEP: one of the steps below
   attention) step $1 90 $PY benchmarks/attention.py --dtype bfloat16 --seq 1024,4096 --iters 5 ;;
   train) step $1 240 $PY benchmarks/train_throughput.py --sizes "${SIZES:-gpt2,nanogpt,cpu}" \
       --frameworks jax --dtype bfloat16 --rounds 3 --steps 10 ;;
+  dropout) step $1 150 $PY benchmarks/train_throughput.py --sizes nanogpt --frameworks jax \
+      --dtype bfloat16 --rounds 3 --steps 10 --dropout 0.2 ;;  # warm-up vs train's nanogpt row
   sweep) step $1 150 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs "${PACKS:-1,8,32}" \
       --packs_jobs2= --steps 100 ;;
-  *) echo "unknown step $1 (tests_attention, tests_more, attention, train, sweep)"; exit 2 ;;
+  *) echo "unknown step $1 (tests_attention, tests_more, attention, train, dropout, sweep)"; exit 2 ;;
   esac
 }
 # The default order puts first what the 2026-11-26 session could not finish in its minutes.

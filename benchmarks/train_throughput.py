@@ -76,7 +76,8 @@ def get_config(size: str, args):
     for key, value in overrides.items():
       parent, _, field = key.rpartition(".")
       setattr(config.model if parent else config, field, value)
-    config.model.dropout = 0.0  # the reference has none; dropout is not what we time
+    # The reference has none; dropout is not what we time (--dropout: its compile on a GPU).
+    config.model.dropout = args.dropout
     if args.dtype:
       config.model.dtype = args.dtype
   return config
@@ -184,6 +185,8 @@ def measure_in_subprocess(size, framework, args) -> tuple[float, list[float]]:
          "--frameworks", framework, "--rounds", str(args.rounds), "--steps", str(args.steps)]
   if args.dtype:
     cmd += ["--dtype", args.dtype]
+  if args.dropout:
+    cmd += ["--dropout", str(args.dropout)]
   if args.malloc:  # else the child picks the default, as this process did
     cmd += ["--malloc", args.malloc]
   # stderr is not captured: the child's progress and errors show as they happen.
@@ -201,6 +204,9 @@ def main():
   parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--dtype", default=None, help="JAX compute dtype (e.g. bfloat16)")
+  parser.add_argument("--dropout", type=float, default=0.0,
+                      help="attnscale's dropout rate (PyTorch's twin has none: jax only); "
+                           "for timing the compile of a train step that draws masks")
   parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
                       help="glibc malloc tunables, as train.py's ATTNSCALE_MALLOC "
                            f"(default {hostmem.DEFAULT}): attnscale/runtime/hostmem.py")
@@ -213,6 +219,9 @@ def main():
                                                             FRAMEWORKS)):
     if any(v not in allowed for v in values):
       parser.error(f"{name} must be a comma list of {list(allowed)}, got {','.join(values)!r}")
+  if args.dropout and frameworks != ["jax"]:
+    parser.error(f"--dropout {args.dropout} needs --frameworks jax (the PyTorch twin has "
+                 "no dropout)")
   hostmem.reexec_with_tunables(args.malloc)  # as train.py does
 
   if args.child:  # one framework, one size: the parent reads the last line
@@ -224,7 +233,7 @@ def main():
   peak = next((v for k, v in PEAK_BF16.items() if kind.startswith(k)), None)
   mode = "one process, interleaved rounds" if args.in_process else "one process per framework"
   print(f"# {device.platform}: {kind} ({platform.machine()}), {versions(frameworks)}, "
-        f"{args.dtype or 'float32'}, median of {args.rounds} rounds of {args.steps} steps "
+        f"{args.dtype or 'float32'}, dropout {args.dropout}, median of {args.rounds} rounds of {args.steps} steps "
         f"({mode}), GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES') or 'glibc defaults'}")
   if peak:
     print(f"# MFU against {kind}'s dense bf16 peak, {peak / 1e12:.0f} TFLOP/s")
