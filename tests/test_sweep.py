@@ -367,3 +367,11 @@ def test_collect_only_with_evaluate_and_archive_keeps_the_records(tmp_path):
       cwd=ROOT, capture_output=True, text=True, check=True).stdout
   assert "evaluated 0 finished points" in out and f"archived 1 finished points to {dest}" in out
   assert os.listdir(dest) == ["graphcore_cpu-standard-0-lr0.125"]
+
+
+def test_several_jobs_share_a_gpu_without_preallocating():
+  """--jobs > 1 starts several JAX processes at once: on a GPU each would take 75% of
+  its memory at start, so their environment turns that off (unless the user chose)."""
+  assert sweeps.children_env(1, {"A": "1"}) is None
+  assert sweeps.children_env(3, {"A": "1"}) == {"A": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  assert sweeps.children_env(2, {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}) is None
