@@ -248,9 +248,9 @@ def create_state(config, mesh, tx: optax.GradientTransformation | None = None,
 def threefry_kernel_on_gpu():
   """Lowers jax.random's threefry to JAX's CUDA kernel inside this block, on GPU only.
 
-  Why: XLA:GPU compiles each parameter's threefry as its own fused loop, and for
-  GPT-2 small's init (74 random matrices) compiling `jit(init)` took 197 s
-  on one H200 against 3.8 s with the kernel (measured 2026-11-26, JAX 0.11.2;
+  Why: with threefry lowered to XLA ops (the default), compiling GPT-2 small's
+  `jit(init)` (74 random matrices) took 197 s on one H200, against 3.8 s with the
+  kernel (measured 2026-11-26, JAX 0.11.2;
   docs/benchmarks.md). The kernel computes the same threefry2x32 bits, so the
   initial parameters are unchanged (checked on that GPU); what it costs is memory
   for the random bits, which an init holds anyway. The flag is part of jit's cache
