@@ -9,6 +9,15 @@
 #   4. benchmarks/sweep_throughput.py: runs per hour of packed sweeps on one GPU;
 #   5. (by name only: `dropout`) nanogpt's train step with dropout 0.2: does drawing
 #      its masks (XLA's fused threefry) slow the GPU compile, as it did the init's?
+#   6. (by name only: `finish`) finish a CPU sweep here: SWEEP=transfer
+#      RAW=docs/results/transfer/raw bash benchmarks/gpu_session.sh finish copies the
+#      archived records into a workdir, runs the rest of the sweep packed (PACK=32,
+#      JOBS=4, float32 at full matmul precision, no --evaluate: an eval.py process a
+#      point costs more than its training here) and archives what finishes to
+#      $OUT/raw, also when its limit (420 s, then 60 s to save and archive) cuts a
+#      stage short. Stop the CPU sweep first; back home, replace each returned point's
+#      run directory with its records (docs/guides/sweeps.md, "A CPU sweep finished
+#      on a GPU").
 #
 #   bash benchmarks/gpu_session.sh            # every step, on a GPU machine with the deps
 #   bash benchmarks/gpu_session.sh train sweep  # some of them
@@ -47,7 +56,7 @@ step() {  # step NAME SECONDS COMMAND...: runs it under a limit (LIMIT_NAME over
   start=$(date +%s)
   # SIGINT first: pytest then stops its workers and prints its summary; KILL 15 s later.
   # Its own process group, so that what it leaves running (workers) is ended with it.
-  setsid timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1 &
+  setsid timeout -s INT -k "${KILL_AFTER:-15}" "$limit" "$@" > "$OUT/$name.log" 2>&1 &
   local pid=$!
   wait $pid
   rc=$?
@@ -75,9 +84,18 @@ run() {  # run STEP: one of the steps below
       --frameworks jax --dtype bfloat16 --rounds 3 --steps 10 ;;
   dropout) step $1 150 $PY benchmarks/train_throughput.py --sizes nanogpt --frameworks jax \
       --dtype bfloat16 --rounds 3 --steps 10 --dropout 0.2 ;;  # warm-up vs train's nanogpt row
+  finish) rm -rf /tmp/sweep_finish && mkdir -p /tmp/sweep_finish "$OUT/raw" \
+      && cp -r "${RAW:?RAW=the archived records}"/. /tmp/sweep_finish/ \
+      && KILL_AFTER=60 JAX_DEFAULT_MATMUL_PRECISION=highest step $1 420 $PY sweep.py \
+      --config="${CONFIG:-configs/shakespeare_char.py}" --sweep="${SWEEP:?SWEEP=a sweep name}" \
+      --workdir=/tmp/sweep_finish --pack="${PACK:-32}" --jobs="${JOBS:-4}" --archive_to="$OUT/raw"
+    for d in "$OUT"/raw/*/; do  # only what is new comes back
+      [ -d "$RAW/$(basename "$d")" ] && rm -rf "$d"
+    done
+    echo "   $(ls "$OUT/raw" | wc -l) newly finished points archived to $OUT/raw" ;;
   sweep) step $1 150 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs "${PACKS:-1,8,32}" \
       --packs_jobs2= --steps 100 ;;
-  *) echo "unknown step $1 (tests_attention, tests_more, attention, train, dropout, sweep)"; exit 2 ;;
+  *) echo "unknown step $1 (tests_attention, tests_more, attention, train, dropout, sweep, finish)"; exit 2 ;;
   esac
 }
 # The default order puts first what the 2026-11-26 session could not finish in its minutes.

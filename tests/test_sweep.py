@@ -375,3 +375,31 @@ def test_several_jobs_share_a_gpu_without_preallocating():
   assert sweeps.children_env(1, {"A": "1"}) is None
   assert sweeps.children_env(3, {"A": "1"}) == {"A": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
   assert sweeps.children_env(2, {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}) is None
+
+
+def test_an_interrupted_sweep_still_archives_what_finished(tmp_path, monkeypatch):
+  """Ctrl-C (or a time limit's SIGINT) mid-stage: sweep.py --archive_to copies the
+  points that finished before it exits 130, so a lent machine's runs are not lost
+  with its workdir."""
+  import types
+
+  from attnscale.commands import sweep as sweep_cmd
+
+  work, dest = tmp_path / "work", tmp_path / "raw"
+  _fake_run(work / "graphcore_cpu-standard-0-lr0.125", lr=0.125,
+            losses=[(20, 2.5), (40, 2.0)], num_steps=40, elapsed=[10, 20], checkpoint=40)
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(sweeps, "run_sweep", interrupted)
+  value = lambda v: types.SimpleNamespace(value=v)
+  holders = types.SimpleNamespace(
+      config=value(CONFIG), sweep=value("graphcore_cpu"), workdir=value(str(work)),
+      print_commands=value(False), jobs=value(1), pack=value(1), print_best_runs=value(False),
+      collect_only=value(False), archive_to=value(str(dest)), evaluate=value(True))
+  with pytest.raises(SystemExit) as stopped:
+    sweep_cmd.main(holders, [])
+  assert stopped.value.code == 130
+  assert os.listdir(dest) == ["graphcore_cpu-standard-0-lr0.125"]
+  assert not os.path.exists(dest / "graphcore_cpu-standard-0-lr0.125" / "eval.json")
