@@ -364,8 +364,10 @@ def plot_lr(rows: Sequence[dict]):
       ax.errorbar([2.0**x for x in xs], mean, yerr=err, capsize=2, label=f"width {w}",
                   **reporting.style(i))
       diverged = [2.0**x for x in sorted(by_rate) if x not in xs]
-      ax.plot(diverged, [1.0] * len(diverged), "x", color=reporting.style(i)["color"],
-              transform=ax.get_xaxis_transform(), clip_on=False)
+      marks = ax.plot(diverged, [1.0] * len(diverged), "x", color=reporting.style(i)["color"],
+                      transform=ax.get_xaxis_transform(), clip_on=False)
+      for mark in marks:  # on the top edge, outside the layout (else it collapses the panels)
+        mark.set_in_layout(False)
     ax.set_xscale("log", base=2)
     reporting.label_axes(ax, xlabel="learning rate", ylabel="final training loss",
                          title=f"{label} (x: diverged)")
