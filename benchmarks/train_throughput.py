@@ -233,7 +233,8 @@ def main():
   peak = next((v for k, v in PEAK_BF16.items() if kind.startswith(k)), None)
   mode = "one process, interleaved rounds" if args.in_process else "one process per framework"
   print(f"# {device.platform}: {kind} ({platform.machine()}), {versions(frameworks)}, "
-        f"{args.dtype or 'float32'}, dropout {args.dropout}, median of {args.rounds} rounds of {args.steps} steps "
+        f"{args.dtype or 'float32'}, dropout {args.dropout}, "
+        f"median of {args.rounds} rounds of {args.steps} steps "
         f"({mode}), GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES') or 'glibc defaults'}")
   if peak:
     print(f"# MFU against {kind}'s dense bf16 peak, {peak / 1e12:.0f} TFLOP/s")

@@ -8,7 +8,6 @@ scaling folded into q and the output factor applied after it.
 """
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +15,10 @@ import numpy as np
 import pytest
 
 import attnscale
+from attnscale.core import fused as fused_lib
 from attnscale.core import scalings
 from attnscale.testing import padding_mask, random_qkv
 
-# The module, not the function `attnscale.core.attention` that shadows its name.
-attention_lib = importlib.import_module("attnscale.core.attention")
-fused_lib = importlib.import_module("attnscale.core.fused")
 # Interpret mode is slow: these run in the newest-JAX CI leg (.ci/run).
 pytestmark = pytest.mark.accelerator
 
@@ -88,7 +85,7 @@ def test_default_picks_splash_on_tpu_only(monkeypatch):
   assert fused_lib.kernel_for(None, *args) == "cudnn"
   assert fused_lib.kernel_for(None, *args[:5], 50.0, None) == "xla"  # cuDNN: no soft-cap
   assert fused_lib.kernel_for(None, (2, 8, 4, 16), (2, 8, 2, 16), jnp.float32,
-                                  None, "softmax", None, None) == "xla"  # half precision only
+                              None, "softmax", None, None) == "xla"  # half precision only
 
 
 def test_splash_refuses_what_it_cannot_take():

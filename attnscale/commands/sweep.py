@@ -100,7 +100,10 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
         points = more
         failures += sweeps.run_sweep(config, points, workdir, jobs=h.jobs.value, pack=pack)
     except KeyboardInterrupt:  # the running points have saved (sweeps._call)
-      archive_on_interrupt(h, workdir)
+      # What finished in the stage it cut short, kept too (a lent machine goes away with
+      # its workdir); not evaluated (minutes): a later --evaluate run on the same workdir,
+      # which still holds the weights, evaluates and archives them again.
+      keep_records(h, workdir, evaluate=False)
       print("Ctrl-C: the sweep stopped after its running points saved; rerunning the same "
             "command resumes it", file=sys.stderr)
       sys.exit(130)
@@ -113,23 +116,11 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     print(f"failed (exit {code}): {point.name}", file=sys.stderr)
 
 
-def archive_on_interrupt(h: types.SimpleNamespace, workdir: str) -> None:
-  """--archive_to after a Ctrl-C (or a time limit's SIGINT): the points that finished
-  in the stage it cut short are copied too, where a machine that goes away with its
-  workdir (a lent GPU, a session's end) would otherwise lose them. Not evaluated
-  (that can take minutes): a later `--evaluate` run on the same workdir, which still
-  holds their weights, evaluates them and archives them again with eval.json."""
-  if h.archive_to.value:
-    from attnscale.experiments import run_records
-    copied = run_records.archive(workdir, h.archive_to.value)
-    print(f"archived {len(copied)} finished points to {h.archive_to.value} (not evaluated)",
-          file=sys.stderr)
-
-
-def keep_records(h: types.SimpleNamespace, workdir: str) -> None:
-  """--evaluate, then --archive_to, over the finished points so far."""
+def keep_records(h: types.SimpleNamespace, workdir: str, *, evaluate: bool = True) -> None:
+  """--evaluate (unless `evaluate` is False), then --archive_to, over the finished
+  points so far."""
   from attnscale.experiments import run_records
-  if h.evaluate.value:
+  if evaluate and h.evaluate.value:
     evaluated = run_records.evaluate_finished(workdir)
     print(f"evaluated {len(evaluated)} finished points (eval.json)")
   if h.archive_to.value:

@@ -15,4 +15,4 @@ Imports nothing else of attnscale.
 
 # Every scaling registers on import: scalings.py's, then length_scalings.py's, so that
 # any import of the package (`from attnscale.core import scalings`) has them all.
-from attnscale.core import length_scalings, scalings  # noqa: E402, F401
+from attnscale.core import length_scalings, scalings  # noqa: F401

@@ -443,7 +443,7 @@ def __getattr__(name: str):
   which `from attnscale.core.scalings import LogN` passes on with its message)."""
   if name in _MOVED:
     raise ImportError(f"attnscale.core.scalings.{name} moved to "
-                         f"attnscale.core.length_scalings.{name}")
+                      f"attnscale.core.length_scalings.{name}")
   raise AttributeError(f"module 'attnscale.core.scalings' has no attribute {name!r}")
 
 
