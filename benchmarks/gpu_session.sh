@@ -12,12 +12,15 @@
 #   6. (by name only: `finish`) finish a CPU sweep here: SWEEP=transfer
 #      RAW=docs/results/transfer/raw bash benchmarks/gpu_session.sh finish copies the
 #      archived records into a workdir, runs the rest of the sweep packed (PACK=32,
-#      JOBS=4, float32 at full matmul precision, no --evaluate: an eval.py process a
-#      point costs more than its training here) and archives what finishes to
-#      $OUT/raw, also when its limit (420 s, then 60 s to save and archive) cuts a
-#      stage short. Stop the CPU sweep first; back home, replace each returned point's
-#      run directory with its records (docs/guides/sweeps.md, "A CPU sweep finished
-#      on a GPU").
+#      JOBS=6, float32 at full matmul precision, no --evaluate: an eval.py process a
+#      point costs more than its training here; ONLY=width256: only the points whose
+#      name matches, e.g. those that cost a CPU most) and archives each point to
+#      $OUT/raw as it finishes (a pack still compiling when the limit's Ctrl-C comes
+#      ignores it until the KILL). XLA's GEMM autotuning is off
+#      (--xla_gpu_autotune_level=0): these packs are small and compile-bound (66-143 s
+#      a pack with it on, on the H100, 2026-11-27). Stop the CPU sweep first; back home,
+#      replace each returned point's run directory with its records
+#      (docs/guides/sweeps.md, "A CPU sweep finished on a GPU").
 #
 #   bash benchmarks/gpu_session.sh            # every step, on a GPU machine with the deps
 #   bash benchmarks/gpu_session.sh train sweep  # some of them
@@ -86,9 +89,11 @@ run() {  # run STEP: one of the steps below
       --dtype bfloat16 --rounds 3 --steps 10 --dropout 0.2 ;;  # warm-up vs train's nanogpt row
   finish) rm -rf /tmp/sweep_finish && mkdir -p /tmp/sweep_finish "$OUT/raw" \
       && cp -r "${RAW:?RAW=the archived records}"/. /tmp/sweep_finish/ \
-      && KILL_AFTER=60 JAX_DEFAULT_MATMUL_PRECISION=highest step $1 420 $PY sweep.py \
+      && KILL_AFTER=${KILL_AFTER:-30} JAX_DEFAULT_MATMUL_PRECISION=highest \
+      XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}" step $1 420 $PY sweep.py \
       --config="${CONFIG:-configs/shakespeare_char.py}" --sweep="${SWEEP:?SWEEP=a sweep name}" \
-      --workdir=/tmp/sweep_finish --pack="${PACK:-32}" --jobs="${JOBS:-4}" --archive_to="$OUT/raw"
+      --workdir=/tmp/sweep_finish --pack="${PACK:-32}" --jobs="${JOBS:-6}" \
+      --archive_to="$OUT/raw" ${ONLY:+--only="$ONLY"}
     for d in "$OUT"/raw/*/; do  # only what is new comes back
       [ -d "$RAW/$(basename "$d")" ] && rm -rf "$d"
     done

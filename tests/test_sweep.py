@@ -397,9 +397,50 @@ def test_an_interrupted_sweep_still_archives_what_finished(tmp_path, monkeypatch
   holders = types.SimpleNamespace(
       config=value(CONFIG), sweep=value("graphcore_cpu"), workdir=value(str(work)),
       print_commands=value(False), jobs=value(1), pack=value(1), print_best_runs=value(False),
-      collect_only=value(False), archive_to=value(str(dest)), evaluate=value(True))
+      collect_only=value(False), archive_to=value(str(dest)), evaluate=value(True),
+      only=value(None))
   with pytest.raises(SystemExit) as stopped:
     sweep_cmd.main(holders, [])
   assert stopped.value.code == 130
   assert os.listdir(dest) == ["graphcore_cpu-standard-0-lr0.125"]
   assert not os.path.exists(dest / "graphcore_cpu-standard-0-lr0.125" / "eval.json")
+
+
+def test_each_point_is_archived_as_soon_as_it_finishes(tmp_path, monkeypatch):
+  """run_sweep's on_done (sweep.py --archive_to): a point is handed over when its run
+  ends, not at the end of its stage, so a machine killed mid-stage (a pack still
+  compiling does not stop at a Ctrl-C) loses no finished point; a point that was
+  already done, or did not finish, is not handed over."""
+  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "test")[:3]
+  work = tmp_path / "work"
+  _fake_run(work / points[0].name, lr=0.1, losses=[(40, 2.0)], num_steps=40, elapsed=[5],
+            checkpoint=40)  # done before the sweep started
+
+  def fake_call(command, cpus, env=None):  # train.py: the second point finishes, the third not
+    run_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--workdir="))
+    finished = run_dir.endswith(points[1].name)
+    _fake_run(run_dir, lr=0.1, losses=[(40, 2.0)], num_steps=40, elapsed=[5],
+              checkpoint=40 if finished else 20)
+    return 0 if finished else 1
+
+  monkeypatch.setattr(sweeps, "_call", fake_call)
+  from attnscale.experiments import run_records
+  monkeypatch.setattr(sweeps, "status", lambda d, read_checkpoint=True: run_records.status(
+      d, read_checkpoint=False))  # the fake checkpoints hold no weights to read
+  handed = []
+  failures = sweeps.run_sweep(CONFIG, points, str(work), log=lambda _: None,
+                              on_done=lambda p: handed.append(p.name))
+  assert handed == [points[1].name]
+  assert [(p.name, code) for p, code in failures] == [(points[2].name, 1)]
+
+
+def test_only_runs_the_points_that_match(tmp_path):
+  cmd = [sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
+         f"--workdir={tmp_path}", "--print_commands", "--pack=1"]
+  out = subprocess.run(cmd + ["--only=cosine-0-lr0.0(3|1)"], cwd=ROOT, capture_output=True,
+                       text=True, check=True).stdout.splitlines()
+  assert [line.split("--workdir=")[1].split()[0].rsplit("/", 1)[1] for line in out] == [
+      "graphcore_cpu-cosine-0-lr0.03125", "graphcore_cpu-cosine-0-lr0.015625"]
+  bad = subprocess.run(cmd + ["--only=("], cwd=ROOT, capture_output=True, text=True)
+  assert bad.returncode != 0
+  assert bad.stderr.strip().splitlines()[-1].startswith("error: --only must be a regular expression")

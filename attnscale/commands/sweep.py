@@ -12,6 +12,7 @@ next to it (`attnscale.experiments.sweeps.load_sweep`).
 import functools
 import importlib.util
 import os
+import re
 import sys
 import types
 
@@ -43,6 +44,10 @@ def define_flags() -> types.SimpleNamespace:
       print_best_runs=flags.DEFINE_bool(
           "print_best_runs", False, "Print the run directory of seed 0 at each scaling's "
           "best learning rate (for the trained study) and exit."),
+      only=flags.DEFINE_string(
+          "only", None, "Run only the points whose name matches this regular expression "
+          "(re.search; e.g. 'width256' to give a lent GPU the costly points); the rest are "
+          "left for another run of the same sweep, and the results table lists them all."),
       collect_only=flags.DEFINE_bool("collect_only", False,
                                      "Only write the results of finished points."),
       archive_to=flags.DEFINE_string(
@@ -68,7 +73,11 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     cli.fail(f"--jobs must be a positive integer, got {h.jobs.value}")
   if h.pack.value is not None and h.pack.value < 1:
     cli.fail(f"--pack must be a positive integer, got {h.pack.value}")
-  from attnscale.experiments import sweep_results, sweeps
+  from attnscale.experiments import run_records, sweep_results, sweeps
+  try:
+    only = re.compile(h.only.value or "")
+  except re.error as e:
+    cli.fail(f"--only must be a regular expression, got {h.only.value!r}: {e}")
   try:
     points = sweeps.load_sweep(config, sweep, workdir)
     pack = h.pack.value or sweeps.default_pack(config, sweep)
@@ -79,7 +88,8 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     print(" ".join(os.path.join(workdir, run) for run in sweep_results.best_runs(rows)))
     return
   if h.print_commands.value:
-    print("\n".join(sweeps.shell_commands(config, points, workdir, pack)))
+    print("\n".join(sweeps.shell_commands(
+        config, [p for p in points if only.search(p.name)], workdir, pack)))
     return
   failures = []
   if not h.collect_only.value:
@@ -87,8 +97,16 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
       import_modules(config, points)
     except ValueError as e:
       cli.fail(str(e))
+    # Each point is archived as soon as it finishes: a machine taken away mid-stage
+    # (a kill, not a Ctrl-C) loses nothing that finished. --evaluate's eval.json
+    # joins the archive when its stage ends (keep_records).
+    archive_one = None if not h.archive_to.value else (
+        lambda point: run_records.archive(workdir, h.archive_to.value, [point.name]))
+    run = lambda pts: sweeps.run_sweep(
+        config, [p for p in pts if only.search(p.name)], workdir, jobs=h.jobs.value,
+        pack=pack, on_done=archive_one)
     try:
-      failures = sweeps.run_sweep(config, points, workdir, jobs=h.jobs.value, pack=pack)
+      failures = run(points)
       # A staged sweep adds points from its results (seeds at the best learning
       # rates): run until a reload adds nothing. Each stage's records are kept
       # (evaluated, archived) before the next starts: a session may end mid-sweep.
@@ -98,7 +116,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
           break
         keep_records(h, workdir)  # the last stage's: below, with the results
         points = more
-        failures += sweeps.run_sweep(config, points, workdir, jobs=h.jobs.value, pack=pack)
+        failures += run(points)
     except KeyboardInterrupt:  # the running points have saved (sweeps._call)
       # What finished in the stage it cut short, kept too (a lent machine goes away with
       # its workdir); not evaluated (minutes): a later --evaluate run on the same workdir,

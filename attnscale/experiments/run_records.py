@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Sequence
 
 import ml_collections
 
@@ -56,9 +57,10 @@ ARCHIVED = "archived.json"
 RECORDS = ("config.json", "metrics.jsonl", "provenance.json", "eval.json")
 
 
-def archive(workdir: str, dest: str) -> list[str]:
-  """Copies the records (RECORDS) of every finished run in `workdir` to
-  `dest/<run>/`, with ARCHIVED ({"step": its last step}); returns the runs copied.
+def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list[str]:
+  """Copies the records (RECORDS) of every finished run in `workdir` (or of those
+  of `names` that finished) to `dest/<run>/`, with ARCHIVED ({"step": its last
+  step}); returns the runs copied.
 
   What a sweep's results need, small enough to commit (tens of kB a run, no
   checkpoints): `collect` and the studies read an archived run as any other, and
@@ -67,7 +69,7 @@ def archive(workdir: str, dest: str) -> list[str]:
   without rerunning what finished. eval.py needs the weights: evaluate first.
   """
   copied = []
-  for name in sorted(os.listdir(workdir)):
+  for name in sorted(os.listdir(workdir) if names is None else names):
     run_dir = os.path.join(workdir, name)
     if not os.path.isdir(run_dir) or status(run_dir, read_checkpoint=False) != "done":
       continue

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # A run directory's status, records and row, also reachable as sweeps.<name>.
 from attnscale.experiments.run_records import (  # noqa: F401
@@ -173,8 +173,14 @@ def _sweeps_module(config_file: str):
 
 
 def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
-              log=print, jobs: int = 1, pack: int = 1) -> list[tuple[Point, int]]:
+              log=print, jobs: int = 1, pack: int = 1,
+              on_done: Callable[[Point], None] | None = None) -> list[tuple[Point, int]]:
   """Runs every point that is not done; returns the failures.
+
+  `on_done(point)` is called as soon as a point (or a pack) this call ran has
+  finished (and, with `eval_flags`, been evaluated): sweep.py archives it there, so
+  a machine that is taken away (a lent GPU's time limit kills what a Ctrl-C cannot
+  stop quickly: a pack still compiling) loses no finished point.
 
   A point that fails (non-zero exit: a NaN at a too-high learning rate, say) is
   reported and the sweep goes on; its directory keeps what it had. A point with
@@ -226,13 +232,17 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
       run_dir = os.path.join(workdir, point.name)
       if status(run_dir) != "done":
         failures.append((point, returncode or 1))
-      elif point.eval_flags and not evaluated(run_dir):
+        continue
+      if point.eval_flags and not evaluated(run_dir):
         start = time.perf_counter()
         code = _call(point.eval_command(workdir), cpus, env)
         log(f"[{points.index(point) + 1}/{len(points)}] {point.name}: eval exit {code} after "
             f"{time.perf_counter() - start:.0f}s")
         if code:
           failures.append((point, code))
+          continue
+      if on_done is not None and not all(s == "done" for s in states):
+        on_done(point)
     return failures
 
   if jobs == 1:
