@@ -16,7 +16,8 @@
 #      point costs more than its training here; ONLY=width256: only the points whose
 #      name matches, e.g. those that cost a CPU most) and archives each point to
 #      $OUT/raw as it finishes (a pack still compiling when the limit's Ctrl-C comes
-#      ignores it until the KILL). XLA's GEMM autotuning is off
+#      ignores it until the KILL), returned as one file, $OUT/raw.tgz. XLA's GEMM
+#      autotuning is off
 #      (--xla_gpu_autotune_level=0): these packs are small and compile-bound (66-143 s
 #      a pack with it on, on the H100, 2026-11-27). Stop the CPU sweep first; back home,
 #      replace each returned point's run directory with its records
@@ -97,7 +98,10 @@ run() {  # run STEP: one of the steps below
     for d in "$OUT"/raw/*/; do  # only what is new comes back
       [ -d "$RAW/$(basename "$d")" ] && rm -rf "$d"
     done
-    echo "   $(ls "$OUT/raw" | wc -l) newly finished points archived to $OUT/raw" ;;
+    # One file: a lent machine returns only a few files from $OUT (the 2026-11-27 call
+    # brought back 8 of 84). Unpack at home with tar -xzf raw.tgz.
+    echo "   $(ls "$OUT/raw" | wc -l) newly finished points archived to $OUT/raw.tgz" \
+      && tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$OUT/raw" ;;
   sweep) step $1 150 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs "${PACKS:-1,8,32}" \
       --packs_jobs2= --steps 100 ;;
   *) echo "unknown step $1 (tests_attention, tests_more, attention, train, dropout, sweep, finish)"; exit 2 ;;

@@ -212,6 +212,43 @@ def test_no_checkpoint_that_can_be_read_is_one_line_and_touches_nothing(uninterr
     assert testing.snapshot(workdir) == before
 
 
+def test_ctrl_c_while_the_last_checkpoint_is_written_keeps_it(tfds_dir, tmp_path,
+                                                             monkeypatch):
+  """A Ctrl-C just as a run ends (a sweep's time limit) lands while orbax writes the
+  last checkpoint in its background thread. The loops (train.py's and a pack's) wait
+  for that write under their Ctrl-C handler, so the run ends done with its last
+  checkpoint whole; it used to exit mid-commit and lose it (the H100 sweep of
+  2026-11-27)."""
+  from attnscale.experiments import run_records
+  from attnscale.runtime import checkpoints as ckpt
+  from attnscale.runtime import packed
+  from configs import shakespeare_char
+
+  real_wait, calls = ckpt.Checkpoints.wait, []
+
+  def wait_after_a_ctrl_c(self):
+    calls.append(self)
+    if len(calls) <= 2:  # one Ctrl-C a loop (train.py's, then the pack's first run)
+      os.kill(os.getpid(), signal.SIGINT)  # handled before the next line runs
+    real_wait(self)
+
+  monkeypatch.setattr(ckpt.Checkpoints, "wait", wait_after_a_ctrl_c)
+  configs = []
+  for lr in (1e-3, 2e-3):
+    config = shakespeare_char.get_config("preset=test")
+    config.update_from_flattened_dict({"data_dir": tfds_dir, "learning_rate": lr,
+                                       "num_train_steps": 4, "checkpoint_every": 4,
+                                       "eval_every": 4})
+    configs.append(config)
+  one = str(tmp_path / "one")
+  assert train_lib.train_and_evaluate(configs[0], one)["step"] == 4
+  pack = [str(tmp_path / f"pack{k}") for k in range(2)]
+  assert [r["status"] for r in packed.train_packed(configs, pack)] == ["done", "done"]
+  assert len(calls) == 3
+  for workdir in [one, *pack]:
+    assert run_records.status(workdir, read_checkpoint=True) == "done", workdir
+
+
 # ---------------------------------------------------------------------------
 # Two processes on one run directory.
 

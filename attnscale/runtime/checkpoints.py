@@ -217,6 +217,13 @@ class Checkpoints:
     self.manager.reload()
     return path
 
+  def wait(self) -> None:
+    """Blocks until the saves in flight (orbax saves in a background thread) are on
+    disk. The training loops call it while their Ctrl-C handler is still installed:
+    a Ctrl-C then (a sweep's time limit, just as a run ends) would otherwise stop
+    the process mid-commit and lose the finished run's last checkpoint."""
+    self.manager.wait_until_finished()
+
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()

@@ -345,6 +345,9 @@ def _loop(runs: list[_Run], graphdef, state_K, shardings_K, mesh, locks) -> list
                       f"{sorted({runs[k].step for k in saves})}); rerunning the same command "
                       "resumes them")
         break
+    for run in runs:  # the last saves, under the handler: Checkpoints.wait
+      if run.checkpoints is not None:
+        run.checkpoints.wait()
   if preempted and preemption.interrupted:
     raise interrupts.Interrupted("Ctrl-C: saved a checkpoint of every running run of the pack")
   return [{"step": r.step, "status": r.status, **r.summary} for r in runs]

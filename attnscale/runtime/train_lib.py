@@ -316,6 +316,7 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
           else:
             log(f"SIGTERM: saved a checkpoint at step {step} in {workdir}; exiting")
           break
+      checkpoints.wait()  # the last save, under the handler: Checkpoints.wait
   finally:
     checkpoints.close()
     writer.close()
