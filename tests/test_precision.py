@@ -333,3 +333,22 @@ def test_scale_figure_and_precision_plot():
   summary = study.scale_summary(reports["float32"])
   assert abs(summary["fwd_median_log2_std"]) < 1 and abs(summary["grad_median_log2_std"]) < 3
   assert summary["grad_underflow_e5m2"] < 0.05 and math.isfinite(summary["dq_log2_std"])
+
+
+def test_a_runs_scale_analysis_is_kept_and_read_back_without_weights(tmp_path):
+  """`tracked` keeps a run's scale analysis in its directory (scales.json, archived
+  with its records): an archived run, whose weights are gone, still gives its
+  flushed fractions and scale summaries; a run with neither gives None."""
+  import json
+
+  from attnscale.experiments import run_records
+  from attnscale.studies import precision as study
+  assert "scales.json" in run_records.RECORDS
+  run = tmp_path / "run"
+  run.mkdir()
+  assert study.tracked(str(run)) is None
+  kept = {"step": 40, "grad_lost": 0.25, "fwd_lost": 0.0, "grad_underflow_float16": 0.1,
+          "grad_underflow_e5m2": 0.5, "trained": {"dq_log2_std": -15.0},
+          "init": {"dq_log2_std": -22.0}}
+  (run / study.SCALES).write_text(json.dumps(kept))
+  assert study.tracked(str(run)) == kept

@@ -54,7 +54,9 @@ def status(run_dir: str, read_checkpoint: bool = True) -> str:
 
 # A finished run's records, without its weights: what `archive` copies.
 ARCHIVED = "archived.json"
-RECORDS = ("config.json", "metrics.jsonl", "provenance.json", "eval.json")
+# scales.json: the precision study's scale analysis of the last checkpoint
+# (attnscale/studies/precision.py `tracked`), which needs the weights to compute.
+RECORDS = ("config.json", "metrics.jsonl", "provenance.json", "eval.json", "scales.json")
 
 
 def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list[str]:

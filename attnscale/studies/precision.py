@@ -97,6 +97,49 @@ def lost_fractions(report: scale_tracking.ScaleReport) -> dict[str, float]:
   return out
 
 
+# A run's scale analysis at its last checkpoint, kept in its directory and archived
+# with its records (run_records.RECORDS): the study then reruns in seconds, and from
+# the committed records, which hold no weights.
+SCALES = "scales.json"
+
+
+def tracked(workdir: str) -> dict | None:
+  """The scale analysis of the run's latest checkpoint: {"step", grad_lost, fwd_lost
+  (`lost_fractions`), grad_underflow_float16 / _e5m2 (what those formats would flush
+  of its float32-computed gradients), "trained" and "init" (`scale_summary` at that
+  checkpoint and at initialisation)}.
+
+  Read from WORKDIR/scales.json when it is of the latest checkpoint's step (or when
+  no weights are left: an archived run), else computed (`run_report`) and written
+  there; None when there is neither.
+  """
+  import json
+
+  from attnscale.evaluation import eval_lib
+  from attnscale.experiments import run_records
+  path = os.path.join(workdir, SCALES)
+  steps = run_records.checkpoint_steps(workdir)
+  if os.path.exists(path):
+    with open(path) as f:
+      kept = json.load(f)
+    if not steps or kept.get("step") == steps[-1]:
+      return kept
+  if not steps:
+    return None
+  report, step = run_report(workdir)
+  grads = [t for t in report.tensors if t.role == "activation" and t.direction == "backward"]
+  size = sum(t.size for t in grads)
+  kept = {"step": step, **lost_fractions(report),
+          **{f"grad_underflow_{fmt}": sum(t.underflow[fmt] * t.size for t in grads) / size
+             for fmt in ("float16", "e5m2")},
+          "trained": scale_summary(report),
+          "init": scale_summary(scale_report(eval_lib.load_config(workdir)))}
+  with open(path + ".tmp", "w") as f:
+    json.dump(kept, f, indent=1)
+  os.replace(path + ".tmp", path)
+  return kept
+
+
 def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict]:
   """One row per run (train.py run directories of the precision sweep).
 
@@ -123,14 +166,10 @@ def precision_table(workdirs: Sequence[str], *, track: bool = True) -> list[dict
                                "final_train_loss", "best_val_loss", "max_logit", "commit",
                                "host", "run")} | {"dtype": dtype_label(config)}
     # A diverged run is tracked at its last good checkpoint, if it saved one.
-    if track and run_records.checkpoint_steps(workdir):
-      report, _ = run_report(workdir)
-      row.update(lost_fractions(report))
-      for fmt in ("float16", "e5m2"):
-        grads = [t for t in report.tensors if t.role == "activation"
-                 and t.direction == "backward"]
-        size = sum(t.size for t in grads)
-        row[f"grad_underflow_{fmt}"] = sum(t.underflow[fmt] * t.size for t in grads) / size
+    kept = tracked(workdir) if track else None
+    if kept is not None:
+      row.update({k: kept[k] for k in ("grad_lost", "fwd_lost", "grad_underflow_float16",
+                                       "grad_underflow_e5m2")} | {"scales": kept})
     rows.append(row)
   base = {(r["scaling"], r["seed"]): r["final_train_loss"] for r in rows
           if r["dtype"] == "float32"}
@@ -316,9 +355,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   """Writes the table, the loss figure and the scale figures; returns (paths, notes)."""
   if not args.workdirs:
     raise SystemExit("precision: give the sweep's run directories with --workdirs")
-  import json
 
   from attnscale.evaluation import eval_lib
+  from attnscale.experiments import run_records
   rows = precision_table(args.workdirs)
   failed = [r for r in rows if r["status"] == "diverged"]
   notes = [f"{len(rows)} runs; diverged: "
@@ -349,24 +388,30 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       "grad_underflow_e5m2"))
   paths.append(runs_csv)
   paths.append(reporting.save_figure(plot_precision(rows), args.out, "precision"))
-  summaries = []  # each float32 run's scales at init and trained (`scale_summary`)
-  for workdir in args.workdirs:
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
+  # Each float32 run's scales at init and trained (`scale_summary`, kept by `tracked`);
+  # seed 0's per-tensor figure where its weights are here.
+  summaries, no_figure = [], []
+  for r in rows:
+    if r["dtype"] != "float32" or "scales" not in r:
       continue
-    with open(path) as f:
-      if dtype_label(json.load(f)) != "float32":
-        continue
-    config = eval_lib.load_config(workdir)
+    summaries += [{"scaling": r["scaling"], "seed": r["seed"], "when": when}
+                  | r["scales"][key] for when, key in (("at init", "init"),
+                                                       (f"step {r['scales']['step']}", "trained"))]
+    if r["seed"] != 0:
+      continue
+    workdir = next(w for w in args.workdirs
+                   if os.path.basename(os.path.normpath(w)) == r["run"])
+    if not run_records.checkpoint_steps(workdir):
+      no_figure.append(str(r["scaling"]))
+      continue
     trained, step = run_report(workdir)
-    reports = {"at init": scale_report(config), f"step {step}": trained}
-    label = next((r["scaling"] for r in rows if r["run"] == os.path.basename(
-        os.path.normpath(workdir))), os.path.basename(workdir))
-    summaries += [{"scaling": label, "when": when} | scale_summary(report)
-                  for when, report in reports.items()]
-    fig = plot_scales(reports, title=f"Tensor scales: {label}")
-    name = "precision_scales_" + str(label).replace("/", "_").replace("+", "_")
+    fig = plot_scales({"at init": scale_report(eval_lib.load_config(workdir)),
+                       f"step {step}": trained}, title=f"Tensor scales: {r['scaling']}")
+    name = "precision_scales_" + str(r["scaling"]).replace("/", "_").replace("+", "_")
     paths.append(reporting.save_figure(fig, args.out, name))
+  if no_figure:
+    notes.append("no weights (archived runs), so no precision_scales_<scaling>.png for: "
+                 + ", ".join(no_figure))
   if summaries:
     paths += reporting.write_tables(
         summaries, args.out, "precision_scales",
