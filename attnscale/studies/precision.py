@@ -9,6 +9,9 @@ module reads them and explains them:
                                     on the run's first training batch: at init, or
                                     of a given (trained) model.
   run_report(workdir)               the same for a run's latest checkpoint.
+  tracked(workdir)                  its summary (flushed fractions, `scale_summary` at
+                                    init and trained), kept in WORKDIR/scales.json and
+                                    archived with the run's records.
   precision_table(workdirs)         one row per run: final loss, its difference to
                                     the float32 run of the same scaling, divergence,
                                     and the fraction of gradient / forward elements
@@ -22,8 +25,10 @@ module reads them and explains them:
 `python -m attnscale.studies precision --out DIR --workdirs runs/precision/*`
 writes precision.csv/.md (one row per run), precision_summary.csv/.md (over
 seeds: `summary_table`), precision.png (losses), one
-precision_scales_<scaling>.png per float32 run (at init and trained) and
+precision_scales_<scaling>.png per scaling (float32, seed 0, at init and trained) and
 precision_scales.csv/.md (`scale_summary` of each: medians, underflow fractions).
+Every table also comes from archived runs (`--workdirs docs/results/precision/raw/*`:
+records and scales.json, no weights); the per-tensor figures need the weights.
 """
 
 from __future__ import annotations
