@@ -326,6 +326,10 @@ def test_scale_figure_and_precision_plot():
   assert summary["fp8"]["diverged"] == 1 and math.isnan(summary["fp8"]["delta_vs_float32"])
   assert summary["fp8"]["vs_float32"] == "n=3+0: too few seeds"
   assert summary["bfloat16"]["vs_float32"] == "+0.233 [-0.054, +0.520] paired n=3: within noise"
+  # The page's tables (precision_page.md): a format every seed of which diverged says so.
+  page = study.page_tables(list(summary.values()), []).splitlines()
+  assert page[2].startswith("| standard | 1.600 ± 0.100 | 1.833 ± 0.200 | - | diverged (1 of 1)")
+  assert "| +0.233 [-0.054, +0.520]: noise | - | diverged (1 of 1) |" in page[6]
   lost = study.lost_fractions(reports["fp8"])
   assert 0 <= lost["grad_lost"] <= 1 and study.lost_fractions(reports["float32"])["grad_lost"] == 0
   # The unit model with its unit-scaled loss: forward and gradients near std 1

@@ -71,28 +71,46 @@ def _fake_run(run_dir, *, lr, scaling="standard", losses, num_steps, elapsed, ch
 
 
 def test_archived_runs_read_as_done_without_weights(tmp_path):
-  # A finished run, one that stopped early, and one that diverged: only the first
-  # is archived; copied back without checkpoints, it is done and reads the same.
+  # A finished run, one that stopped early, and one that diverged: the first and
+  # the last are archived (a divergence is a result); copied back without
+  # checkpoints, they read the same, and a sweep reruns neither.
   work, dest = tmp_path / "work", tmp_path / "raw"
   _fake_run(work / "a", lr=0.01, losses=[(20, 2.5), (40, 2.0)], num_steps=40,
             elapsed=[10, 20], checkpoint=40)
   _fake_run(work / "c", lr=0.001, losses=[(10, 3.0)], num_steps=40, elapsed=[10],
             checkpoint=10)
   _fake_run(work / "b", lr=0.1, losses=[(10, 3.0), (20, math.nan)], num_steps=40,
-            elapsed=[10, 20])
-  assert sweeps.archive(str(work), str(dest)) == ["a"]
+            elapsed=[10, 20], checkpoint=10)
+  assert sweeps.status(str(work / "b")) == "diverged"
+  assert sweeps.status(str(work / "c")) == "partial"
+  assert sweeps.archive(str(work), str(dest)) == ["a", "b"]
   assert sorted(os.listdir(dest / "a")) == ["archived.json", "config.json", "metrics.jsonl"]
   assert sweeps.status(str(dest / "a")) == "done"
+  assert sweeps.status(str(dest / "b")) == "diverged"
   fresh = tmp_path / "fresh"
   shutil.copytree(dest, fresh)
-  (before,), (after,) = sweeps.collect(str(dest)), sweeps.collect(str(fresh))
-  assert before == after and after["status"] == "done" and after["final_train_loss"] == 2.0
+  before, after = sweeps.collect(str(dest)), sweeps.collect(str(fresh))
+  assert before == after and [r["status"] for r in after] == ["done", "diverged"]
+  assert after[0]["final_train_loss"] == 2.0 and after[1]["steps"] == 20
+  assert sweeps.pack_units(CONFIG, [], str(fresh), 1) == []
   # An archive of a shorter run is not a finished longer one.
   with open(fresh / "a" / "config.json") as f:
     config = json.load(f)
   with open(fresh / "a" / "config.json", "w") as f:
     json.dump(dict(config, num_train_steps=80), f)
   assert sweeps.status(str(fresh / "a")) == "partial"
+
+
+def test_a_sweep_does_not_rerun_a_diverged_point(tmp_path):
+  # Its divergence is its result: run_sweep skips it, reports no failure, and
+  # hands a point that diverges while it runs to on_done (sweep.py archives it).
+  point = sweeps.Point(arg="preset=test")
+  _fake_run(tmp_path / point.name, lr=0.1, losses=[(10, 3.0), (20, math.nan)], num_steps=40,
+            elapsed=[10, 20])
+  logged, done = [], []
+  assert sweeps.run_sweep(CONFIG, [point], str(tmp_path), log=logged.append,
+                          on_done=done.append) == []
+  assert logged == ["[1/1] test: finished (diverged), skipped"] and done == []
 
 
 def test_collect_reads_final_loss_wall_time_and_status(tmp_path):

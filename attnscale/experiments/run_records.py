@@ -30,13 +30,20 @@ def checkpoint_steps(run_dir: str) -> list[int]:
 
 
 def status(run_dir: str, read_checkpoint: bool = True) -> str:
-  """'done' (a checkpoint at num_train_steps), 'partial' (started) or 'new'.
+  """'done' (a checkpoint at num_train_steps), 'diverged', 'partial' (started) or 'new'.
+
+  'diverged': the run stopped on a non-finite loss or gradient norm, which
+  train.py and a pack write as the metrics' last row before stopping. It is an
+  outcome, not an interruption: a rerun of the same code and seed diverges again,
+  so a sweep neither reruns it nor counts it failed, and `archive` keeps it
+  (delete its directory to retry it, after changing the code).
 
   A final checkpoint that cannot be read (a truncated file) is 'partial': it is
   read in full (`read_checkpoint`; False looks at the step numbers alone), so a
   sweep reruns the point, whose train.py sets the damaged checkpoint aside and
   redoes the steps from the newest one that reads. An archived run (`archive`:
-  its records without weights, ARCHIVED naming its last step) is 'done'.
+  its records without weights, ARCHIVED naming its last step) is 'done' or
+  'diverged' as it was.
   """
   config_path = os.path.join(run_dir, "config.json")
   if not os.path.exists(config_path):
@@ -44,12 +51,31 @@ def status(run_dir: str, read_checkpoint: bool = True) -> str:
   with open(config_path) as f:
     num_steps = json.load(f)["num_train_steps"]
   steps = checkpoint_steps(run_dir)
+  if (not steps or steps[-1] < num_steps) and _stopped_non_finite(run_dir):
+    return "diverged"
   if not steps and os.path.exists(os.path.join(run_dir, ARCHIVED)):
     with open(os.path.join(run_dir, ARCHIVED)) as f:
       return "done" if json.load(f).get("step") == num_steps else "partial"
   if not steps or steps[-1] < num_steps:
     return "partial"
   return "done" if not read_checkpoint or _reads(run_dir, steps[-1]) else "partial"
+
+
+def _stopped_non_finite(run_dir: str) -> bool:
+  """Whether the last training row of `run_dir`'s metrics has a non-finite loss or
+  gradient norm (the row a run that diverged writes last)."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return False
+  last = None
+  with open(path) as f:
+    for line in f:
+      if '"train/loss"' in line:
+        last = line
+  if last is None:
+    return False
+  row = json.loads(last)
+  return not (math.isfinite(row["train/loss"]) and math.isfinite(row.get("train/grad_norm", 0.0)))
 
 
 # A finished run's records, without its weights: what `archive` copies.
@@ -62,7 +88,8 @@ RECORDS = ("config.json", "metrics.jsonl", "provenance.json", "eval.json", "scal
 def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list[str]:
   """Copies the records (RECORDS) of every finished run in `workdir` (or of those
   of `names` that finished) to `dest/<run>/`, with ARCHIVED ({"step": its last
-  step}); returns the runs copied.
+  step}); returns the runs copied. A run that diverged is finished too: its
+  divergence is a result (a study's "x"), and it stays 'diverged' in the archive.
 
   What a sweep's results need, small enough to commit (tens of kB a run, no
   checkpoints): `collect` and the studies read an archived run as any other, and
@@ -73,7 +100,8 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
   copied = []
   for name in sorted(os.listdir(workdir) if names is None else names):
     run_dir = os.path.join(workdir, name)
-    if not os.path.isdir(run_dir) or status(run_dir, read_checkpoint=False) != "done":
+    state = status(run_dir, read_checkpoint=False) if os.path.isdir(run_dir) else "new"
+    if state not in ("done", "diverged"):
       continue
     os.makedirs(os.path.join(dest, name), exist_ok=True)
     for record in RECORDS:
@@ -81,8 +109,10 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
         shutil.copyfile(os.path.join(run_dir, record), os.path.join(dest, name, record))
     with open(os.path.join(run_dir, "config.json")) as f:
       step = json.load(f)["num_train_steps"]
+    if state == "diverged":  # its last step is the bad one, in its metrics
+      step = read_run(run_dir)["steps"]
     with open(os.path.join(dest, name, ARCHIVED), "w") as f:
-      json.dump({"step": step}, f)
+      json.dump({"step": step, "status": state}, f)
     copied.append(name)
   return copied
 

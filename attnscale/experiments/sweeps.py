@@ -63,6 +63,9 @@ from attnscale.experiments.sweep_results import (  # noqa: F401
 )
 from attnscale.runtime import packing
 
+# The statuses a sweep does not rerun: trained to the end, or stopped on a NaN.
+FINISHED = ("done", "diverged")
+
 # Where train.py is: the repository root, above attnscale/experiments/.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -175,15 +178,17 @@ def _sweeps_module(config_file: str):
 def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
               log=print, jobs: int = 1, pack: int = 1,
               on_done: Callable[[Point], None] | None = None) -> list[tuple[Point, int]]:
-  """Runs every point that is not done; returns the failures.
+  """Runs every point that is not finished (done or diverged); returns the failures.
 
   `on_done(point)` is called as soon as a point (or a pack) this call ran has
-  finished (and, with `eval_flags`, been evaluated): sweep.py archives it there, so
+  finished (and, with `eval_flags`, been evaluated) or diverged: sweep.py archives it there, so
   a machine that is taken away (a lent GPU's time limit kills what a Ctrl-C cannot
   stop quickly: a pack still compiling) loses no finished point.
 
-  A point that fails (non-zero exit: a NaN at a too-high learning rate, say) is
-  reported and the sweep goes on; its directory keeps what it had. A point with
+  A point that diverges (a NaN at a too-high learning rate, say) is a result, not
+  a failure: logged, handed to `on_done`, and never rerun (`status`). A point that
+  fails otherwise (a non-zero exit, a kill) is reported and the sweep goes on; its
+  directory keeps what it had, and the next call resumes it. A point with
   `eval_flags` runs eval.py after training, unless its eval.json is already
   from the last step.
 
@@ -214,8 +219,8 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
     states = [status(os.path.join(workdir, p.name)) for p in members]
     tag = (f"[{unit[0] + 1}/{len(points)}] {members[0].name}" if len(unit) == 1 else
            f"[{','.join(str(i + 1) for i in unit)}/{len(points)}] a pack of {len(unit)}")
-    if all(s == "done" for s in states):
-      log(f"{tag}: done, skipped")
+    if all(s in FINISHED for s in states):
+      log(f"{tag}: {'done' if set(states) == {'done'} else 'finished (diverged)'}, skipped")
       returncode = 0
     else:
       verb = "resuming" if "partial" in states else "starting"
@@ -230,7 +235,15 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
     failures = []
     for point in members:
       run_dir = os.path.join(workdir, point.name)
-      if status(run_dir) != "done":
+      state = status(run_dir)
+      if state == "diverged":  # an outcome, not a failure (run_records.status)
+        if states[members.index(point)] != "diverged":
+          log(f"[{points.index(point) + 1}/{len(points)}] {point.name}: diverged (a result: "
+              "kept, archived and not rerun; delete its directory to retry it)")
+          if on_done is not None:
+            on_done(point)
+        continue
+      if state != "done":
         failures.append((point, returncode or 1))
         continue
       if point.eval_flags and not evaluated(run_dir):
@@ -241,7 +254,7 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
         if code:
           failures.append((point, code))
           continue
-      if on_done is not None and not all(s == "done" for s in states):
+      if on_done is not None and not all(s in FINISHED for s in states):
         on_done(point)
     return failures
 
@@ -278,7 +291,8 @@ def pack_units(config_file: str, points: Sequence[Point], workdir: str,
   (`packing.groups`); each done point alone (skipped, or only evaluated)."""
   if not isinstance(pack, int) or pack < 1:
     raise ValueError(f"pack must be a positive integer, got {pack!r}")
-  todo = [i for i, p in enumerate(points) if status(os.path.join(workdir, p.name)) != "done"]
+  todo = [i for i, p in enumerate(points)
+          if status(os.path.join(workdir, p.name)) not in FINISHED]
   if pack == 1 or len(todo) < 2:
     return [[i] for i in range(len(points))]
   configs = [packing.load_config(f"{config_file}:{points[i].arg}", dict(points[i].overrides))

@@ -26,7 +26,9 @@ module reads them and explains them:
 writes precision.csv/.md (one row per run), precision_summary.csv/.md (over
 seeds: `summary_table`), precision.png (losses), one
 precision_scales_<scaling>.png per scaling (float32, seed 0, at init and trained) and
-precision_scales.csv/.md (`scale_summary` of each: medians, underflow fractions).
+precision_scales.csv/.md (`scale_summary` of each: medians, underflow fractions),
+and precision_page.md: the tables of docs/experiments/precision.md as it shows
+them (`page_tables`).
 Every table also comes from archived runs (`--workdirs docs/results/precision/raw/*`:
 records and scales.json, no weights); the per-tensor figures need the weights.
 """
@@ -213,6 +215,61 @@ def summary_table(rows: Sequence[dict]) -> list[dict]:
   return out
 
 
+def page_tables(summary: Sequence[dict], scales: Sequence[dict]) -> str:
+  """The three tables of docs/experiments/precision.md, from `summary_table` and the
+  float32 runs' `scale_summary` rows (seed 0's), as markdown: final loss per scaling
+  (rows in float32's order) and format, mean ± half range over seeds, with the
+  fraction of gradients e5m2 flushed in fp8; each format minus float32 paired by
+  seed with its verdict; and the tensor scales at initialisation and trained."""
+  by = {(r["scaling"], r["dtype"]): r for r in summary}
+  order = sorted({r["scaling"] for r in summary},
+                 key=lambda s: by.get((s, "float32"), {}).get("final_train_loss", math.inf))
+
+  def loss(r):
+    if r is None:
+      return "-"
+    n, bad = r["seeds"], r["diverged"]
+    if bad == n:
+      return f"diverged ({n} of {n})"
+    text = f"{r['final_train_loss']:.3f}"
+    text += f" ± {r['half_range']:.3f}" if math.isfinite(r["half_range"]) else ""
+    return text + (f" ({bad} of {n} diverged)" if bad else "") + (f" (n={n})" if n != 3 else "")
+
+  def versus(r):
+    if r is None:
+      return "-"
+    if r["diverged"] == r["seeds"]:
+      return f"diverged ({r['seeds']} of {r['seeds']})"
+    return r["vs_float32"].replace(f" paired n={r['seeds']}", "").replace("within noise", "noise")
+
+  def pct(x):
+    return "-" if not math.isfinite(x) else (
+        f"{x:.0%}" if x >= 0.1 else f"{x:.1%}" if x >= 0.001 else f"{x:.3%}")
+
+  lines = ["| scaling | " + " | ".join(DTYPE_ORDER) + " | e5m2 grads flushed in fp8 |",
+           "|---|" + "---:|" * (len(DTYPE_ORDER) + 1)]
+  for s in order:
+    fp8 = by.get((s, "fp8"))
+    lines.append(f"| {s} | " + " | ".join(loss(by.get((s, d))) for d in DTYPE_ORDER)
+                 + f" | {pct(fp8['grad_lost']) if fp8 else '-'} |")
+  lines += ["", "| scaling | " + " | ".join(f"{d} minus float32" for d in DTYPE_ORDER[1:]) + " |",
+            "|---|" + "---|" * (len(DTYPE_ORDER) - 1)]
+  lines += [f"| {s} | " + " | ".join(versus(by.get((s, d))) for d in DTYPE_ORDER[1:]) + " |"
+            for s in order]
+  lines += ["", "| scaling | when | median log2 std, forward / gradients | smallest gradient "
+            "log2 std | e4m3 forward underflow | e5m2 gradient underflow | fp16 gradient "
+            "underflow | log2 std of dq |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+  for s in order:
+    for r in (r for r in scales if r["scaling"] == s and r["seed"] == 0):
+      when = "init" if r["when"] == "at init" else "trained"
+      lines.append(
+          f"| {s} | {when} | {r['fwd_median_log2_std']:.1f} / {r['grad_median_log2_std']:.1f} "
+          f"| {r['min_grad_log2_std']:.1f} | {pct(r['fwd_underflow_e4m3'])} "
+          f"| {pct(r['grad_underflow_e5m2'])} | {pct(r['grad_underflow_float16'])} "
+          f"| {r['dq_log2_std']:.1f} |")
+  return "\n".join(lines) + "\n"
+
+
 def scale_summary(report: scale_tracking.ScaleReport) -> dict[str, float]:
   """One line of a report, as docs/science.md's table at initialisation.
 
@@ -380,8 +437,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   paths = reporting.write_tables(table, args.out, "precision",
                                  title="Training in low precision without loss scaling",
                                  notes=notes)
+  summary = summary_table(rows)
   paths += reporting.write_tables(
-      summary_table(rows), args.out, "precision_summary",
+      summary, args.out, "precision_summary",
       title="Low precision without loss scaling: per scaling and format, over seeds",
       notes=["final_train_loss: mean over the seeds that did not diverge; half_range: "
              "(max - min)/2 over them; delta_vs_float32: against float32's mean; "
@@ -424,6 +482,10 @@ def run_cli(args) -> tuple[list[str], list[str]]:
         notes=["Size-weighted median log2 std of the activations (fwd) and their gradients "
                "(grad); the smallest gradient's log2 std; fractions e4m3 / e5m2 / fp16 would "
                "flush; log2 RMS std of the gradient at q (`scale_summary`)."])
+  page = os.path.join(args.out, "precision_page.md")  # the page's tables, as it shows them
+  with open(page, "w") as f:
+    f.write(page_tables(summary, summaries))
+  paths.append(page)
   return paths, notes
 
 
