@@ -74,6 +74,16 @@ SWEEPS = {
     # Seconds: the test suite's.
     "test": grid("test", ("standard", "fully_scaled"), [2.0**-8, 2.0**-6], (0,)),
 }
+# The same grid under the study protocol (docs/experiments/graphcore_cpu.md): seed 0 at
+# every rate of 2^-3 ... 2^-12 (the window covers the bounds), each best chosen on the
+# seed mean with seeds 1 and 2 at every rate of its near-best band. On a workdir where
+# `graphcore_cpu` ran it adds only the seeds (the points share their names): run the
+# grid first (packs of 8), then this.
+GRAPHCORE_CPU_LR_START = {"standard": 9, "fully_scaled": 10, "unit_scaled": 5,
+                          "key_norm_sum": 5, "cosine": 9}  # the grid's seed-0 bests
+SWEEPS["graphcore_cpu_protocol"] = staged(
+    "graphcore_cpu", {s: (s, {}) for s in SWEEP_SCALINGS}, GRAPHCORE_CPU_LR_START,
+    bounds=(3, 12), more_seeds=(), band_seeds=(1, 2), window=9)
 # Today's practice against the seeds' scalings (README, "Today's practice"): every
 # registered scaling and attention option at the graphcore_cpu size. Label ->
 # (the config argument's scaling, field overrides).

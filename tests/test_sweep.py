@@ -462,3 +462,25 @@ def test_only_runs_the_points_that_match(tmp_path):
   bad = subprocess.run(cmd + ["--only=("], cwd=ROOT, capture_output=True, text=True)
   assert bad.returncode != 0
   assert bad.stderr.strip().splitlines()[-1].startswith("error: --only must be a regular expression")
+
+
+def test_the_graphcore_cpu_protocol_adds_only_seeds_to_the_grid(tmp_path):
+  # The grid (seed 0 at 2^-3 ... 2^-12) finished, each scaling's loss a parabola in
+  # log2 rate around its own best: the protocol sweep on the same workdir needs no
+  # seed-0 point the grid lacks and adds seeds 1 and 2, at each best among the rest
+  # (its window, the rest of the grid, joins once the bands are settled).
+  grid = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "graphcore_cpu")
+  best = {"standard": 9, "fully_scaled": 10, "unit_scaled": 5, "key_norm_sum": 5,
+          "cosine": 8}
+  for p in grid:
+    scaling = p.arg.split("scaling=")[1].split(",")[0]
+    e = -math.log2(dict(p.overrides)["learning_rate"])
+    loss = 2.0 + 0.05 * (e - best[scaling]) ** 2
+    _fake_run(tmp_path / p.name, lr=2.0**-e, losses=[(40, loss)], num_steps=40, elapsed=[10],
+              checkpoint=40, scaling=scaling)
+  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "graphcore_cpu_protocol",
+                             str(tmp_path))
+  new = [p for p in points if p.name not in {g.name for g in grid}]
+  assert new and {p.arg.split("seed=")[1] for p in new} == {"1", "2"}
+  for scaling, e in best.items():
+    assert f"graphcore_cpu-{scaling}-1-lr{2.0**-e:g}" in {p.name for p in new}, scaling
