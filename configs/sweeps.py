@@ -118,11 +118,11 @@ PRACTICE_LR_START = dict.fromkeys(PRACTICE, 9) | {
     "fully_scaled": 10, "none": 10, "inverse_d": 8}
 PRACTICE_LR_RANGE = (3, 12)  # the search never leaves 2^-3 ... 2^-12
 # Stage 1 (seed 0): each label at 2^-(e-1), 2^-e, 2^-(e+1), then one rate
-# further while the best is at an edge of those tried ("bracketed"). Stage 2:
-# seeds 1 and 2 at the bracketed best, so the table gives mean ± s.e. over 3 seeds
-# (attnscale/experiments/lr_search.py).
+# further while the best is at an edge of those tried ("bracketed"). Then the study
+# protocol: seeds 1 and 2 at every rate of each near-best band, the best chosen on
+# the seed mean, until it is bracketed on the mean (attnscale/experiments/lr_search.py).
 SWEEPS["practice"] = staged("graphcore_cpu", PRACTICE, PRACTICE_LR_START,
-                            bounds=PRACTICE_LR_RANGE)
+                            bounds=PRACTICE_LR_RANGE, more_seeds=(), band_seeds=(1, 2))
 SWEEPS["practice_test"] = staged("test", {k: PRACTICE[k] for k in ("standard", "sink_zero")},
                                  {"standard": 7, "sink_zero": 7}, bounds=PRACTICE_LR_RANGE,
                                  more_seeds=(1,))
