@@ -282,8 +282,10 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
 
 
 def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
-  """Final training loss against learning rate (log2), one line per scaling
-  (Graphcore's almost-scaled attention figure); diverged points marked x at the top."""
+  """Final training loss against learning rate (log2), one line per scaling through
+  the seed means (Graphcore's almost-scaled attention figure), each seed a faint dot
+  where a rate has several (the seed spread); a rate where a seed diverged marked x
+  at the top."""
   fig = reporting.new_figure(6.4, 4.2)
   ax = fig.subplots()
   done = [r for r in rows if r["status"] in ("done", "diverged")]
@@ -299,6 +301,10 @@ def plot_loss_vs_lr(rows: Sequence[dict], *, title: str = ""):
     line, = ax.plot([lr for lr, m in zip(lrs, means) if math.isfinite(m)],
                     [m for m in means if math.isfinite(m)], label=scaling,
                     **reporting.style(i))
+    spread = [(lr, v) for lr in lrs if len(points[lr]) > 1 for v in points[lr]
+              if math.isfinite(v)]
+    if spread:
+      ax.plot(*zip(*spread), ".", color=line.get_color(), alpha=0.35, markersize=4)
     bad = [lr for lr, m in zip(lrs, means) if not math.isfinite(m)]
     if bad:
       ax.plot(bad, [ceiling] * len(bad), "x", color=line.get_color())
