@@ -385,6 +385,13 @@ def test_collect_only_with_evaluate_and_archive_keeps_the_records(tmp_path):
       cwd=ROOT, capture_output=True, text=True, check=True).stdout
   assert "evaluated 0 finished points" in out and f"archived 1 finished points to {dest}" in out
   assert os.listdir(dest) == ["graphcore_cpu-standard-0-lr0.125"]
+  # The committed archive's tables again, elsewhere (--results_to): the archive stays as it is.
+  tables = tmp_path / "tables"
+  subprocess.run([sys.executable, "sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu",
+                  f"--workdir={dest}", "--collect_only", f"--results_to={tables}"],
+                 cwd=ROOT, capture_output=True, text=True, check=True)
+  assert {"results.md", "results.csv", "runs.csv"} <= set(os.listdir(tables))
+  assert os.listdir(dest) == ["graphcore_cpu-standard-0-lr0.125"]
 
 
 def test_several_jobs_share_a_gpu_without_preallocating():
@@ -416,7 +423,7 @@ def test_an_interrupted_sweep_still_archives_what_finished(tmp_path, monkeypatch
       config=value(CONFIG), sweep=value("graphcore_cpu"), workdir=value(str(work)),
       print_commands=value(False), jobs=value(1), pack=value(1), print_best_runs=value(False),
       collect_only=value(False), archive_to=value(str(dest)), evaluate=value(True),
-      only=value(None))
+      only=value(None), results_to=value(None))
   with pytest.raises(SystemExit) as stopped:
     sweep_cmd.main(holders, [])
   assert stopped.value.code == 130

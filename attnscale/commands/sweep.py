@@ -50,6 +50,10 @@ def define_flags() -> types.SimpleNamespace:
           "left for another run of the same sweep, and the results table lists them all."),
       collect_only=flags.DEFINE_bool("collect_only", False,
                                      "Only write the results of finished points."),
+      results_to=flags.DEFINE_string(
+          "results_to", None, "Write the results (results.md/csv, runs.csv, figures) here "
+          "instead of into --workdir: with --collect_only on a committed archive "
+          "(--workdir=docs/results/<study>/raw), a study page's tables again."),
       archive_to=flags.DEFINE_string(
           "archive_to", None, "Also copy each finished point's records (config, metrics, "
           "provenance, eval.json; no weights) to this directory, for committing: copied back "
@@ -126,7 +130,8 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
             "command resumes it", file=sys.stderr)
       sys.exit(130)
   rows = sweeps.collect(workdir, points)
-  paths = sweep_results.write_results(rows, workdir, title=f"{sweep} sweep")
+  paths = sweep_results.write_results(rows, h.results_to.value or workdir,
+                                      title=f"{sweep} sweep")
   print(sweep_results.markdown_table(rows))
   print("wrote " + ", ".join(paths.values()))
   keep_records(h, workdir)
