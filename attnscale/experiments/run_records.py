@@ -78,6 +78,9 @@ def _stopped_non_finite(run_dir: str) -> bool:
   return not (math.isfinite(row["train/loss"]) and math.isfinite(row.get("train/grad_norm", 0.0)))
 
 
+# The statuses that are final: trained to the end, or stopped on a NaN (a sweep
+# does not rerun them, `archive` keeps them).
+FINISHED = ("done", "diverged")
 # A finished run's records, without its weights: what `archive` copies.
 ARCHIVED = "archived.json"
 # scales.json: the precision study's scale analysis of the last checkpoint
@@ -101,7 +104,7 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
   for name in sorted(os.listdir(workdir) if names is None else names):
     run_dir = os.path.join(workdir, name)
     state = status(run_dir, read_checkpoint=False) if os.path.isdir(run_dir) else "new"
-    if state not in ("done", "diverged"):
+    if state not in FINISHED:
       continue
     os.makedirs(os.path.join(dest, name), exist_ok=True)
     for record in RECORDS:
@@ -210,9 +213,6 @@ def read_run(run_dir: str) -> dict | None:
   logits = [[v for k, v in r.items() if k.startswith("train/attn/max_logit/layer_")]
             for r in train]
   logits = [per_layer for per_layer in logits if per_layer]
-  if state != "done" and not all(math.isfinite(r["train/loss"])
-                                  and math.isfinite(r.get("train/grad_norm", 0.0)) for r in train):
-    state = "diverged"
   model = config["model"]
   return {
       "scaling": configlib.run_label(ml_collections.ConfigDict(config)),

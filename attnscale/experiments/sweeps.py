@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 # A run directory's status, records and row, also reachable as sweeps.<name>.
 from attnscale.experiments.run_records import (  # noqa: F401
   ARCHIVED,
+  FINISHED,
   RECORDS,
   archive,
   checkpoint_steps,
@@ -62,9 +63,6 @@ from attnscale.experiments.sweep_results import (  # noqa: F401
   write_results,
 )
 from attnscale.runtime import packing
-
-# The statuses a sweep does not rerun: trained to the end, or stopped on a NaN.
-FINISHED = ("done", "diverged")
 
 # Where train.py is: the repository root, above attnscale/experiments/.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
