@@ -9,6 +9,8 @@ r"""Runs a learning-rate x scaling sweep and writes its results table and figure
   python sweep.py ... --jobs=2  # two points at once, each on half the CPUs
   python sweep.py ... --pack=8  # up to 8 points (seeds, rates) in one vmapped program
   python sweep.py ... --print_best_runs   # seed 0 at each scaling's best rate
+  python sweep.py ... --workdir=docs/results/NAME/raw --retrain_best_to=runs/NAME_best
+      # those runs trained again (with eval.json) where only their records are kept
   attnscale-sweep --config=shakespeare_char.py ...  # the same, from any folder
 
 The sweeps are data in configs/sweeps.py (a config's sweeps: sweeps.py next to

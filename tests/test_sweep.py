@@ -422,7 +422,8 @@ def test_an_interrupted_sweep_still_archives_what_finished(tmp_path, monkeypatch
   holders = types.SimpleNamespace(
       config=value(CONFIG), sweep=value("graphcore_cpu"), workdir=value(str(work)),
       print_commands=value(False), jobs=value(1), pack=value(1), print_best_runs=value(False),
-      collect_only=value(False), archive_to=value(str(dest)), evaluate=value(True),
+      retrain_best_to=value(None), collect_only=value(False), archive_to=value(str(dest)),
+      evaluate=value(True),
       only=value(None), results_to=value(None))
   with pytest.raises(SystemExit) as stopped:
     sweep_cmd.main(holders, [])
@@ -491,3 +492,53 @@ def test_the_graphcore_cpu_protocol_adds_only_seeds_to_the_grid(tmp_path):
   assert new and {p.arg.split("seed=")[1] for p in new} == {"1", "2"}
   for scaling, e in best.items():
     assert f"graphcore_cpu-{scaling}-1-lr{2.0**-e:g}" in {p.name for p in new}, scaling
+
+
+def test_retrain_best_to_trains_the_best_runs_again_from_an_archive(tmp_path, monkeypatch,
+                                                                    capsys):
+  """sweep.py --retrain_best_to: the archive (records, no weights) picks seed 0 at
+  each scaling's best rate; only those points train again, into the new directory,
+  get evaluated there, and the recorded and retrained losses are printed side by
+  side with the trained study's command."""
+  import types
+
+  from attnscale.commands import sweep as sweep_cmd
+  from attnscale.experiments import run_records
+
+  points = sweeps.load_sweep(os.path.join(ROOT, CONFIG), "test")
+  raw, dest = tmp_path / "raw", tmp_path / "best"
+  losses = {"standard": {2.0**-8: 2.4, 2.0**-6: 2.2}, "fully_scaled": {2.0**-8: 2.3,
+                                                                      2.0**-6: 2.6}}
+  for p in points:
+    scaling, lr = p.arg.split("scaling=")[1].split(",")[0], dict(p.overrides)["learning_rate"]
+    _fake_run(raw / p.name, lr=lr, scaling=scaling, num_steps=40, elapsed=[10, 20],
+              losses=[(20, 3.0), (40, losses[scaling][lr])])
+    with open(raw / p.name / run_records.ARCHIVED, "w") as f:
+      json.dump({"step": 40, "status": "done"}, f)
+  ran, evaluated = [], []
+
+  def fake_run_sweep(config, pts, workdir, **kwargs):
+    for p in pts:
+      ran.append(p.name)
+      scaling, lr = p.arg.split("scaling=")[1].split(",")[0], dict(p.overrides)["learning_rate"]
+      _fake_run(os.path.join(workdir, p.name), lr=lr, scaling=scaling, num_steps=40,
+                elapsed=[10, 20], losses=[(20, 3.0), (40, losses[scaling][lr] + 0.01)],
+                checkpoint=40)
+    return []
+
+  monkeypatch.setattr(sweeps, "run_sweep", fake_run_sweep)
+  monkeypatch.setattr(run_records, "evaluate_finished", evaluated.append)
+  value = lambda v: types.SimpleNamespace(value=v)
+  holders = types.SimpleNamespace(
+      config=value(CONFIG), sweep=value("test"), workdir=value(str(raw)),
+      print_commands=value(False), jobs=value(1), pack=value(1), print_best_runs=value(False),
+      retrain_best_to=value(str(dest)), collect_only=value(False), archive_to=value(None),
+      evaluate=value(False), only=value(None), results_to=value(None))
+  sweep_cmd.main(holders, [])
+  best = sorted(p.name for p in points if (("scaling=standard" in p.arg)
+                                           == (dict(p.overrides)["learning_rate"] == 2.0**-6)))
+  assert sorted(ran) == best and sorted(os.listdir(dest)) == best
+  assert evaluated == [str(dest)]
+  out = capsys.readouterr().out
+  assert "| 2.2000 | 2.2100 | +0.0100 |" in out and "| 2.3000 | 2.3100 | +0.0100 |" in out
+  assert "python -m attnscale.studies trained" in out and str(dest / best[0]) in out

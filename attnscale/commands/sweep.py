@@ -44,6 +44,12 @@ def define_flags() -> types.SimpleNamespace:
       print_best_runs=flags.DEFINE_bool(
           "print_best_runs", False, "Print the run directory of seed 0 at each scaling's "
           "best learning rate (for the trained study) and exit."),
+      retrain_best_to=flags.DEFINE_string(
+          "retrain_best_to", None, "Train seed 0 at each scaling's best learning rate again "
+          "into this directory (then evaluate it: eval.json) and exit: the trained study's "
+          "input where --workdir holds records without weights (a committed archive, "
+          "docs/results/<study>/raw). Same config and seed; a different pack reorders "
+          "float sums, so it prints each run's recorded and retrained loss side by side."),
       only=flags.DEFINE_string(
           "only", None, "Run only the points whose name matches this regular expression "
           "(re.search; e.g. 'width256' to give a lent GPU the costly points); the rest are "
@@ -91,6 +97,9 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     rows = sweeps.collect(workdir, points)
     print(" ".join(os.path.join(workdir, run) for run in sweep_results.best_runs(rows)))
     return
+  if h.retrain_best_to.value:
+    retrain_best(h, config, points, workdir, pack)
+    return
   if h.print_commands.value:
     print("\n".join(sweeps.shell_commands(
         config, [p for p in points if only.search(p.name)], workdir, pack)))
@@ -135,6 +144,35 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   print(sweep_results.markdown_table(rows))
   print("wrote " + ", ".join(paths.values()))
   keep_records(h, workdir)
+  for point, code in failures:
+    print(f"failed (exit {code}): {point.name}", file=sys.stderr)
+
+
+def retrain_best(h: types.SimpleNamespace, config: str, points, workdir: str,
+                 pack: int) -> None:
+  """--retrain_best_to: seed 0 at each best rate (`sweep_results.best_runs`, chosen on
+  --workdir's records) trained and evaluated again in its own directory; resumes."""
+  from attnscale.experiments import run_records, sweep_results, sweeps
+  dest = h.retrain_best_to.value
+  cli.check_workdir(dest)
+  rows = {r["run"]: r for r in sweeps.collect(workdir, points)}
+  names = sweep_results.best_runs(list(rows.values()))
+  if not names:
+    cli.fail(f"--retrain_best_to: no finished seed-0 run at a best rate in {workdir}")
+  best = [p for p in points if p.name in names]
+  try:
+    import_modules(config, best)
+  except ValueError as e:
+    cli.fail(str(e))
+  failures = sweeps.run_sweep(config, best, dest, jobs=h.jobs.value, pack=pack)
+  run_records.evaluate_finished(dest)
+  again = {r["run"]: r for r in sweeps.collect(dest, best)}
+  print("| run | recorded final loss | retrained | difference |\n|---|---:|---:|---:|")
+  for name in names:
+    was, now = rows[name]["final_train_loss"], again[name]["final_train_loss"]
+    print(f"| {name} | {was:.4f} | {now:.4f} | {now - was:+.4f} |")
+  print("trained study: python -m attnscale.studies trained --out OUT --workdirs "
+        + " ".join(os.path.join(dest, name) for name in names))
   for point, code in failures:
     print(f"failed (exit {code}): {point.name}", file=sys.stderr)
 
