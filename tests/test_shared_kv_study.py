@@ -27,7 +27,7 @@ def sweep_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_table_diagnostics_and_parameter_counts(sweep_dir, tmp_path):
-  args = argparse.Namespace(workdirs=[str(sweep_dir)], out=str(tmp_path))
+  args = argparse.Namespace(workdirs=[str(sweep_dir)], out=str(tmp_path), weights=None)
   paths, _ = shared_kv.run_cli(args)
   assert {os.path.basename(p) for p in paths} >= {"shared_kv.md", "shared_kv_diag.md",
                                                    "shared_kv.png"}
@@ -44,3 +44,18 @@ def test_table_diagnostics_and_parameter_counts(sweep_dir, tmp_path):
       shared_kv.sweeps.collect(str(sweep_dir)), str(sweep_dir))}
   assert set(diag) == set(rows)
   assert all(0 < d["self_weight"] < 1 and -1 <= d["corr_qv"] <= 1 for d in diag.values())
+
+
+@pytest.mark.slow
+def test_an_archive_reads_its_weights_from_elsewhere(sweep_dir, tmp_path):
+  """From a committed archive (records, no weights) the diagnostics need the best
+  runs' weights from another directory (sweep.py --retrain_best_to): --weights."""
+  from attnscale.experiments import run_records
+  raw = tmp_path / "raw"
+  run_records.archive(str(sweep_dir), str(raw))
+  rows = shared_kv.sweeps.collect(str(raw))
+  with pytest.raises(SystemExit, match="--retrain_best_to=DIR and give --weights DIR"):
+    shared_kv.diagnostic_rows(rows, str(raw))
+  diag = shared_kv.diagnostic_rows(rows, str(raw), weights=str(sweep_dir))
+  again = shared_kv.diagnostic_rows(shared_kv.sweeps.collect(str(sweep_dir)), str(sweep_dir))
+  assert diag == again

@@ -1,6 +1,8 @@
 """The shared key/value study: W_K = W_V against separate projections.
 
     python -m attnscale.studies shared_kv --out DIR --workdirs runs/shared_kv [runs/shared_kv_cpu]
+    python -m attnscale.studies shared_kv --out DIR --workdirs docs/results/shared_kv/raw \
+        --weights runs/shared_kv_best   # an archive; sweep.py --retrain_best_to's weights
 
 Reads the `shared_kv` sweep (configs/sweeps.py: each scaling with separate and
 shared projections, plus the parameter-matched control, grouped-query attention
@@ -102,15 +104,29 @@ def comparison_rows(rows: Sequence[dict], workdir: str) -> list[dict]:
   return out
 
 
-def diagnostic_rows(rows: Sequence[dict], workdir: str) -> list[dict]:
+def _with_weights(run: str, workdir: str, weights: str | None) -> str:
+  """The directory of `run` that has its checkpoints: the sweep's own, else the one
+  of that name in `weights` (sweep.py --retrain_best_to), else a one-line error."""
+  for root in (workdir, weights):
+    path = os.path.join(root, run) if root else None
+    if path and os.path.isdir(os.path.join(path, "checkpoints")):
+      return path
+  raise SystemExit(f"shared_kv: the best run {run} has no weights in {workdir} (an archive?) "
+                   f"nor in --weights ({weights}): train it again with sweep.py "
+                   "--retrain_best_to=DIR and give --weights DIR")
+
+
+def diagnostic_rows(rows: Sequence[dict], workdir: str, weights: str | None = None
+                    ) -> list[dict]:
   """The seed-0 run at each label's best rate: attention diagnostics and value
-  alignment on the first validation batch, means over layers and heads."""
+  alignment on the first validation batch, means over layers and heads. Its weights
+  are read from `workdir`, or from `weights` where `workdir` holds records only."""
   from attnscale import tasks
   from attnscale.evaluation import diagnostics, eval_lib
 
   out = []
   for run in sweep_results.best_runs(rows):
-    path = os.path.join(workdir, run)
+    path = _with_weights(run, workdir, weights)
     config = eval_lib.load_config(path)
     task = tasks.get_task(config)
     model, step, _ = eval_lib.restore(config, path)
@@ -166,7 +182,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   workdir = args.workdirs[0]
   rows = [r for r in sweeps.collect(workdir) if r["status"] != "new"]
   table = comparison_rows(rows, workdir)
-  diag = diagnostic_rows(rows, workdir)
+  diag = diagnostic_rows(rows, workdir, args.weights)
   notes = [f"{len(rows)} runs of the shared_kv sweep ({workdir}); final training loss = mean "
            "of the last 20 steps, mean ± s.e. over seeds at each label's best rate.",
            "vs_separate: minus the same scaling with separate projections; verdict: its "
@@ -203,5 +219,12 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   return paths, notes
 
 
+def arguments(p) -> None:
+  p.add_argument_group("shared_kv").add_argument(
+      "--weights", default=None,
+      help="shared_kv: where the seed-0 best runs' weights are when the sweep's workdir is "
+           "an archive of records (sweep.py --retrain_best_to=DIR)")
+
+
 # Reads the shared_kv sweeps' layout: only when asked for.
-STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True)
+STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True, arguments=arguments)
