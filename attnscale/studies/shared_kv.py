@@ -75,9 +75,18 @@ def _at_best(rows: Sequence[dict]) -> dict[str, dict]:
   return best
 
 
-def _by_seed(best: dict) -> dict:
-  """{seed: final training loss} of the runs at a label's best rate (`_at_best`)."""
-  return {r["seed"]: r["final_train_loss"] for r in best["runs"]}
+def _by_seed(best: dict, value=lambda r: r["final_train_loss"]) -> dict:
+  """{seed: value(run)} (default: its final training loss) of the runs at a label's
+  best rate (`_at_best`)."""
+  return {r["seed"]: value(r) for r in best["runs"]}
+
+
+def _val(r: dict) -> float:
+  return r["best_val_loss"]
+
+
+def _gap(r: dict) -> float:
+  return r["best_val_loss"] - r["final_train_loss"]
 
 
 def comparison_rows(rows: Sequence[dict], workdir: str) -> list[dict]:
@@ -93,14 +102,27 @@ def comparison_rows(rows: Sequence[dict], workdir: str) -> list[dict]:
     same = (stats.compare(_by_seed(ref), _by_seed(b)) if ref is not None and ref is not b
             else None)
     diff = b["final_train_loss"] - ref["final_train_loss"] if ref is not None else math.nan
+    # Shared K/V against the parameter-matched control (grouped-query attention with
+    # as many K/V parameters), where the sweep ran one for this scaling.
+    control = next((best[c] for c in order if c.startswith(base_label(label) + "+kv_heads")),
+                   None)
+    matched = (stats.compare(_by_seed(control), _by_seed(b))
+               if control is not None and label.endswith("+shared_kv") else None)
     out.append({
         "label": label, "params": num_params(os.path.join(workdir, b["runs"][0]["run"])),
         "best_lr": b["learning_rate"], "seeds": b["seeds"],
         "final_train_loss": b["final_train_loss"], "se": b["se"],
         "vs_separate": diff if ref is not b else 0.0,
+        "interval": "" if same is None else same.format(verdict=False),
         "verdict": ("baseline" if ref is b else "-" if same is None or same.method == "none"
                     else same.verdict),
-        "best_val_loss": b["val"], "val_minus_train": b["gap"]})
+        "vs_control": "" if matched is None else matched.format(),
+        "best_val_loss": b["val"], "val_minus_train": b["gap"],
+        # The same comparison on the validation loss and on the gap (a regulariser
+        # would shrink the gap), paired the same way.
+        **{f"{name}_vs_separate": (stats.compare(_by_seed(ref, f), _by_seed(b, f)).format()
+                                   if same is not None else "")
+           for name, f in (("val", _val), ("gap", _gap))}})
   return out
 
 
@@ -188,10 +210,12 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "vs_separate: minus the same scaling with separate projections; verdict: its "
            "95% t-interval (paired by seed where the two share seeds, else Welch; "
            "attnscale.experiments.stats.compare) lies above 0 (worse), below (better) or "
-           "covers 0 (within noise). +kv_heads2: separate K/V with "
-           "grouped-query attention (2 key/value heads), the same parameter count as shared.",
+           "covers 0 (within noise); interval: that difference's 95% t-interval. "
+           "+kv_heads2: separate K/V with grouped-query attention (2 key/value heads), the "
+           "same parameter count as shared; vs_control: shared minus it, with its interval.",
            "val_minus_train: best validation loss minus final training loss (a regulariser "
-           "would shrink it).",
+           "would shrink it); val_vs_separate, gap_vs_separate: the comparison with separate "
+           "projections on the best validation loss and on that gap.",
            registry.code_note(rows, args, "shared_kv") + "; every run: runs.csv."]
   fmt = {"formats": {"best_lr": reporting.power_of_two, "params": "d", "seeds": "d"},
          "floats": ".4f"}
