@@ -542,3 +542,18 @@ def test_retrain_best_to_trains_the_best_runs_again_from_an_archive(tmp_path, mo
   out = capsys.readouterr().out
   assert "| 2.2000 | 2.2100 | +0.0100 |" in out and "| 2.3000 | 2.3100 | +0.0100 |" in out
   assert "python -m attnscale.studies trained" in out and str(dest / best[0]) in out
+
+
+def test_retrain_best_to_without_finished_runs_fails_in_one_line(tmp_path):
+  import types
+
+  from attnscale.commands import sweep as sweep_cmd
+
+  value = lambda v: types.SimpleNamespace(value=v)
+  holders = types.SimpleNamespace(
+      config=value(CONFIG), sweep=value("test"), workdir=value(str(tmp_path / "empty")),
+      print_commands=value(False), jobs=value(1), pack=value(1), print_best_runs=value(False),
+      retrain_best_to=value(str(tmp_path / "best")), collect_only=value(False),
+      archive_to=value(None), evaluate=value(False), only=value(None), results_to=value(None))
+  with pytest.raises(SystemExit, match="^error: --retrain_best_to: no finished seed-0 run"):
+    sweep_cmd.main(holders, [])
