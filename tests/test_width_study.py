@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from attnscale.studies import width
+from attnscale.studies import transfer, width
 from attnscale.testing import fake_run
 
 
@@ -35,29 +35,25 @@ def sweep_dir(tmp_path_factory):
 
 
 def test_best_rates_slopes_and_transfer(sweep_dir):
+  """The transfer study's statistics over the width axis: the best on the seed means,
+  the loss interval at it, the transfer loss, and the bootstrap slope."""
   rows = width.read_rows(sweep_dir)
   assert {r["label"] for r in rows} == {"sp/standard", "unit_scaled", "mup"}
   table = width.table_rows(rows)
   sp = {r["width"]: r for r in table if r["label"] == "sp/standard"}
   assert [sp[w]["best_log2_lr"] for w in (32, 64, 128)] == [-8, -9, -10]
   assert sp[64]["interp_log2_lr"] == pytest.approx(-9)
-  assert sp[64]["seeds"] == 2 and sp[64]["half_range"] == pytest.approx(0.005)
-  # Within 0.02 nats: |e - e*| <= sqrt(0.4) = 0.632 grid steps either side (linear).
-  assert sp[64]["band_hi"] - sp[64]["band_lo"] == pytest.approx(2 * 0.4, abs=1e-9)
-  # At width 128 the smallest width's best (2^-8) is two steps off: 0.05 * 4.
-  assert sp[128]["transfer_gap"] == pytest.approx(0.2)
-  slopes = {s["label"]: s for s in width.slope_rows(table)}
+  assert sp[64]["seeds"] == 2 and sp[64]["loss"] == pytest.approx(1.005)
+  # At width 128 the smallest width's best (2^-8) is two steps off: 0.05 * 4, seed 0.
+  assert sp[128]["transfer_loss"] == pytest.approx(0.2)
+  assert sp[128]["transfer_basis"] == "seed 0"
+  fits = width.slopes(rows)
+  slopes = {s["label"]: s for s in transfer.slope_rows(table, fits)}
   assert slopes["sp/standard"]["slope"] == pytest.approx(-1.0)
+  assert slopes["sp/standard"]["reading"] == "falls as 1/width"
   assert slopes["unit_scaled"]["slope"] == pytest.approx(0.0, abs=1e-9)
   assert slopes["mup"]["slope"] == pytest.approx(0.0, abs=1e-9)
-  assert slopes["unit_scaled"]["worst_transfer_gap"] == pytest.approx(0.0)
-
-
-def test_interpolation_and_band_edges():
-  assert width.interpolated_best({-9: 1.1, -8: 1.0, -7: 1.05})[1] == pytest.approx(
-      -8 + 0.5 * (1.1 - 1.05) / (1.1 - 2 + 1.05))
-  assert width.interpolated_best({-9: math.nan})[0] != width.interpolated_best({-9: math.nan})[0]
-  assert width.band({-9: 1.0, -8: math.nan}) == (-9, -9)  # a diverged neighbour: no extension
+  assert slopes["unit_scaled"]["worst_transfer_loss"] == pytest.approx(0.0)
 
 
 def test_cli_writes_tables_and_figures(sweep_dir, tmp_path):
@@ -66,6 +62,7 @@ def test_cli_writes_tables_and_figures(sweep_dir, tmp_path):
   assert names == {"width.csv", "width.md", "width_slopes.csv", "width_slopes.md",
                    "width_lr.png", "width_best.png", "width_transfer.png", "runs.csv"}
   assert "| sp/standard | 3 | -1.00 |" in open(tmp_path / "width_slopes.md").read()
+  assert "falls as 1/width" in open(tmp_path / "width_slopes.md").read()
 
 
 def test_depth_study_reads_num_layers(tmp_path_factory, tmp_path):
@@ -81,8 +78,12 @@ def test_depth_study_reads_num_layers(tmp_path_factory, tmp_path):
              loss)
   rows = width.read_rows(root, "depth")
   assert {r["label"] for r in rows} == {"sp/standard", "sp/standard+depth_alpha1"}
-  slopes = {s["label"]: s for s in width.slope_rows(width.table_rows(rows, "depth"), "depth")}
+  table = width.table_rows(rows, "depth")
+  assert {r["depth"] for r in table} == {1, 2, 4}
+  slopes = {s["label"]: s for s in transfer.slope_rows(table, width.slopes(rows, "depth"),
+                                                      "depth")}
   assert slopes["sp/standard"]["slope"] == pytest.approx(-1.0)
+  assert slopes["sp/standard"]["reading"] == "falls as 1/depth"
   assert slopes["sp/standard+depth_alpha1"]["slope"] == pytest.approx(0.0, abs=1e-9)
   assert slopes["sp/standard"]["depths"] == 3
   paths, _ = width.run_depth_cli(argparse.Namespace(workdirs=[root], out=str(tmp_path)))

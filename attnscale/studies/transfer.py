@@ -140,15 +140,17 @@ def labels_of(rows: Sequence[dict]) -> list[str]:
   return [k for k in LABELS if k in present] + sorted(present - set(LABELS))
 
 
-def widths_of(rows: Sequence[dict], label: str) -> list[int]:
-  return sorted({r["width"] for r in rows if r["label"] == label})
+def widths_of(rows: Sequence[dict], label: str, axis: str = "width") -> list[int]:
+  """The sizes of `label` on `axis` ("width"; the depth study: "depth")."""
+  return sorted({r[axis] for r in rows if r["label"] == label})
 
 
-def losses(rows: Sequence[dict], label: str, width: int) -> dict[float, dict[int, float]]:
-  """{log2 rate: {seed: final loss}} of one label and width (NaN: diverged)."""
+def losses(rows: Sequence[dict], label: str, width: int, axis: str = "width"
+           ) -> dict[float, dict[int, float]]:
+  """{log2 rate: {seed: final loss}} of one label and size (NaN: diverged)."""
   out: dict[float, dict[int, float]] = {}
   for r in rows:
-    if r["label"] == label and r["width"] == width:
+    if r["label"] == label and r[axis] == width:
       out.setdefault(math.log2(r["learning_rate"]), {})[r["seed"]] = r["final_train_loss"]
   return out
 
@@ -164,11 +166,12 @@ def best_rate(by_rate: Mapping[float, Mapping[int, float]]) -> tuple[float, floa
   return stats.parabola_vertex(seed_means(by_rate))
 
 
-def slopes(rows: Sequence[dict], seed: int = 0) -> dict[str, stats.Slope | None]:
-  """Per label, `stats.best_rate_slope` over its widths (None: < 2 widths with a best)."""
+def slopes(rows: Sequence[dict], seed: int = 0, axis: str = "width"
+           ) -> dict[str, stats.Slope | None]:
+  """Per label, `stats.best_rate_slope` over its sizes on `axis` (None: < 2 with a best)."""
   out = {}
   for label in labels_of(rows):
-    sweep = [(r["width"], math.log2(r["learning_rate"]), r["seed"], r["final_train_loss"])
+    sweep = [(r[axis], math.log2(r["learning_rate"]), r["seed"], r["final_train_loss"])
              for r in rows if r["label"] == label]
     try:
       out[label] = stats.best_rate_slope(sweep, seed=seed)
@@ -195,17 +198,18 @@ def _cell_rates(xs) -> str:
   return " ".join(reporting.power_of_two(2.0**x) for x in sorted(xs))
 
 
-def table_rows(rows: Sequence[dict], fits: Mapping[str, stats.Slope | None]) -> list[dict]:
-  """One row per label and width (transfer.md; the module docstring)."""
+def table_rows(rows: Sequence[dict], fits: Mapping[str, stats.Slope | None],
+               axis: str = "width") -> list[dict]:
+  """One row per label and size on `axis` (transfer.md; the module docstring)."""
   out = []
   for label in labels_of(rows):
-    widths = widths_of(rows, label)
-    ref, _ = best_rate(losses(rows, label, widths[0]))
+    widths = widths_of(rows, label, axis)
+    ref, _ = best_rate(losses(rows, label, widths[0], axis))
     fit = fits.get(label)
     for w in widths:
-      by_rate = losses(rows, label, w)
+      by_rate = losses(rows, label, w, axis)
       grid, interp = best_rate(by_rate)
-      row = {"label": label, "width": w, "rates": len(by_rate),
+      row = {"label": label, axis: w, "rates": len(by_rate),
              "best_lr": 2.0**grid if math.isfinite(grid) else math.nan, "best_log2_lr": grid,
              "interp_log2_lr": interp,
              "interp_lo": fit.best_lo.get(w, math.nan) if fit else math.nan,
@@ -219,7 +223,7 @@ def table_rows(rows: Sequence[dict], fits: Mapping[str, stats.Slope | None]) -> 
         band = stats.near_best_band(by_rate)
         at_best = by_rate[grid]
         loss = stats.mean_interval(at_best.values())
-        logits = [r["max_logit"] for r in rows if r["label"] == label and r["width"] == w
+        logits = [r["max_logit"] for r in rows if r["label"] == label and r[axis] == w
                   and math.log2(r["learning_rate"]) == grid]
         row.update(band=_cell_rates(band.rates), band_short=len(band.short),
                    seeds=len(at_best), loss=loss.mean, loss_lo=loss.lo, loss_hi=loss.hi,
@@ -239,24 +243,25 @@ def _covers(lo: float, hi: float, value: float) -> bool:
   return lo - TOL <= value <= hi + TOL
 
 
-def slope_rows(table: Sequence[dict], fits: Mapping[str, stats.Slope | None]) -> list[dict]:
-  """Per label: the best rate's slope on log2(width), its interval, what it covers."""
+def slope_rows(table: Sequence[dict], fits: Mapping[str, stats.Slope | None],
+               axis: str = "width") -> list[dict]:
+  """Per label: the best rate's slope on log2(size), its interval, what it covers."""
   out = []
   for label, fit in fits.items():
     gaps = [r["transfer_loss"] for r in table if r["label"] == label
             and math.isfinite(r["transfer_loss"])]
-    row = {"label": label, "widths": sum(r["label"] == label and math.isfinite(
+    row = {"label": label, f"{axis}s": sum(r["label"] == label and math.isfinite(
         r["interp_log2_lr"]) for r in table), "slope": math.nan, "lo": math.nan,
            "hi": math.nan, "resamples_used": 0, "covers_0": "-", "covers_minus_1": "-",
-           "reading": "fewer than 2 widths with a best",
+           "reading": f"fewer than 2 {axis}s with a best",
            "worst_transfer_loss": max(gaps) if gaps else math.nan}
     if fit is not None:
       zero, one = _covers(fit.lo, fit.hi, 0.0), _covers(fit.lo, fit.hi, -1.0)
       row.update(slope=fit.slope, lo=fit.lo, hi=fit.hi, resamples_used=fit.used,
                  covers_0="yes" if zero else "no", covers_minus_1="yes" if one else "no",
-                 reading={(True, False): "transfers", (False, True): "falls as 1/width",
+                 reading={(True, False): "transfers", (False, True): f"falls as 1/{axis}",
                           (True, True): "either: interval too wide",
-                          (False, False): "moves, not as 1/width"}[zero, one])
+                          (False, False): f"moves, not as 1/{axis}"}[zero, one])
     out.append(row)
   return out
 
@@ -349,19 +354,19 @@ def _panels(labels: Sequence[str], height: float = 3.6):
   return fig, axes
 
 
-def plot_lr(rows: Sequence[dict]):
-  """Loss against rate, a panel per label, a line per width: the mean of the seeds that
+def plot_lr(rows: Sequence[dict], axis: str = "width"):
+  """Loss against rate, a panel per label, a line per size: the mean of the seeds that
   finished, min-max bars; a rate where every seed diverged: an x on the top edge."""
   labels = labels_of(rows)
   fig, axes = _panels(labels)
   for ax, label in zip(axes, labels):
-    for i, w in enumerate(widths_of(rows, label)):
-      by_rate = losses(rows, label, w)
+    for i, w in enumerate(widths_of(rows, label, axis)):
+      by_rate = losses(rows, label, w, axis)
       xs = [x for x in sorted(by_rate) if any(map(math.isfinite, by_rate[x].values()))]
       finite = [[v for v in by_rate[x].values() if math.isfinite(v)] for x in xs]
       mean = np.array([np.mean(v) for v in finite])
       err = [mean - [min(v) for v in finite], [max(v) for v in finite] - mean]
-      ax.errorbar([2.0**x for x in xs], mean, yerr=err, capsize=2, label=f"width {w}",
+      ax.errorbar([2.0**x for x in xs], mean, yerr=err, capsize=2, label=f"{axis} {w}",
                   **reporting.style(i))
       diverged = [2.0**x for x in sorted(by_rate) if x not in xs]
       marks = ax.plot(diverged, [1.0] * len(diverged), "x", color=reporting.style(i)["color"],
@@ -375,14 +380,15 @@ def plot_lr(rows: Sequence[dict]):
   return fig
 
 
-def plot_best(table: Sequence[dict], fits: Mapping[str, stats.Slope | None]):
-  """Best rate against width per label: bootstrap bars, the fit, the slope interval."""
+def plot_best(table: Sequence[dict], fits: Mapping[str, stats.Slope | None],
+              axis: str = "width"):
+  """Best rate against size per label: bootstrap bars, the fit, the slope interval."""
   labels = list(fits)
   fig, axes = _panels(labels)
   for ax, label in zip(axes, labels):
     pts = [r for r in table if r["label"] == label and math.isfinite(r["interp_log2_lr"])]
     if pts:
-      w = np.array([r["width"] for r in pts], float)
+      w = np.array([r[axis] for r in pts], float)
       y = np.array([r["interp_log2_lr"] for r in pts])
       lo = np.array([r["interp_lo"] for r in pts])
       hi = np.array([r["interp_hi"] for r in pts])
@@ -391,7 +397,7 @@ def plot_best(table: Sequence[dict], fits: Mapping[str, stats.Slope | None]):
                   label="interpolated best, bootstrap 95%")
     fit = fits[label]
     if fit is not None:
-      x = np.log2([r["width"] for r in pts])
+      x = np.log2([r[axis] for r in pts])
       centre = (x.mean(), fit.slope * x.mean() + fit.intercept)
       for slope, style, name in ((fit.slope, "-", f"slope {fit.slope:+.2f}"),
                                  (fit.lo, "--", f"[{fit.lo:+.2f}, {fit.hi:+.2f}]"),
@@ -401,7 +407,7 @@ def plot_best(table: Sequence[dict], fits: Mapping[str, stats.Slope | None]):
     if pts:  # a log axis with nothing on it cannot be drawn
       ax.set_xscale("log", base=2)
       ax.set_yscale("log", base=2)
-    reporting.label_axes(ax, xlabel="width", ylabel="best learning rate", title=label)
+    reporting.label_axes(ax, xlabel=axis, ylabel="best learning rate", title=label)
     ax.legend(fontsize=7)
   return fig
 
