@@ -271,7 +271,9 @@ def test_batch_chunks_compute_the_whole_batchs_values_and_gradients(case, batch_
                                                                               grads_chunk))):
     assert a.shape == b.shape
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(loss_chunk, loss_whole, rtol=1e-6)
+  # The loss sums every output element in float32; chunking reorders that sum (2e-6
+  # relative on an AVX-512 host), so the same 1e-5 as the elements.
+  np.testing.assert_allclose(loss_chunk, loss_whole, rtol=1e-5)
 
 
 def test_cpu_batch_chunk_fits_the_cache_bidirectional_on_one_cpu_device():
