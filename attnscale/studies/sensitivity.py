@@ -12,7 +12,8 @@ its best up to 2^-2, two seeds) and writes:
   sensitivity_logits.md/csv  per label and rate: final loss and the largest
                              attention logit at the last logged step (seed 0)
   sensitivity_by_rate.md/csv per label: the final loss at each rate (mean over
-                             seeds; "+-" half-range; "div" where every seed diverged)
+                             seeds; "+-" the 95% t half-width; "div" where every seed
+                             diverged)
   sensitivity_loss.png       final loss against learning rate, one line per label
   sensitivity_logits.png     the largest attention logit against step at three
                              high rates, one line per label
@@ -24,7 +25,8 @@ large-scale Transformer training instabilities", arXiv 2309.14322, section 3.1):
 
 over the rates tried, L_0 the loss at initialisation (here ln V, a uniform
 prediction; a diverged run counts as L_0). Lower = less sensitive. Each seed's S
-is computed over its own runs; the table gives the mean and half-range.
+is computed over its own runs; the table gives the mean with its 95% t-interval over
+seeds and each label's S against standard's, paired by seed (`stats.compare`).
 
 The largest logit is what training logs every `log_every` steps
 (`train/attn/max_logit/layer_<i>` in metrics.jsonl: the largest scaled logit of
@@ -40,7 +42,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, sweep_results, sweeps
+from attnscale.experiments import reporting, stats, sweep_results, sweeps
 from attnscale.runtime import configlib
 from attnscale.studies import registry
 
@@ -85,15 +87,25 @@ def sensitivity(losses: Sequence[float], init_loss: float) -> float:
   return float(np.mean(capped) - min(capped)) if capped else math.nan
 
 
-def summary_rows(rows: Sequence[dict]) -> list[dict]:
-  """One row per label (see the module docstring), lowest sensitivity first."""
+def per_seed_sensitivity(rows: Sequence[dict], label: str) -> dict[int, float]:
+  """{seed: S} of one label, each seed's S over its own runs."""
+  runs = [r for r in rows if r["label"] == label]
+  init = math.log(runs[0]["vocab_size"])
+  return {s: sensitivity([r["final_train_loss"] for r in runs if r["seed"] == s], init)
+          for s in sorted({r["seed"] for r in runs})}
+
+
+def summary_rows(rows: Sequence[dict], baseline: str = "standard") -> list[dict]:
+  """One row per label (see the module docstring), lowest sensitivity first. S's
+  interval is the 95% t over seeds (`stats.mean_interval`); `vs_standard` compares
+  each label's per-seed S with `baseline`'s, paired by seed (`stats.compare`)."""
+  base = per_seed_sensitivity(rows, baseline) if any(
+      r["label"] == baseline for r in rows) else None
   out = []
   for label in sorted({r["label"] for r in rows}):
     runs = [r for r in rows if r["label"] == label]
-    init = math.log(runs[0]["vocab_size"])
-    seeds = sorted({r["seed"] for r in runs})
-    per_seed = [sensitivity([r["final_train_loss"] for r in runs if r["seed"] == s], init)
-                for s in seeds]
+    per_seed = per_seed_sensitivity(rows, label)
+    s_interval = stats.mean_interval(per_seed.values())
     by_rate: dict[float, list[float]] = {}
     for r in runs:
       by_rate.setdefault(r["learning_rate"], []).append(r["final_train_loss"])
@@ -106,15 +118,25 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
     top_logits = [r["logits"][-1][1] for r in runs if r["learning_rate"] == top and r["logits"]]
     worst_logit = max((v for r in runs for _, v in r["logits"]), default=math.nan)
     out.append({
-        "label": label, "rates": len(by_rate), "seeds": len(seeds),
+        "label": label, "rates": len(by_rate), "seeds": len(per_seed),
         "best_lr": best_lr, "best_loss": finite.get(best_lr, math.nan),
-        "sensitivity": float(np.mean(per_seed)),
-        "half_range": (max(per_seed) - min(per_seed)) / 2 if len(per_seed) > 1 else math.nan,
+        "sensitivity": s_interval.mean, "S_lo": s_interval.lo, "S_hi": s_interval.hi,
+        "vs_standard": ("baseline" if label == baseline else "" if base is None
+                        else stats.compare(base, per_seed).format()),
         "largest_trained_lr": max(trained) if trained else math.nan,
         "diverged_runs": sum(r["status"] == "diverged" for r in runs),
         "max_logit_at_top_lr": max(top_logits) if top_logits else math.nan,
         "max_logit_any_run": worst_logit})
   return sorted(out, key=lambda r: r["sensitivity"])
+
+
+def _plus_minus(values: Sequence[float], digits: int = 2) -> str:
+  """"mean +-h", h the 95% t half-width over `values` (the mean alone with one)."""
+  interval = stats.mean_interval(values)
+  text = f"{interval.mean:.{digits}f}"
+  if math.isfinite(interval.hi):
+    text += f" +-{interval.hi - interval.mean:.{digits}f}"
+  return text
 
 
 def logit_rows(rows: Sequence[dict]) -> list[dict]:
@@ -129,9 +151,9 @@ def logit_rows(rows: Sequence[dict]) -> list[dict]:
 
 
 def by_rate_rows(rows: Sequence[dict]) -> list[dict]:
-  """Per label (in `summary_rows`' order): the final loss at each rate, "mean +- half-range"
-  over the seeds that finished it (NaN for a diverged seed is kept out; "div" when
-  every seed diverged), and the label's S for reference."""
+  """Per label (in `summary_rows`' order): the final loss at each rate, "mean +-h" over
+  the seeds that finished it, h the 95% t half-width (NaN for a diverged seed is kept
+  out; "div" when every seed diverged), and the label's S the same way."""
   rates = sorted({r["learning_rate"] for r in rows})
   out = []
   for summary in summary_rows(rows):
@@ -140,12 +162,9 @@ def by_rate_rows(rows: Sequence[dict]) -> list[dict]:
     for lr in rates:
       v = [r["final_train_loss"] for r in rows if r["label"] == label and r["learning_rate"] == lr]
       finite = [x for x in v if math.isfinite(x)]
-      cell = "" if not v else "div" if not finite else f"{np.mean(finite):.2f}"
-      if len(finite) > 1:
-        cell += f" +-{(max(finite) - min(finite)) / 2:.2f}"
-      row[reporting.power_of_two(lr)] = cell
-    row["S"] = (f"{summary['sensitivity']:.2f}" + (f" +-{summary['half_range']:.2f}"
-                                                   if math.isfinite(summary["half_range"]) else ""))
+      row[reporting.power_of_two(lr)] = "" if not v else "div" if not finite else _plus_minus(
+          finite)
+    row["S"] = _plus_minus(list(per_seed_sensitivity(rows, label).values()))
     out.append(row)
   return out
 
@@ -199,7 +218,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   notes = [f"{len(rows)} finished runs ({args.workdirs[0]}); final training loss = mean of "
            "the last 20 steps; best_loss: mean over seeds at the best rate.",
            "sensitivity: Wortsman et al.'s mean over rates of min(L, L0) minus the best, "
-           "L0 = ln V (diverged = L0), per seed, mean and half-range over seeds.",
+           "L0 = ln V (diverged = L0), per seed; its mean and 95% t-interval over seeds "
+           "[S_lo, S_hi]; vs_standard: S minus standard's, paired by seed (stats.compare).",
            f"largest_trained_lr: the largest rate whose mean loss is within {TRAINED} nats of "
            "the best; "
            "max_logit_*: the largest attention logit logged in training (over layers), at "
@@ -218,9 +238,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
              "logged in the run (a diverged run stops at its NaN)."])
   paths += reporting.write_tables(
       by_rate_rows(rows), args.out, "sensitivity_by_rate",
-      title="Final training loss by learning rate (mean +- half-range over seeds)",
+      title="Final training loss by learning rate (mean +- 95% t half-width over seeds)",
       notes=["div: every seed diverged (NaN); S: the learning-rate sensitivity (mean +- "
-             "half-range over seeds), as in sensitivity.md."])
+             "its 95% t half-width over seeds), as in sensitivity.md."])
   paths.append(reporting.save_figure(plot_loss(rows), args.out, "sensitivity_loss"))
   paths.append(reporting.save_figure(plot_logits(rows), args.out, "sensitivity_logits"))
   path = os.path.join(args.out, "runs.csv")
