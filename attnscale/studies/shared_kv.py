@@ -167,8 +167,8 @@ def diagnostic_rows(rows: Sequence[dict], workdir: str, weights: str | None = No
 
 
 def plot(rows: Sequence[dict], diag: Sequence[dict]):
-  """Left: final loss against learning rate, one panel line per label. Right: the
-  value-alignment measures per label."""
+  """Left: final loss against learning rate, one line per label (the seed mean) and
+  a dot per seed. Right: the value-alignment measures per label (seed 0)."""
   fig = reporting.new_figure(15, 4.8)
   ax_lr, ax_al = fig.subplots(1, 2)
   by_label: dict[str, dict[float, list[float]]] = {}
@@ -181,9 +181,14 @@ def plot(rows: Sequence[dict], diag: Sequence[dict]):
     style = reporting.style(sorted({base_label(x) for x in by_label}).index(base_label(label)))
     style["ls"] = "--" if SHARED in label else ":" if CONTROL.search(label) else "-"
     ax_lr.plot(lrs, [np.nanmean(losses[lr]) for lr in lrs], label=label, **style)
+    # Every seed as a faint dot: the spread behind each mean.
+    seeds = [(lr, v) for lr in lrs for v in losses[lr] if np.isfinite(v)]
+    ax_lr.plot([lr for lr, _ in seeds], [v for _, v in seeds], ".", alpha=0.35,
+               color=style.get("color"), ms=5)
   ax_lr.set_xscale("log", base=2)
   reporting.label_axes(ax_lr, xlabel="learning rate", ylabel="final training loss",
-                       title="separate (solid), shared K/V (dashed), kv_heads=2 (dotted)")
+                       title="separate (solid), shared K/V (dashed), kv_heads=2 (dotted); "
+                             "dots: seeds")
   ax_lr.legend(fontsize=7)
   x = np.arange(len(diag))
   for j, name in enumerate(ALIGNMENT):
