@@ -32,6 +32,12 @@
 # the end of each log is printed. A machine without the project's pip dependencies
 # can be handed them as .gpu/site.tgz (a site-packages subset, unpacked onto
 # PYTHONPATH) and the data as .gpu/data.tgz (unpacked into ATTNSCALE_DATA).
+# For an image that has JAX, flax, optax and orbax but not the rest (2026-11-27's), made
+# from a Python 3.12 virtual environment of the project (.venv312):
+#   (cd .venv312/lib/python3.12/site-packages && tar -czf - array_record dm_tree-*.dist-info \
+#     tree docstring_parser google immutabledict importlib_resources ml_collections promise \
+#     simple_parsing tensorboardX tensorflow_datasets tensorflow_metadata termcolor toml) > .gpu/site.tgz
+#   (cd "$ATTNSCALE_DATA" && tar -czf - tinyshakespeare) > .gpu/data.tgz
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session}
