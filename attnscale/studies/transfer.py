@@ -447,6 +447,32 @@ def plot_logits(rows: Sequence[dict]):
   return fig
 
 
+def table_notes(rows: Sequence[dict], workdir: str, code: str, axis: str = "width",
+                logits: bool = True) -> list[str]:
+  """What the columns of `table_rows`' table mean, as notes under it (the transfer,
+  width and depth studies print the same)."""
+  return [f"{len(rows)} finished runs ({workdir}); {code}; every run: runs.csv. Final "
+          "training loss: the mean of the last 20 steps; rates 2^-e, log2 columns log2(rate).",
+          "best: the lowest seed mean (a rate where any seed diverged counts as diverged); "
+          "interp: the parabola vertex through it and its neighbours, interp_lo/hi its "
+          "bootstrap 95% over seeds; band: the rates not measurably worse "
+          "(stats.near_best_band), band_short: band rates with < 3 seeds (search unfinished).",
+          "loss [loss_lo, loss_hi]: mean and 95% t-interval over the seeds at the best"
+          + ("; max_logit: the largest attention logit of the last logged step (max over "
+             "layers), mean over those seeds." if logits else "."),
+          f"transfer_loss: the loss at the smallest {axis}'s best rate (transfer_lr) minus "
+          f"this {axis}'s own best; paired by seed with a 95% t-interval where both have "
+          ">= 2 seeds, else seed 0 alone (transfer_basis)."]
+
+
+def slope_note(axis: str = "width") -> str:
+  """What `slope_rows`' columns mean."""
+  return (f"slope: least squares of the interpolated log2 best rate on log2 {axis} "
+          "(stats.best_rate_slope); lo/hi: its bootstrap 95% interval over seeds (about "
+          f"90% with 3 seeds); covers_0: the rate transfers; covers_minus_1: it falls as "
+          f"1/{axis}; worst_transfer_loss: the most the smallest {axis}'s best rate costs.")
+
+
 def run_cli(args) -> tuple[list[str], list[str]]:
   """`python -m attnscale.studies transfer --out DIR --workdirs SWEEP_DIR`."""
   if len(args.workdirs) != 1:
@@ -461,18 +487,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   fits = slopes(rows, seed=getattr(args, "seed", 0))
   table = table_rows(rows, fits)
   sens = sensitivity_rows(rows)
-  notes = [f"{len(rows)} finished runs ({workdir}); {code}; every run: runs.csv. Final "
-           "training loss: the mean of the last 20 steps; rates 2^-e, log2 columns log2(rate).",
-           "best: the lowest seed mean (a rate where any seed diverged counts as diverged); "
-           "interp: the parabola vertex through it and its neighbours, interp_lo/hi its "
-           "bootstrap 95% over seeds; band: the rates not measurably worse "
-           "(stats.near_best_band), band_short: band rates with < 3 seeds (search unfinished).",
-           "loss [loss_lo, loss_hi]: mean and 95% t-interval over the seeds at the best; "
-           "max_logit: the largest attention logit of the last logged step (max over layers), "
-           "mean over those seeds.",
-           "transfer_loss: the loss at the smallest width's best rate (transfer_lr) minus this "
-           "width's own best; paired by seed with a 95% t-interval where both have >= 2 "
-           "seeds, else seed 0 alone (transfer_basis)."]
+  notes = table_notes(rows, workdir, code)
   formats = {"best_lr": reporting.power_of_two, "transfer_lr": reporting.power_of_two,
              "learning_rate": reporting.power_of_two}
   paths = reporting.write_tables(table, args.out, "transfer", notes=notes, floats=".3f",
@@ -480,11 +495,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   paths += reporting.write_tables(
       slope_rows(table, fits), args.out, "transfer_slopes", floats=".2f",
       title="Best learning rate against width: slopes",
-      notes=["slope: least squares of the interpolated log2 best rate on log2 width "
-             "(stats.best_rate_slope); lo/hi: its bootstrap 95% interval over seeds (about "
-             "90% with 3 seeds); covers_0: the rate transfers; covers_minus_1: it falls as "
-             "1/width; worst_transfer_loss: the most the smallest width's best rate costs.",
-             code])
+      notes=[slope_note(), code])
   paths += reporting.write_tables(
       sens, args.out, "transfer_sensitivity", floats=".3f",
       title="Learning-rate sensitivity against width",

@@ -105,28 +105,14 @@ def run_cli(args, axis: str = "width") -> tuple[list[str], list[str]]:
   fits = slopes(rows, axis)
   table = transfer.table_rows(rows, fits, axis)
   code = registry.code_note(rows, args, axis)
-  notes = [f"{len(rows)} finished runs ({args.workdirs[0]}); {code}; every run: runs.csv. "
-           "Final training loss: the mean of the last 20 steps; rates 2^-e, log2 columns "
-           "log2(rate).",
-           "best: the lowest seed mean (a rate where any seed diverged counts as diverged); "
-           "interp: the parabola vertex through it and its neighbours, interp_lo/hi its "
-           "bootstrap 95% over seeds; band: the rates not measurably worse "
-           "(stats.near_best_band), band_short: band rates with < 3 seeds.",
-           "loss [loss_lo, loss_hi]: mean and 95% t-interval over the seeds at the best.",
-           f"transfer_loss: the loss at the smallest {axis}'s best rate (transfer_lr) minus "
-           f"this {axis}'s own best; paired by seed with a 95% t-interval where both have "
-           ">= 2 seeds, else seed 0 alone (transfer_basis)."]
+  notes = transfer.table_notes(rows, args.workdirs[0], code, axis, logits=False)
   formats = {"best_lr": reporting.power_of_two, "transfer_lr": reporting.power_of_two}
   paths = reporting.write_tables(table, args.out, axis, title=f"{axis.capitalize()} study",
                                  notes=notes, floats=".3f", formats=formats)
   paths += reporting.write_tables(
       transfer.slope_rows(table, fits, axis), args.out, f"{axis}_slopes", floats=".2f",
       title=f"Best learning rate against {axis}: slopes",
-      notes=[f"slope: least squares of the interpolated log2 best rate on log2 {axis} "
-             "(stats.best_rate_slope); lo/hi: its bootstrap 95% interval over seeds (about "
-             f"90% with 3 seeds); covers_0: the rate transfers; covers_minus_1: it falls as "
-             f"1/{axis}; worst_transfer_loss: the most the smallest {axis}'s best rate costs.",
-             code])
+      notes=[transfer.slope_note(axis), code])
   paths.append(reporting.save_figure(transfer.plot_lr(rows, axis), args.out, f"{axis}_lr"))
   paths.append(reporting.save_figure(transfer.plot_best(table, fits, axis), args.out,
                                      f"{axis}_best"))
