@@ -115,8 +115,10 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
                       spectral-norm width rule: the update's RMS->RMS norm is 1)
 
   then decayed (decoupled, W x weight_decay, as Moonlight) and multiplied by the
-  schedule's learning rate. Both rules read the shape, so the learning rate transfers
-  across width without a muP multiplier. Built from optax.contrib's pieces with
+  schedule's learning rate. Both rules read the shape (no muP multiplier on top);
+  whether the best learning rate then transfers across width is measured, not
+  assumed, in docs/experiments/transfer.md (under `moonlight` it falls, while the
+  loss stays flat over several octaves). Built from optax.contrib's pieces with
   `optax.partition` (not `optax.contrib.muon`, whose Adam branch is Nesterov and
   shares Muon's epsilon): the non-matrix branch is exactly the run's Adam(W). The
   opt_state layout depends on the parameters' shapes only, not on the traced
