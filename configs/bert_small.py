@@ -80,6 +80,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # muon: its update's scale by shape: moonlight (RMS 0.2 sqrt(max(fan_in, fan_out)), one LR
   # with AdamW's) | modded_nanogpt (sqrt(max(1, fan_out/fan_in)))
   c.muon_lr_rule = "moonlight"
+  # muon: the Adam(W) branch's rate (embeddings, readout, gains) as a multiple of
+  # learning_rate (Moonlight and Kimi: 1, one rate; modded-nanogpt tunes it apart)
+  c.muon_adam_lr_mult = 1.0
   c.learning_rate = 5e-4  # peak learning rate
   c.lr_schedule = "cosine"  # cosine (to min_learning_rate) | constant
   c.warmup_steps = 500  # linear warm-up from 0 (post-LN needs one)

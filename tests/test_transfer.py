@@ -140,6 +140,39 @@ def test_muon_one_step_is_its_definition(tfds_dir, rule, factor):
                                rtol=1e-5)
 
 
+def test_muon_adam_lr_mult_scales_only_the_adam_branch(tfds_dir):
+  """muon_adam_lr_mult = 0.25: the non-matrix leaves' first step is a quarter of
+  Adam's, the hidden matrix's is Muon's as at 1; the label says so."""
+  kwargs = dict(optimizer="muon", lr_schedule="constant", warmup_steps=0, grad_clip=0.0,
+                weight_decay=0.0)
+  rng = np.random.default_rng(0)
+  params = {"blocks": [{"up": {"kernel": jnp.zeros((4, 8))}}], "embed": jnp.zeros((3, 4)),
+            "scale": jnp.zeros((4,))}
+  grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+  steps = {}
+  for mult in (1.0, 0.25):
+    config = make_config(tfds_dir, "preset=test", muon_adam_lr_mult=mult, **kwargs)
+    configlib.validate(config)
+    tx = ts.make_optimizer(config)
+    steps[mult] = tx.update(grads, tx.init(params), params)[0]
+  np.testing.assert_array_equal(steps[0.25]["blocks"][0]["up"]["kernel"],
+                                steps[1.0]["blocks"][0]["up"]["kernel"])
+  for name in ("embed", "scale"):
+    np.testing.assert_allclose(steps[0.25][name], 0.25 * steps[1.0][name], rtol=1e-6)
+  assert configlib.run_label(make_config(tfds_dir, "preset=test", muon_adam_lr_mult=0.25,
+                                         **kwargs)) == "standard+muon+adam_lr0.25"
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"optimizer": "adamw", "muon_adam_lr_mult": 0.5}, "needs config.optimizer='muon'"),
+    ({"optimizer": "muon", "muon_adam_lr_mult": 0.0}, "config.muon_adam_lr_mult must be > 0"),
+])
+def test_muon_adam_lr_mult_refusals_are_one_line(tfds_dir, overrides, match):
+  with pytest.raises(ValueError, match=match) as info:
+    configlib.validate(make_config(tfds_dir, "preset=test", **overrides))
+  assert "\n" not in str(info.value)
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("arg, overrides, label", [
     ("preset=test,scaling=qk_rmsnorm", {"model.parameterization": "mup"}, "qk_rmsnorm+mup"),

@@ -166,7 +166,8 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 # an older run (`migrate` fills them in, and model fields from ModelConfig's
 # defaults, so an old config.json loads and resumes).
 ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0,
-                                "muon_lr_rule": "moonlight", "grad_accum_steps": 1}
+                                "muon_lr_rule": "moonlight", "grad_accum_steps": 1,
+                                "muon_adam_lr_mult": 1.0}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -269,6 +270,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   if config.get("optimizer") == "muon":  # the optimizer decides what transfers across width
     rule = config.get("muon_lr_rule", "moonlight")
     label += "+muon" + ("" if rule == "moonlight" else f"_{rule}")
+    if config.get("muon_adam_lr_mult", 1.0) != 1:
+      label += f"+adam_lr{config.muon_adam_lr_mult:g}"
   return label
 
 
@@ -341,6 +344,12 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
                      f"model.parameterization='sp' (Muon's shape rule is its own width rule, "
                      f"and it finds the matrices by the Dense kernels), got "
                      f"{cfg.variant!r} and {cfg.parameterization!r}")
+  adam_mult = config.get("muon_adam_lr_mult", 1.0)
+  check_positive("config.muon_adam_lr_mult", adam_mult)
+  if adam_mult != 1 and config.optimizer != "muon":
+    raise ValueError(f"config.muon_adam_lr_mult={adam_mult:g} scales the rate of Muon's "
+                     f"Adam(W) branch and needs config.optimizer='muon' (got "
+                     f"{config.optimizer!r}); leave it at 1")
   check_positive("config.qk_clip", config.get("qk_clip", 0.0), allow_zero=True)
   if config.get("qk_clip", 0.0):
     from attnscale.models import base  # the model layer's rule of what QK-clip can scale
