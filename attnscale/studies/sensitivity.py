@@ -181,11 +181,16 @@ def plot_loss(rows: Sequence[dict]):
         by_rate.setdefault(r["learning_rate"], []).append(min(v, init) if math.isfinite(v)
                                                            else init)
     lrs = sorted(by_rate)
-    ax.plot(lrs, [np.mean(by_rate[lr]) for lr in lrs], label=label, **reporting.style(i))
+    mean = np.array([np.mean(by_rate[lr]) for lr in lrs])
+    err = [mean - [min(by_rate[lr]) for lr in lrs], [max(by_rate[lr]) for lr in lrs] - mean]
+    # Each label a little to the side (2^(+-0.1) at most) so that the bars stay apart.
+    shift = 2.0 ** (0.025 * (i - 3.5))
+    ax.errorbar([lr * shift for lr in lrs], mean, yerr=err, capsize=2, label=label,
+                **reporting.style(i))
   ax.axhline(init, color="k", ls=":", lw=1, label="loss at init (ln V); diverged")
   ax.set_xscale("log", base=2)
   reporting.label_axes(ax, xlabel="learning rate", ylabel="final training loss, min(L, L0)",
-                       title="Learning-rate sensitivity (mean over seeds)")
+                       title="Learning-rate sensitivity (mean over seeds, min-max bars)")
   ax.legend(fontsize=7)
   return fig
 
