@@ -201,14 +201,20 @@ def plot_logits(rows: Sequence[dict], rates: Sequence[float] = HIGH_RATES):
   labels = sorted({r["label"] for r in rows})
   for ax, lr in zip(axes, rates):
     for i, label in enumerate(labels):
-      run = next((r for r in rows if r["label"] == label and r["learning_rate"] == lr
-                  and r["seed"] == 0 and r["logits"]), None)
-      if run is not None:
+      runs = sorted((r for r in rows if r["label"] == label and r["learning_rate"] == lr
+                     and r["logits"]), key=lambda r: r["seed"])
+      for j, run in enumerate(runs):  # the first seed drawn in full, the others faint
         steps, values = zip(*run["logits"])
-        ax.plot(steps, values, label=label, **reporting.style(i))
+        style = reporting.style(i) | ({} if j == 0 else {"marker": None, "lw": 0.8,
+                                                          "alpha": 0.35})
+        ax.plot(steps, values, label=None if j else label, **style)
     ax.set_yscale("log")
     reporting.label_axes(ax, xlabel="step", ylabel="largest attention logit (over layers)",
-                         title=f"learning rate {reporting.power_of_two(lr)}")
+                         title=f"learning rate {reporting.power_of_two(lr)} "
+                         "(seed 0; faint: the others)")
+  for ax in axes[1:]:  # one legend, on the first panel
+    if ax.get_legend() is not None:
+      ax.get_legend().remove()
   axes[0].legend(fontsize=7)
   return fig
 
