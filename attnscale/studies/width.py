@@ -36,6 +36,8 @@ import json
 import os
 from collections.abc import Sequence
 
+import numpy as np
+
 from attnscale.experiments import reporting, sweep_results, sweeps
 from attnscale.studies import registry, transfer
 
@@ -85,12 +87,18 @@ def plot_transfer(table: Sequence[dict], axis: str = "width"):
   ax = fig.subplots()
   for i, label in enumerate(sorted({r["label"] for r in table})):
     pts = [r for r in table if r["label"] == label]
-    ax.plot([r[axis] for r in pts], [r["transfer_loss"] for r in pts], label=label,
-            **reporting.style(i))
+    loss = np.array([r["transfer_loss"] for r in pts], float)
+    # The paired 95% t-interval where both rates have seeds (else seed 0 alone: no bar).
+    lo = np.array([r.get("transfer_lo", np.nan) for r in pts], float)
+    hi = np.array([r.get("transfer_hi", np.nan) for r in pts], float)
+    err = np.nan_to_num([loss - lo, hi - loss])
+    ax.errorbar([r[axis] for r in pts], loss, yerr=err, capsize=2, label=label,
+                **reporting.style(i))
   ax.set_xscale("log", base=2)
   ax.axhline(0, color="k", lw=0.8)
   reporting.label_axes(ax, xlabel=axis, ylabel=f"loss at the smallest {axis}'s best rate "
-                       "minus own best", title="Tune small, train big: what it costs")
+                       "minus own best", title="Tune small, train big: what it costs "
+                       "(bars: paired 95% t where seeded)")
   ax.legend(fontsize=8)
   return fig
 
