@@ -4,7 +4,7 @@ logits bounded and the loss finite as the learning rate grows?
     python -m attnscale.studies sensitivity --out DIR --workdirs runs/sensitivity
 
 Reads the `sensitivity` sweep (configs/sweeps.py: each label from two rates below
-its best up to 2^-2, two seeds) and writes:
+its best up to 2^-2, three seeds at every rate) and writes:
 
   sensitivity.md/csv         per label: best rate and loss, Wortsman et al.'s
                              learning-rate sensitivity, the rates that trained, the
@@ -15,8 +15,9 @@ its best up to 2^-2, two seeds) and writes:
                              seeds; "+-" the 95% t half-width; "div" where every seed
                              diverged)
   sensitivity_loss.png       final loss against learning rate, one line per label
+                             (seed mean, min-max bars)
   sensitivity_logits.png     the largest attention logit against step at three
-                             high rates, one line per label
+                             high rates, one line per label and seed
 
 Learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for
 large-scale Transformer training instabilities", arXiv 2309.14322, section 3.1):
@@ -130,13 +131,10 @@ def summary_rows(rows: Sequence[dict], baseline: str = "standard") -> list[dict]
   return sorted(out, key=lambda r: r["sensitivity"])
 
 
-def _plus_minus(values: Sequence[float], digits: int = 2) -> str:
-  """"mean +-h", h the 95% t half-width over `values` (the mean alone with one)."""
-  interval = stats.mean_interval(values)
-  text = f"{interval.mean:.{digits}f}"
-  if math.isfinite(interval.hi):
-    text += f" +-{interval.hi - interval.mean:.{digits}f}"
-  return text
+def _plus_minus(mean: float, hi: float, digits: int = 2) -> str:
+  """"mean +-h", h = hi - mean the 95% t half-width (the mean alone where hi is NaN:
+  one value)."""
+  return f"{mean:.{digits}f}" + (f" +-{hi - mean:.{digits}f}" if math.isfinite(hi) else "")
 
 
 def logit_rows(rows: Sequence[dict]) -> list[dict]:
@@ -162,9 +160,10 @@ def by_rate_rows(rows: Sequence[dict]) -> list[dict]:
     for lr in rates:
       v = [r["final_train_loss"] for r in rows if r["label"] == label and r["learning_rate"] == lr]
       finite = [x for x in v if math.isfinite(x)]
-      row[reporting.power_of_two(lr)] = "" if not v else "div" if not finite else _plus_minus(
-          finite)
-    row["S"] = _plus_minus(list(per_seed_sensitivity(rows, label).values()))
+      cell = stats.mean_interval(finite) if finite else None
+      row[reporting.power_of_two(lr)] = ("" if not v else "div" if cell is None
+                                         else _plus_minus(cell.mean, cell.hi))
+    row["S"] = _plus_minus(summary["sensitivity"], summary["S_hi"])  # summary_rows' S
     out.append(row)
   return out
 

@@ -89,8 +89,8 @@ def plot_transfer(table: Sequence[dict], axis: str = "width"):
     pts = [r for r in table if r["label"] == label]
     loss = np.array([r["transfer_loss"] for r in pts], float)
     # The paired 95% t-interval where both rates have seeds (else seed 0 alone: no bar).
-    lo = np.array([r.get("transfer_lo", np.nan) for r in pts], float)
-    hi = np.array([r.get("transfer_hi", np.nan) for r in pts], float)
+    lo = np.array([r["transfer_lo"] for r in pts], float)
+    hi = np.array([r["transfer_hi"] for r in pts], float)
     err = np.nan_to_num([loss - lo, hi - loss])
     ax.errorbar([r[axis] for r in pts], loss, yerr=err, capsize=2, label=label,
                 **reporting.style(i))
