@@ -5,8 +5,9 @@ to it?
     python -m attnscale.studies transfer --out DIR --workdirs runs/transfer
 
 Reads the `transfer` sweep (configs/sweeps.py: {sp + Adam, muP + Adam, sp + Muon} x
-attention {standard, qk_rmsnorm, cosine}, u-muP and sp + Muon + QK-clip, at widths
-32 ... 256; each label and width its own staged search under the study protocol, 3
+attention {standard, qk_rmsnorm, cosine}, u-muP, sp + Muon + QK-clip, and two
+controls, sp + Adam with 1/d attention and the unit-scaled model at one Adam rate, at
+widths 32 ... 256; each label and width its own staged search under the study protocol, 3
 seeds at every near-best rate, and every width at the smallest width's best rate,
 seed 0) and writes:
 
@@ -82,7 +83,8 @@ from attnscale.studies.sensitivity import sensitivity
 
 # The sweep's labels (configs/sweeps.py TRANSFER_LABELS), in its order.
 LABELS = tuple(f"{p}_{o}_{a}" for p, o in (("sp", "adam"), ("mup", "adam"), ("sp", "muon"))
-               for a in ("standard", "qk_rmsnorm", "cosine")) + ("umup", "sp_muon_qk_clip")
+               for a in ("standard", "qk_rmsnorm", "cosine")) + (
+                   "umup", "sp_muon_qk_clip", "sp_adam_inverse_d", "sp_adam_unit_scaled")
 QK_CLIP = 50.0  # the sweep's tau, which its label leaves unsaid
 TOL = 1e-9  # log2 rate: an interval "covers" a slope up to float round-off
 WINDOW = 2  # octaves each side of the best that S averages over (configs/sweeps.py's window)
@@ -91,7 +93,8 @@ WINDOW = 2  # octaves each side of the best that S averages over (configs/sweeps
 def transfer_label(config: Mapping) -> str:
   """The sweep's label of a run, from its config.json (`LABELS`).
 
-  "{parameterization}_{adam|muon}_{scaling}" ("mup_adam_cosine"); "umup" for u-muP
+  "{parameterization}_{adam|muon}_{scaling}" ("mup_adam_cosine"; the unit-scaled
+  model, fully scaled attention in the unit variant, is "unit_scaled"); "umup" for u-muP
   (u-muP's attention and residual rule; "umup_<scaling>_<residual>" otherwise);
   QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
   "_standard". Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
@@ -109,7 +112,10 @@ def transfer_label(config: Mapping) -> str:
     label = ("umup" if (scaling, residual) == ("umup", "rule") else
              f"umup_{scaling}_{residual}") + ("_muon" if optimizer == "muon" else "")
   else:
-    label = f"{param}_{optimizer}_{scaling}"
+    unit_scaled = (model.get("variant") == "unit" and scaling == "fully_scaled"
+                   and model.get("unit", {}).get("attn_residual") == "relative")
+    name = "unit_scaled" if unit_scaled else scaling
+    label = f"{param}_{optimizer}_{name}"
   if clip:
     label = label.removesuffix("_standard") + ("_qk_clip" if clip == QK_CLIP
                                                else f"_qk_clip{clip:g}")
