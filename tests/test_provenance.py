@@ -15,7 +15,7 @@ from attnscale.experiments import sweep_results, sweeps
 from attnscale.runtime import provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KEYS = {"commit", "dirty", "jax", "jaxlib", "python", "device_kind", "device_count",
+KEYS = {"commit", "dirty", "dirty_paths", "jax", "jaxlib", "python", "device_kind", "device_count",
         "process_count", "backend", "platform", "cpu", "cpu_isa", "argv", "hostname",
         "time_utc", "code"}
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
@@ -40,8 +40,15 @@ def test_git_state_commit_and_dirty(tmp_path):
   (repo / "runs" / "sweep").mkdir(parents=True)  # run directories are not code
   (repo / "runs" / "sweep" / "metrics.jsonl").write_text("{}\n")
   assert provenance.git_state(str(repo), tracked) == (head, False)
+  # Neither are pages nor archived results, added or moved aside.
+  (repo / "docs" / "results" / "study").mkdir(parents=True)
+  (repo / "docs" / "results" / "study" / "runs.csv").write_text("label\n")
+  (repo / "NOTES.md").write_text("")
+  assert provenance.git_state(str(repo), tracked) == (head, False)
+  assert provenance.dirty_paths(str(repo), tracked) == (head, [])
   (repo / "new.py").write_text("")  # an untracked module could be imported
   assert provenance.git_state(str(repo), tracked) == (head, True)
+  assert provenance.dirty_paths(str(repo), tracked) == (head, ["new.py"])
   (repo / "new.py").unlink()
   (repo / "code.py").write_text("x = 2\n")
   assert provenance.git_state(str(repo), tracked) == (head, True)
@@ -76,6 +83,7 @@ def test_write_records_this_checkouts_commit(tmp_path):
     pytest.skip("not run from a git checkout of attnscale")
   entry = provenance.write(str(tmp_path))
   assert entry["commit"] == head.stdout.strip() and isinstance(entry["dirty"], bool)
+  assert entry["dirty"] == bool(entry["dirty_paths"])  # the paths that make it dirty
 
 
 def test_only_process_0_writes_and_an_unreadable_file_is_kept(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ A result is only as good as knowing what produced it. The training loop calls
 `write(workdir)` once per start, so a run that was resumed (perhaps after a
 code change) keeps one record per segment:
 
-    [{"commit": "8f57eff...", "dirty": false, "jax": "0.10.2", "jaxlib": "0.10.2",
+    [{"commit": "8f57eff...", "dirty": false, "dirty_paths": [], "jax": "0.10.2", "jaxlib": "0.10.2",
       "python": "3.11.9", "device_kind": "cpu", "device_count": 1, "process_count": 1,
       "backend": "cpu", "platform": "Linux-6.8...-x86_64", "cpu": "AMD EPYC",
       "cpu_isa": "avx2", "argv": ["train.py", ...],
@@ -14,8 +14,12 @@ code change) keeps one record per segment:
 
 The commit is that of the git checkout attnscale was imported from ("unknown"
 when git is missing or the code is not in a checkout: an installed wheel);
-"dirty" is whether `git status --porcelain` lists anything outside runs/ (where
-sweeps keep their run directories), so uncommitted edits are on record.
+"dirty" is whether `git status --porcelain` lists anything that could change what
+runs: anything but run directories (runs/, where sweeps keep them), the docs
+(docs/, where results are archived) and Markdown files, so uncommitted edits are on
+record and a moved results folder or an edited page is not. "dirty_paths" names
+them (the first MAX_PATHS), so that a reader can tell an edited module from a
+stray file.
 `read(run_dir)` returns the records, `commit_of(run_dir)` the one string a
 results table keeps.
 
@@ -47,7 +51,12 @@ FILE = "provenance.json"
 UNKNOWN = "unknown"
 # The package's parent: a checkout's root when attnscale is not installed as a wheel.
 CODE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-IGNORED = ("runs/",)  # run directories in the checkout are not code changes
+# Run directories, archived results and pages in the checkout are not code changes:
+# a lent machine gets the tree with other studies' results moved aside, and a
+# sweep's archive grows under docs/results while it runs.
+IGNORED = ("runs/", "docs/")
+IGNORED_SUFFIXES = (".md",)
+MAX_PATHS = 20
 
 
 def _git(*args: str, cwd: str = CODE) -> str | None:
@@ -65,8 +74,16 @@ def git_state(cwd: str = CODE, tracked: str = os.path.abspath(__file__)
   in one that does not track the file `tracked` (this module: the code that runs).
 
   Dirty: `git status --porcelain` lists a tracked change or an untracked file
-  outside IGNORED (paths relative to the checkout's root).
+  outside IGNORED and not ending in IGNORED_SUFFIXES (`dirty_paths`).
   """
+  commit, paths = dirty_paths(cwd, tracked)
+  return commit, None if paths is None else bool(paths)
+
+
+def dirty_paths(cwd: str = CODE, tracked: str = os.path.abspath(__file__)
+                ) -> tuple[str, list[str] | None]:
+  """(commit, the changed paths that count as code: `git_state`'s rule), paths
+  relative to the checkout's root; None where git cannot say."""
   commit = _git("rev-parse", "HEAD", cwd=cwd)
   # The checkout must be this code's: a wheel installed in a venv inside some other
   # checkout would otherwise report that checkout's commit.
@@ -76,9 +93,12 @@ def git_state(cwd: str = CODE, tracked: str = os.path.abspath(__file__)
   status = _git("status", "--porcelain", cwd=cwd)
   if status is None:
     return commit.strip(), None
-  # A porcelain line is "XY path" (or "XY old -> new"); quoted when unusual.
-  paths = [line[3:].strip('"') for line in status.splitlines() if line.strip()]
-  return commit.strip(), any(not p.startswith(IGNORED) for p in paths)
+  # A porcelain line is "XY path" (or "XY old -> new": both sides count); quoted
+  # when unusual.
+  paths = [p.strip('"') for line in status.splitlines() if line.strip()
+           for p in line[3:].split(" -> ")]
+  return commit.strip(), [p for p in dict.fromkeys(paths)
+                          if not p.startswith(IGNORED) and not p.endswith(IGNORED_SUFFIXES)]
 
 
 def host_cpu() -> tuple[str, str]:
@@ -110,11 +130,14 @@ def record() -> dict:
     jaxlib_version = jaxlib.__version__
   except (ImportError, AttributeError):
     jaxlib_version = UNKNOWN
-  commit, dirty = git_state()
+  commit, paths = dirty_paths()
   devices = jax.devices()
   cpu, cpu_isa = host_cpu()
   return {
-      "commit": commit, "dirty": dirty, "jax": jax.__version__, "jaxlib": jaxlib_version,
+      "commit": commit, "dirty": None if paths is None else bool(paths),
+      "dirty_paths": None if paths is None else paths[:MAX_PATHS] + (
+          [f"... and {len(paths) - MAX_PATHS} more"] if len(paths) > MAX_PATHS else []),
+      "jax": jax.__version__, "jaxlib": jaxlib_version,
       "python": platform.python_version(),
       "device_kind": devices[0].device_kind if devices else UNKNOWN,
       "device_count": jax.device_count(), "process_count": jax.process_count(),
