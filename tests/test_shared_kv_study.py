@@ -27,7 +27,8 @@ def sweep_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_table_diagnostics_and_parameter_counts(sweep_dir, tmp_path):
-  args = argparse.Namespace(workdirs=[str(sweep_dir)], out=str(tmp_path), weights=None)
+  args = argparse.Namespace(workdirs=[str(sweep_dir)], out=str(tmp_path), weights=None,
+                            no_diagnostics=False)
   paths, _ = shared_kv.run_cli(args)
   assert {os.path.basename(p) for p in paths} >= {"shared_kv.md", "shared_kv_diag.md",
                                                    "shared_kv.png"}
@@ -59,3 +60,9 @@ def test_an_archive_reads_its_weights_from_elsewhere(sweep_dir, tmp_path):
   diag = shared_kv.diagnostic_rows(rows, str(raw), weights=str(sweep_dir))
   again = shared_kv.diagnostic_rows(shared_kv.sweeps.collect(str(sweep_dir)), str(sweep_dir))
   assert diag == again
+  # --no_diagnostics: the tables from the records alone, the same as with the weights.
+  args = argparse.Namespace(workdirs=[str(raw)], out=str(tmp_path / "records"), weights=None,
+                            no_diagnostics=True)
+  paths, _ = shared_kv.run_cli(args)
+  names = {os.path.basename(p) for p in paths}
+  assert "shared_kv.md" in names and not names & {"shared_kv_diag.md", "shared_kv.png"}

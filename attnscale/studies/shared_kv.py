@@ -209,7 +209,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   workdir = args.workdirs[0]
   rows = [r for r in sweeps.collect(workdir) if r["status"] != "new"]
   table = comparison_rows(rows, workdir)
-  diag = diagnostic_rows(rows, workdir, args.weights)
+  # The diagnostics restore the best runs' weights, which an archive does not keep.
+  diag = None if args.no_diagnostics else diagnostic_rows(rows, workdir, args.weights)
   notes = [f"{len(rows)} runs of the shared_kv sweep ({workdir}); final training loss = mean "
            "of the last 20 steps, mean ± s.e. over seeds at each label's best rate.",
            "vs_separate: minus the same scaling with separate projections; verdict: its "
@@ -227,13 +228,15 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   paths = reporting.write_tables(table, args.out, "shared_kv",
                                  title="Shared keys and values against separate", notes=notes,
                                  **fmt)
-  paths += reporting.write_tables(
-      diag, args.out, "shared_kv_diag", title="Attention diagnostics of the best runs (seed 0)",
-      notes=["First validation batch; entropy and sink rate: means over layers and heads; "
-             "max_logit: the largest; self_weight, corr_qv, corr_vv: "
-             "attnscale.evaluation.diagnostics.value_alignment, means over layers and heads "
-             "(per_layer_corr_qv: per layer)."], floats=".3f")
-  paths.append(reporting.save_figure(plot(rows, diag), args.out, "shared_kv"))
+  if diag is not None:
+    paths += reporting.write_tables(
+        diag, args.out, "shared_kv_diag",
+        title="Attention diagnostics of the best runs (seed 0)",
+        notes=["First validation batch; entropy and sink rate: means over layers and heads; "
+               "max_logit: the largest; self_weight, corr_qv, corr_vv: "
+               "attnscale.evaluation.diagnostics.value_alignment, means over layers and "
+               "heads (per_layer_corr_qv: per layer)."], floats=".3f")
+    paths.append(reporting.save_figure(plot(rows, diag), args.out, "shared_kv"))
   sweep_results.write_results(rows, os.path.join(args.out, "sweep"), title="shared_kv sweep")
   path = os.path.join(args.out, "runs.csv")
   sweep_results.write_runs_csv(rows, path)
@@ -249,10 +252,13 @@ def run_cli(args) -> tuple[list[str], list[str]]:
 
 
 def arguments(p) -> None:
-  p.add_argument_group("shared_kv").add_argument(
-      "--weights", default=None,
-      help="shared_kv: where the seed-0 best runs' weights are when the sweep's workdir is "
-           "an archive of records (sweep.py --retrain_best_to=DIR)")
+  g = p.add_argument_group("shared_kv")
+  g.add_argument("--weights", default=None,
+                 help="shared_kv: where the seed-0 best runs' weights are when the sweep's "
+                      "workdir is an archive of records (sweep.py --retrain_best_to=DIR)")
+  g.add_argument("--no_diagnostics", action="store_true",
+                 help="shared_kv: the tables from the runs' records alone, without the "
+                      "diagnostics table and the figure (which need the best runs' weights)")
 
 
 # Reads the shared_kv sweeps' layout: only when asked for.
