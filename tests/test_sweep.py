@@ -1,6 +1,7 @@
 """Sweeps: points as data, ordinary train.py runs, skip/resume, the results table."""
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -84,9 +85,24 @@ def test_archived_runs_read_as_done_without_weights(tmp_path):
   assert sweeps.status(str(work / "b")) == "diverged"
   assert sweeps.status(str(work / "c")) == "partial"
   assert sweeps.archive(str(work), str(dest)) == ["a", "b"]
-  assert sorted(os.listdir(dest / "a")) == ["archived.json", "config.json", "metrics.jsonl"]
+  # The metrics are archived gzipped (a tenth of the size), line for line.
+  assert sorted(os.listdir(dest / "a")) == ["archived.json", "config.json", "metrics.jsonl.gz"]
+  with gzip.open(dest / "a" / "metrics.jsonl.gz", "rt") as f, open(work / "a" / "metrics.jsonl") as g:
+    assert f.read() == g.read()
   assert sweeps.status(str(dest / "a")) == "done"
   assert sweeps.status(str(dest / "b")) == "diverged"
+  assert sweeps.collect(str(dest)) == [r for r in sweeps.collect(str(work))
+                                       if r["run"] in ("a", "b")]
+  # Archived again (an archive of an archive, or the same runs once more): the same
+  # bytes, and a plain metrics.jsonl an older archive left is replaced by the .gz.
+  first = (dest / "a" / "metrics.jsonl.gz").read_bytes()
+  shutil.copyfile(work / "a" / "metrics.jsonl", dest / "a" / "metrics.jsonl")
+  assert sweeps.archive(str(work), str(dest)) == ["a", "b"]
+  assert sorted(os.listdir(dest / "a")) == ["archived.json", "config.json", "metrics.jsonl.gz"]
+  assert (dest / "a" / "metrics.jsonl.gz").read_bytes() == first
+  again = tmp_path / "again"
+  assert sweeps.archive(str(dest), str(again)) == ["a", "b"]
+  assert (again / "a" / "metrics.jsonl.gz").read_bytes() == first
   fresh = tmp_path / "fresh"
   shutil.copytree(dest, fresh)
   before, after = sweeps.collect(str(dest)), sweeps.collect(str(fresh))

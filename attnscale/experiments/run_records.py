@@ -12,6 +12,7 @@ a checkpoint (`status(..., read_checkpoint=True)`) or evaluate (`evaluate_finish
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from attnscale.runtime import configlib
+from attnscale.runtime import configlib, metrics_writer
 
 
 def checkpoint_steps(run_dir: str) -> list[int]:
@@ -64,14 +65,10 @@ def status(run_dir: str, read_checkpoint: bool = True) -> str:
 def _stopped_non_finite(run_dir: str) -> bool:
   """Whether the last training row of `run_dir`'s metrics has a non-finite loss or
   gradient norm (the row a run that diverged writes last)."""
-  path = os.path.join(run_dir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return False
   last = None
-  with open(path) as f:
-    for line in f:
-      if '"train/loss"' in line:
-        last = line
+  for line in metrics_writer.read_lines(run_dir):
+    if '"train/loss"' in line:
+      last = line
   if last is None:
     return False
   row = json.loads(last)
@@ -81,7 +78,8 @@ def _stopped_non_finite(run_dir: str) -> bool:
 # The statuses that are final: trained to the end, or stopped on a NaN (a sweep
 # does not rerun them, `archive` keeps them).
 FINISHED = ("done", "diverged")
-# A finished run's records, without its weights: what `archive` copies.
+# A finished run's records, without its weights: what `archive` copies (metrics.jsonl
+# gzipped: metrics_writer.ARCHIVED_METRICS_FILE).
 ARCHIVED = "archived.json"
 # scales.json: the precision study's scale analysis of the last checkpoint
 # (attnscale/studies/precision.py `tracked`), which needs the weights to compute.
@@ -108,7 +106,9 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
       continue
     os.makedirs(os.path.join(dest, name), exist_ok=True)
     for record in RECORDS:
-      if os.path.exists(os.path.join(run_dir, record)):
+      if record == metrics_writer.METRICS_FILE:
+        _archive_metrics(run_dir, os.path.join(dest, name))
+      elif os.path.exists(os.path.join(run_dir, record)):
         shutil.copyfile(os.path.join(run_dir, record), os.path.join(dest, name, record))
     with open(os.path.join(run_dir, "config.json")) as f:
       step = json.load(f)["num_train_steps"]
@@ -118,6 +118,24 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
       json.dump({"step": step, "status": state}, f)
     copied.append(name)
   return copied
+
+
+def _archive_metrics(run_dir: str, dest_run: str) -> None:
+  """`run_dir`'s metrics (plain or already gzipped) as dest_run/metrics.jsonl.gz,
+  byte-for-byte the same for the same lines (no timestamp in the gzip header); a
+  plain metrics.jsonl an older archive left there is replaced."""
+  lines = metrics_writer.read_lines(run_dir)
+  if not lines:
+    return
+  data = gzip.compress("".join(lines).encode(), mtime=0)
+  path = os.path.join(dest_run, metrics_writer.ARCHIVED_METRICS_FILE)
+  with open(path + ".tmp", "wb") as f:
+    f.write(data)
+  os.replace(path + ".tmp", path)
+  plain = os.path.join(dest_run, metrics_writer.METRICS_FILE)
+  if os.path.exists(plain) and os.path.realpath(plain) != os.path.realpath(
+      os.path.join(run_dir, metrics_writer.METRICS_FILE)):
+    os.remove(plain)
 
 
 def evaluate_finished(workdir: str) -> list[str]:
@@ -195,11 +213,7 @@ def read_run(run_dir: str) -> dict | None:
     return None
   with open(config_path) as f:
     config = configlib.migrate(json.load(f))
-  records = []
-  metrics_path = os.path.join(run_dir, "metrics.jsonl")
-  if os.path.exists(metrics_path):
-    with open(metrics_path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
+  records = metrics_writer.read_rows(run_dir)
   train = [r for r in records if "train/loss" in r]
   val = [r["val/loss"] for r in records if "val/loss" in r]
   wall, previous = 0.0, 0.0

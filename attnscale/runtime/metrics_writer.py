@@ -9,6 +9,7 @@ those rows of metrics.jsonl and tells TensorBoard to hide those events
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import sys
@@ -43,12 +44,30 @@ def _import_tensorboardx_without_torch():
 event_pb2, summary_pb2 = _import_tensorboardx_without_torch()
 
 METRICS_FILE = "metrics.jsonl"
+# An archived run's metrics (run_records.archive): the same lines gzipped, about a
+# tenth of the size (most of what a committed archive of runs weighs).
+ARCHIVED_METRICS_FILE = METRICS_FILE + ".gz"
+
+
+def metrics_path(workdir: str) -> str | None:
+  """WORKDIR/metrics.jsonl, else an archive's WORKDIR/metrics.jsonl.gz, else None."""
+  for name in (METRICS_FILE, ARCHIVED_METRICS_FILE):
+    if os.path.exists(os.path.join(workdir, name)):
+      return os.path.join(workdir, name)
+  return None
+
+
+def read_lines(workdir: str) -> list[str]:
+  """The lines of WORKDIR's metrics (`metrics_path`; [] if there are none)."""
+  path = metrics_path(workdir)
+  return _read_lines(path) if path else []
 
 
 def read_rows(workdir: str) -> list[dict]:
-  """The rows of WORKDIR/metrics.jsonl ([] if absent); a torn last line is skipped."""
+  """The rows of WORKDIR/metrics.jsonl (or an archive's .gz; [] if absent); a torn
+  last line is skipped."""
   rows = []
-  for line in _read_lines(os.path.join(workdir, METRICS_FILE)):
+  for line in read_lines(workdir):
     row = _parse(line)
     if row is not None:
       rows.append(row)
@@ -71,7 +90,7 @@ def value_at(workdir: str, name: str, step: int) -> float | None:
 def _read_lines(path: str) -> list[str]:
   if not os.path.exists(path):
     return []
-  with open(path) as f:
+  with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
     return f.readlines()
 
 

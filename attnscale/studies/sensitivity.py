@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, stats, sweep_results, sweeps
-from attnscale.runtime import configlib
+from attnscale.runtime import configlib, metrics_writer
 from attnscale.studies import registry
 
 MAX_LOGIT = "train/attn/max_logit/layer_"  # + layer index: metrics.jsonl's keys
@@ -54,15 +54,11 @@ TRAINED = 0.2  # nats: a rate "still trains" when its loss is within this of the
 
 def max_logit_curve(run_dir: str) -> list[tuple[int, float]]:
   """(step, largest attention logit over layers) at every logged step."""
-  path = os.path.join(run_dir, "metrics.jsonl")
   curve = []
-  if os.path.exists(path):
-    with open(path) as f:
-      for line in f:
-        record = json.loads(line) if line.strip() else {}
-        values = [v for k, v in record.items() if k.startswith(MAX_LOGIT)]
-        if values:
-          curve.append((record["step"], float(max(values))))
+  for record in metrics_writer.read_rows(run_dir):  # metrics.jsonl, or an archive's .gz
+    values = [v for k, v in record.items() if k.startswith(MAX_LOGIT)]
+    if values:
+      curve.append((record["step"], float(max(values))))
   return curve
 
 
