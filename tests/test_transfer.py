@@ -220,7 +220,9 @@ def test_the_transfer_sweeps():
   from attnscale.experiments import sweeps
   from configs import shakespeare_char
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  for name, widths, kinds in [("transfer", {32, 64, 128, 256}, 11), ("transfer_test", {16, 32}, 5)]:
+  # 13 labels: 11 of the design and the two controls (sp_adam_inverse_d,
+  # sp_adam_unit_scaled).
+  for name, widths, kinds in [("transfer", {32, 64, 128, 256}, 13), ("transfer_test", {16, 32}, 5)]:
     points = sweeps.load_sweep(os.path.join(root, "configs/shakespeare_char.py"), name)
     assert {dict(p.overrides)["model.width"] for p in points} == widths
     seen = set()
