@@ -14,7 +14,8 @@
 #      archived records into a workdir, runs the rest of the sweep packed (PACK=32,
 #      JOBS=6, float32 at full matmul precision, no --evaluate: an eval.py process a
 #      point costs more than its training here; ONLY=width256: only the points whose
-#      name matches, e.g. those that cost a CPU most) and archives each point to
+#      name matches, e.g. those that cost a CPU most; SWEEP=transfer_512 ONLY=width512:
+#      the transfer study's width-512 searches, once width 256 is done) and archives each point to
 #      $OUT/raw as it finishes (a pack still compiling when the limit's Ctrl-C comes
 #      ignores it until the KILL), returned as one file, $OUT/raw.tgz. XLA's GEMM
 #      autotuning is off

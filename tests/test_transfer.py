@@ -211,6 +211,28 @@ def test_packed_muon_trains(tfds_dir, tmp_path):
   assert all(np.isfinite(r["loss"]) for r in results)
 
 
+def test_the_width_512_sweep_shares_width_32_with_the_transfer_sweep():
+  """transfer_512's width-32 points are the transfer sweep's own (so on its workdir they
+  are done and give the rate the transfer runs take), and its width-512 searches start
+  at the extrapolated bests."""
+  import math
+  import os
+
+  from attnscale.experiments import sweeps
+  from configs import sweeps as sweep_configs
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  load = lambda name: sweeps.load_sweep(  # noqa: E731
+      os.path.join(root, "configs/shakespeare_char.py"), name)
+  big, transfer = load("transfer_512"), load("transfer")
+  width = lambda p: dict(p.overrides)["model.width"]  # noqa: E731
+  assert {width(p) for p in big} == {32, 512}
+  assert {p.name for p in big if width(p) == 32} <= {p.name for p in transfer}
+  sp = {round(-math.log2(dict(p.overrides)["learning_rate"])) for p in big
+        if width(p) == 512 and p.arg.startswith("preset=graphcore_cpu,scaling=standard")
+        and len(dict(p.overrides)) == 2}  # sp + Adam, standard: rate and width only
+  assert sweep_configs.TRANSFER_START_512["sp_adam_standard"] in sp
+
+
 def test_the_transfer_sweeps():
   """Every (label, width) of `transfer` searches, and every first-stage point of both
   sweeps validates (tests/test_sweep.py's test_every_sweep_point_builds_a_valid_config
