@@ -7,7 +7,7 @@ to it?
 Reads the `transfer` sweep (configs/sweeps.py: {sp + Adam, muP + Adam, sp + Muon} x
 attention {standard, qk_rmsnorm, cosine}, u-muP, sp + Muon + QK-clip, and two
 controls, sp + Adam with 1/d attention and the unit-scaled model at one Adam rate, at
-widths 32 ... 256; each label and width its own staged search under the study protocol, 3
+widths 32 ... 256, and 512 for six labels where the `transfer_512` sweep has run; each label and width its own staged search under the study protocol, 3
 seeds at every near-best rate, and every width at the smallest width's best rate,
 seed 0) and writes:
 
