@@ -47,15 +47,15 @@ def grid(preset, scalings, learning_rates, seeds) -> Sweep:
 
 
 def staged(preset, labels, starts, *, bounds, more_seeds=(1, 2), band_seeds=(),
-           transfer=None, window=0) -> Sweep:
+           transfer=None, window=0, window_seeds=()) -> Sweep:
   """The staged learning-rate search over {label: (scaling, overrides)}
   (attnscale/experiments/lr_search.py; `band_seeds`: the study protocol; `window`:
-  seed 0 at every rate within that many octaves of each best)."""
+  seed 0 at every rate within that many octaves of each best, `window_seeds` too)."""
   def points(workdir):
     from attnscale.experiments import lr_search  # only the staged sweeps read results
     return lr_search.points(preset, labels, starts, workdir, bounds=bounds,
                             more_seeds=more_seeds, band_seeds=band_seeds, transfer=transfer,
-                            window=window)
+                            window=window, window_seeds=window_seeds)
   return Sweep(preset, points)
 
 
@@ -272,8 +272,9 @@ TRANSFER_MOVES = tuple(label for label in TRANSFER_LABELS
 TRANSFER_BOUNDS = (-3, 15)  # 2^3 (u-muP's room) ... 2^-15
 
 
-def _transfer_sweep(preset, labels, widths, start_64, start_at=None):
-  """`start_at` {label: e}: a start of 2^-e at the largest width instead of the rule."""
+def _transfer_sweep(preset, labels, widths, start_64, start_at=None, window_seeds=()):
+  """`start_at` {label: e}: a start of 2^-e at the largest width instead of the rule;
+  `window_seeds`: seeds also run at every rate of each best's window (S per seed)."""
   points = {f"{label}@{w}": (scaling, overrides | {"model.width": w})
             for w in widths for label, (scaling, overrides) in labels.items()}
   starts = {f"{label}@{w}": start_64[label]
@@ -282,7 +283,7 @@ def _transfer_sweep(preset, labels, widths, start_64, start_at=None):
   starts |= {f"{label}@{widths[-1]}": e for label, e in (start_at or {}).items()}
   transfer = {f"{label}@{widths[0]}": [f"{label}@{w}" for w in widths[1:]] for label in labels}
   return staged(preset, points, starts, bounds=TRANSFER_BOUNDS, more_seeds=(),
-                band_seeds=(1, 2), transfer=transfer, window=2)
+                band_seeds=(1, 2), transfer=transfer, window=2, window_seeds=window_seeds)
 
 
 # Size: 13 labels x 4 widths = 52 searches. Each is about 4 rates at seed 0 and seeds 1
@@ -294,6 +295,18 @@ def _transfer_sweep(preset, labels, widths, start_64, start_at=None):
 # An estimate, not measured.
 SWEEPS["transfer"] = _transfer_sweep("graphcore_cpu", TRANSFER_LABELS, WIDTHS,
                                      TRANSFER_START_64)
+# Sensitivity with seeds: S (Wortsman et al.) is over the five rates around each best,
+# which the protocol's seeds 1 and 2 cover only where they are in the band, so S has
+# seed 0 alone. This sweep is the transfer sweep's searches of sp + Adam with standard,
+# RMS QK-norm and cosine attention (Wortsman et al.'s comparison: does S grow with
+# width, and does normalising q and k stop it?) with seeds 1 and 2 at every window rate
+# too: the same run names, so on the transfer sweep's workdir only those seeds are new
+# (about 7 runs per label and width, 80 in all, a quarter at width 256).
+TRANSFER_SENSITIVITY_LABELS = ("sp_adam_standard", "sp_adam_qk_rmsnorm", "sp_adam_cosine")
+SWEEPS["transfer_sensitivity"] = _transfer_sweep(
+    "graphcore_cpu", {k: TRANSFER_LABELS[k] for k in TRANSFER_SENSITIVITY_LABELS}, WIDTHS,
+    TRANSFER_START_64, window_seeds=(1, 2))
+
 # Width 512 for the labels that matter most (the issue's "if the budget allows"): a
 # width-512 run costs about 4x a width-256 one, so this is for lent GPUs, after the
 # transfer sweep's width-256 points. Its width-32 points are the transfer sweep's own

@@ -209,3 +209,16 @@ def test_window_runs_seed_0_around_the_settled_best_without_moving_it():
   assert exponents(bounded) == [5, 6, 7, 8]  # 2^-4 is outside the bounds
   none, _ = run_to_end({"a": 6}, lambda e: abs(e - 6.1), more_seeds=())
   assert exponents(none) == [5, 6, 7]
+
+
+def test_window_seeds_run_every_window_rate_once():
+  """window_seeds: seeds 1 and 2 at each of the five window rates, the band's own
+  included once (its seeds came with the protocol), the seed-0 trials unchanged."""
+  loss = lambda e: 1.0 + 0.1 * (e - 6) ** 2  # noqa: E731
+  plain, _ = run_to_end({"a": 6}, loss, more_seeds=(), band_seeds=(1, 2), window=2)
+  seeded, _ = run_to_end({"a": 6}, loss, more_seeds=(), band_seeds=(1, 2), window=2,
+                         window_seeds=(1, 2))
+  assert seeded[:len(plain)] == plain  # the same search, then the new seeds
+  assert len(seeded) == len(set(seeded))
+  for seed in (0, 1, 2):
+    assert sorted(exponents(seeded, seed=seed)) == [4, 5, 6, 7, 8]

@@ -233,6 +233,21 @@ def test_the_width_512_sweep_shares_width_32_with_the_transfer_sweep():
   assert sweep_configs.TRANSFER_START_512["sp_adam_standard"] in sp
 
 
+def test_the_sensitivity_sweep_is_the_transfer_sweeps_searches():
+  """transfer_sensitivity asks for the transfer sweep's own points (the same names) for
+  its three labels, so on that workdir only the window seeds are new."""
+  import os
+
+  from attnscale.experiments import sweeps
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  load = lambda name: sweeps.load_sweep(  # noqa: E731
+      os.path.join(root, "configs/shakespeare_char.py"), name)
+  sensitivity, transfer = load("transfer_sensitivity"), load("transfer")
+  assert {p.name for p in sensitivity} <= {p.name for p in transfer}
+  assert {p.arg.split("scaling=")[1].split(",")[0] for p in sensitivity} == {
+      "standard", "qk_rmsnorm", "cosine"}
+
+
 def test_the_transfer_sweeps():
   """Every (label, width) of `transfer` searches, and every first-stage point of both
   sweeps validates (tests/test_sweep.py's test_every_sweep_point_builds_a_valid_config

@@ -34,6 +34,8 @@ within `window` octaves of it (inside `bounds`) that the search did not try, so
 that each label has the same rates around its best: what a sensitivity measure
 over a fixed range (Wortsman et al. 2023's S) needs to compare labels and sizes.
 These runs do not move the best (the search reads only its own trials).
+`window_seeds` runs those seeds at every window rate too (the band's rates already
+have theirs), so that S has a value per seed and an interval over seeds.
 
 Transfer (optional): once a source label's best is bracketed, each of its
 target labels also runs (seed 0) at the source's best rate, if its own search did
@@ -89,7 +91,8 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
            more_seeds: Sequence[int] = (1, 2),
            band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None,
-           no_learning: float | None = None, window: int = 0) -> list[Trial]:
+           no_learning: float | None = None, window: int = 0,
+           window_seeds: Sequence[int] = ()) -> list[Trial]:
   """The trials needed so far: stage 1 of every label (seed 0), then stage 2.
 
   Args:
@@ -108,6 +111,7 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
       learned nothing; module docstring). None: every finite loss counts.
     window: seed 0 at every rate within this many octaves of each settled best
       (module docstring); 0: none.
+    window_seeds: these seeds too at every rate of the window (with `window`).
 
   Returns:
     Stage 1's trials (label by label, in the order they were needed), then
@@ -155,11 +159,14 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
         stage2 += [Trial(label, best, seed) for seed in more_seeds]
         around += [Trial(label, e, 0) for e in range(best - window, best + window + 1)
                    if lo <= e <= hi and e not in tried]
+        around += [Trial(label, e, seed) for seed in window_seeds
+                   for e in range(best - window, best + window + 1)
+                   if lo <= e <= hi and not (e in banded and seed in band_seeds)]
         best_of[label] = best
       break
   moved = [Trial(target, best_of[source], 0) for source, targets in (transfer or {}).items()
            if source in best_of for target in targets]
-  trials = stage1 + stage2 + around
+  trials = list(dict.fromkeys(stage1 + stage2 + around))
   return trials + [t for t in dict.fromkeys(moved) if t not in trials]
 
 
@@ -167,7 +174,8 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
            workdir: str | None, *, bounds: tuple[int, int] = (3, 12),
            more_seeds: Sequence[int] = (1, 2), band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None,
-           no_learning: float | None = None, window: int = 0) -> list[dict]:
+           no_learning: float | None = None, window: int = 0,
+           window_seeds: Sequence[int] = ()) -> list[dict]:
   """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
   finished runs in `workdir` (None: nothing has run, stage 1's first trials).
 
@@ -196,4 +204,5 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
   return [point(t) for t in search({label: starts[label] for label in labels}, loss,
                                    bounds=bounds, more_seeds=more_seeds,
                                    band_seeds=band_seeds, transfer=transfer,
-                                   no_learning=no_learning, window=window)]
+                                   no_learning=no_learning, window=window,
+                                   window_seeds=window_seeds)]
