@@ -301,7 +301,7 @@ SWEEPS["transfer"] = _transfer_sweep("graphcore_cpu", TRANSFER_LABELS, WIDTHS,
 # RMS QK-norm and cosine attention (Wortsman et al.'s comparison: does S grow with
 # width, and does normalising q and k stop it?) with seeds 1 and 2 at every window rate
 # too: the same run names, so on the transfer sweep's workdir only those seeds are new
-# (about 7 runs per label and width, 80 in all, a quarter at width 256).
+# (84 on the archive of 2026-11-27, 18 of them at width 256).
 TRANSFER_SENSITIVITY_LABELS = ("sp_adam_standard", "sp_adam_qk_rmsnorm", "sp_adam_cosine")
 SWEEPS["transfer_sensitivity"] = _transfer_sweep(
     "graphcore_cpu", {k: TRANSFER_LABELS[k] for k in TRANSFER_SENSITIVITY_LABELS}, WIDTHS,
