@@ -27,27 +27,24 @@ CONFIG = "configs/shakespeare_char.py"
 STUDIES = "-m attnscale.studies"
 
 
-def _raw(study, *globs):
-  return [os.path.join(RESULTS, study, g) for g in globs]
-
-
-# study folder -> the command (argv after python, OUT for the output folder).
+# study folder -> the command (argv after python; OUT: the output folder; an argument
+# ending in /*: its run directories, sorted, as the shell's * gives them).
 CASES = {
     "graphcore_cpu": ["sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu_protocol",
                       f"--workdir={RESULTS}/graphcore_cpu/raw", "--collect_only",
                       "--results_to=OUT"],
     "practice": ["sweep.py", f"--config={CONFIG}", "--sweep=practice",
                  f"--workdir={RESULTS}/practice/raw", "--collect_only", "--results_to=OUT"],
-    "precision": [*STUDIES.split(), "precision", "--out", "OUT", "--workdirs", "GLOB",
-                  f"{RESULTS}/precision/raw"],
+    "precision": [*STUDIES.split(), "precision", "--out", "OUT", "--workdirs",
+                  f"{RESULTS}/precision/raw/*"],
     "sensitivity": [*STUDIES.split(), "sensitivity", "--out", "OUT", "--workdirs",
                     f"{RESULTS}/sensitivity/raw"],
     "bert": [*STUDIES.split(), "bert", "--no_eval", "--allow_mixed_code", "--out", "OUT",
              "--workdirs", f"{RESULTS}/bert/raw"],
-    "length": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs", "GLOB",
-               f"{RESULTS}/length/raw"],
-    "length_2025": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs", "GLOB",
-                    f"{RESULTS}/length_2025/raw"],
+    "length": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs",
+               f"{RESULTS}/length/raw/*"],
+    "length_2025": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs",
+                    f"{RESULTS}/length_2025/raw/*"],
     "shared_kv": [*STUDIES.split(), "shared_kv", "--allow_mixed_code", "--no_diagnostics",
                   "--out", "OUT", "--workdirs", f"{RESULTS}/shared_kv/raw",
                   f"{RESULTS}/shared_kv/raw_cpu"],
@@ -57,13 +54,12 @@ CASES = {
 
 def _argv(command, out):
   argv = []
-  for i, arg in enumerate(command):
-    if arg == "GLOB":  # the next argument's run directories, as the shell's * gives them
-      continue
-    if i and command[i - 1] == "GLOB":
-      argv += sorted(os.path.join(arg, d) for d in os.listdir(os.path.join(ROOT, arg)))
-      continue
-    argv.append(arg.replace("OUT", out) if "OUT" in arg else arg)
+  for arg in command:
+    if arg.endswith("/*"):
+      folder = arg.removesuffix("/*")
+      argv += sorted(os.path.join(folder, d) for d in os.listdir(os.path.join(ROOT, folder)))
+    else:
+      argv.append(arg.replace("OUT", out))
   return argv
 
 

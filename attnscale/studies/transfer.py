@@ -107,21 +107,20 @@ def transfer_label(config: Mapping) -> str:
   param, scaling = model.get("parameterization", "sp"), model["scaling"]
   optimizer = "muon" if config.get("optimizer") == "muon" else "adam"
   clip = config.get("qk_clip") or 0.0
+  attention = {"scaling": scaling, "variant": model.get("variant", "standard"),
+               "unit": model.get("unit", {})}
   if param == "umup":
-    residual = model.get("unit", {}).get("attn_residual", "")
+    residual = attention["unit"].get("attn_residual", "")
     label = ("umup" if (scaling, residual) == ("umup", "rule") else
              f"umup_{scaling}_{residual}") + ("_muon" if optimizer == "muon" else "")
-  else:
-    unit_scaled = (model.get("variant") == "unit" and scaling == "fully_scaled"
-                   and model.get("unit", {}).get("attn_residual") == "relative")
-    name = "unit_scaled" if unit_scaled else scaling
+  else:  # the attention's run_label: the scaling, or "unit_scaled" for Graphcore's model
+    name = configlib.run_label(ml_collections.ConfigDict({"model": attention}))
     label = f"{param}_{optimizer}_{name}"
   if clip:
     label = label.removesuffix("_standard") + ("_qk_clip" if clip == QK_CLIP
                                                else f"_qk_clip{clip:g}")
-  known = {"model": {"scaling": scaling, "parameterization": param,
-                     "variant": model.get("variant", "standard"), "unit": model.get("unit", {})},
-           "qk_clip": clip, "optimizer": config.get("optimizer")}
+  known = {"model": attention | {"parameterization": param}, "qk_clip": clip,
+           "optimizer": config.get("optimizer")}
   full = configlib.run_label(ml_collections.ConfigDict(config))
   return label if full == configlib.run_label(ml_collections.ConfigDict(known)) else full
 
