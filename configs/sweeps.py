@@ -323,6 +323,23 @@ TRANSFER_START_512 = {"sp_adam_standard": 12, "sp_adam_qk_rmsnorm": 13, "mup_ada
 SWEEPS["transfer_512"] = _transfer_sweep(
     "graphcore_cpu", {k: TRANSFER_LABELS[k] for k in TRANSFER_512_LABELS}, (32, 512),
     TRANSFER_START_64, start_at=TRANSFER_START_512)
+# muP's base multipliers (issue #41: `model.mup_output_mult` and `model.mup_attn_mult`
+# join the search "where the budget allows"). muP claims the best (rate, multipliers)
+# found on a small model stays best as it widens (Tensor Programs V tunes them on the
+# proxy); the transfer sweep ran muP at multipliers 1 (sp's readout and attention at the
+# base width 64). Here, at width 32, each multiplier alone at 1/4, 1/2, 2 and 4 (the
+# other at 1; a coordinate search, not TP V's joint random search) gets its own rate
+# search under the protocol, beside the transfer sweep's own mup_adam_standard@32 (the
+# same run names: copy those runs into the workdir and they count as done). About
+# 8 x 10 width-32 runs, 45 minutes of one core. Cosine refuses an attention multiplier
+# (its temperature is learned), so the search is muP with standard attention.
+MUP_MULT_VALUES = (0.25, 0.5, 2.0, 4.0)
+MUP_MULT_LABELS = {"mup_adam_standard": TRANSFER_LABELS["mup_adam_standard"]} | {
+    f"mup_adam_standard_{kind}{m:g}": ("standard", {"model.parameterization": "mup",
+                                                    f"model.mup_{kind}_mult": m})
+    for kind in ("output", "attn") for m in MUP_MULT_VALUES}
+SWEEPS["mup_mults"] = _transfer_sweep("graphcore_cpu", MUP_MULT_LABELS, (32,),
+                                      dict.fromkeys(MUP_MULT_LABELS, 9))
 # Seconds: one label of each kind at widths 16 and 32 of the test preset (2 layers).
 SWEEPS["transfer_test"] = _transfer_sweep(
     "test", {k: TRANSFER_LABELS[k] for k in ("sp_adam_standard", "mup_adam_qk_rmsnorm",

@@ -101,6 +101,10 @@ def test_every_sweep_label_maps_back_from_its_config():
     config.update_from_flattened_dict(overrides | {"model.width": 128})
     assert transfer.transfer_label(config.to_dict()) == label
   assert set(transfer.LABELS) == set(sweep_configs.TRANSFER_LABELS)
+  for label, (scaling, overrides) in sweep_configs.MUP_MULT_LABELS.items():  # mup_mults
+    config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=0")
+    config.update_from_flattened_dict(overrides | {"model.width": 32})
+    assert transfer.transfer_label(config.to_dict()) == label
   # Anything else that changes attention keeps its run_label; another tau says so.
   config = shakespeare_char.get_config("preset=test,scaling=standard")
   config.update_from_flattened_dict({"model.logit_softcap": 50.0})

@@ -87,6 +87,7 @@ LABELS = tuple(f"{p}_{o}_{a}" for p, o in (("sp", "adam"), ("mup", "adam"), ("sp
                    "umup", "sp_muon_qk_clip", "sp_adam_inverse_d", "sp_adam_unit_scaled")
 QK_CLIP = 50.0  # the sweep's tau, which its label leaves unsaid
 TOL = 1e-9  # log2 rate: an interval "covers" a slope up to float round-off
+MUP_MULTS = ("mup_output_mult", "mup_attn_mult")  # muP's base multipliers, 1 unless searched
 WINDOW = 2  # octaves each side of the best that S averages over (configs/sweeps.py's window)
 
 
@@ -97,7 +98,8 @@ def transfer_label(config: Mapping) -> str:
   model, fully scaled attention in the unit variant, is "unit_scaled"); "umup" for u-muP
   (u-muP's attention and residual rule; "umup_<scaling>_<residual>" otherwise);
   QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
-  "_standard". Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
+  "_standard"; muP's base multipliers other than 1 append "_output<m>" / "_attn<m>"
+  (configs/sweeps.py MUP_MULT_LABELS). Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
   A run with anything else that changes attention (its `configlib.run_label` says
   more than these fields do) keeps its run_label: never averaged into a sweep label.
   """
@@ -116,10 +118,13 @@ def transfer_label(config: Mapping) -> str:
   else:  # the attention's run_label: the scaling, or "unit_scaled" for Graphcore's model
     name = configlib.run_label(ml_collections.ConfigDict({"model": attention}))
     label = f"{param}_{optimizer}_{name}"
+  mults = {name: model[name] for name in MUP_MULTS if model.get(name, 1.0) != 1}
+  for name, value in mults.items():  # muP's base multipliers (the mup_mults sweep)
+    label += f"_{name.removeprefix('mup_').removesuffix('_mult')}{value:g}"
   if clip:
     label = label.removesuffix("_standard") + ("_qk_clip" if clip == QK_CLIP
                                                else f"_qk_clip{clip:g}")
-  known = {"model": attention | {"parameterization": param}, "qk_clip": clip,
+  known = {"model": attention | {"parameterization": param} | mults, "qk_clip": clip,
            "optimizer": config.get("optimizer")}
   full = configlib.run_label(ml_collections.ConfigDict(config))
   return label if full == configlib.run_label(ml_collections.ConfigDict(known)) else full
