@@ -74,6 +74,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # muon: the Adam(W) branch's rate (embeddings, readout, gains) as a multiple of
   # learning_rate (Moonlight and Kimi: 1, one rate; modded-nanogpt tunes it apart)
   c.muon_adam_lr_mult = 1.0
+  # muon: > 0 also scales that rate by this / model.width (Adam's 1/width: the branch
+  # runs at learning_rate x muon_adam_lr_mult at this width); 0: the same at every width
+  c.muon_adam_lr_base_width = 0
   c.learning_rate = 6e-4  # peak learning rate
   c.lr_schedule = "cosine"  # cosine (to min_learning_rate) | constant
   c.warmup_steps = 700  # linear warm-up from 0 (llm.c's 124M run)

@@ -340,6 +340,25 @@ MUP_MULT_LABELS = {"mup_adam_standard": TRANSFER_LABELS["mup_adam_standard"]} | 
     for kind in ("output", "attn") for m in MUP_MULT_VALUES}
 SWEEPS["mup_mults"] = _transfer_sweep("graphcore_cpu", MUP_MULT_LABELS, (32,),
                                       dict.fromkeys(MUP_MULT_LABELS, 9))
+# What sets Muon's slope of -1 (docs/experiments/transfer.md)? Under Moonlight's rule
+# the Muon-trained square matrices' updates have spectral norm about 0.2 sqrt(width) x
+# rate, so the spectral condition (Yang, Simon and Bernstein 2023) asks for a rate
+# falling as width^-1/2; the embeddings, gains and readout train with AdamW at the same
+# rate, and sp's readout under Adam wants 1/width. Here the AdamW branch's rate is
+# decoupled and falls as 1/width (`muon_adam_lr_base_width` = 64: Muon's rate at width
+# 64, so that width's runs equal sp_muon_standard's), Muon's own rate searched at every
+# width under the protocol. If its best then falls as width^-1/2 (or less), the AdamW
+# branch set the -1. Widths 32-128 on the CPU (about 30 runs), 256 with the transfer
+# sweep's GPU points.
+MUON_ADAM_LABEL = "sp_muon_standard_adam_per_width64"
+SWEEPS["muon_adam_width"] = staged(
+    "graphcore_cpu",
+    {f"{MUON_ADAM_LABEL}@{w}": ("standard", {"optimizer": "muon", "model.width": w,
+                                             "muon_adam_lr_base_width": 64})
+     for w in WIDTHS},
+    {f"{MUON_ADAM_LABEL}@{w}": 7 + (w > 64) for w in WIDTHS},  # sp_muon_standard's bests
+    bounds=TRANSFER_BOUNDS, more_seeds=(), band_seeds=(1, 2), window=2,
+    transfer={f"{MUON_ADAM_LABEL}@{WIDTHS[0]}": [f"{MUON_ADAM_LABEL}@{w}" for w in WIDTHS[1:]]})
 # Seconds: one label of each kind at widths 16 and 32 of the test preset (2 layers).
 SWEEPS["transfer_test"] = _transfer_sweep(
     "test", {k: TRANSFER_LABELS[k] for k in ("sp_adam_standard", "mup_adam_qk_rmsnorm",

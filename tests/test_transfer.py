@@ -163,8 +163,33 @@ def test_muon_adam_lr_mult_scales_only_the_adam_branch(tfds_dir):
                                          **kwargs)) == "standard+muon+adam_lr0.25"
 
 
+def test_muon_adam_lr_base_width_is_adams_one_over_width(tfds_dir):
+  """muon_adam_lr_base_width = 64 at width 32 (the test preset's): the non-matrix
+  leaves' first step is twice Adam's (64 / 32), the hidden matrix's is Muon's."""
+  kwargs = dict(optimizer="muon", lr_schedule="constant", warmup_steps=0, grad_clip=0.0,
+                weight_decay=0.0)
+  rng = np.random.default_rng(0)
+  params = {"blocks": [{"up": {"kernel": jnp.zeros((4, 8))}}], "embed": jnp.zeros((3, 4))}
+  grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+  steps = {}
+  for base in (0, 64):
+    config = make_config(tfds_dir, "preset=test", muon_adam_lr_base_width=base, **kwargs)
+    configlib.validate(config)
+    assert config.model.width == 32
+    tx = ts.make_optimizer(config)
+    steps[base] = tx.update(grads, tx.init(params), params)[0]
+  np.testing.assert_array_equal(steps[64]["blocks"][0]["up"]["kernel"],
+                                steps[0]["blocks"][0]["up"]["kernel"])
+  np.testing.assert_allclose(steps[64]["embed"], 2 * steps[0]["embed"], rtol=1e-6)
+  assert configlib.run_label(make_config(tfds_dir, "preset=test", muon_adam_lr_base_width=64,
+                                         **kwargs)) == "standard+muon+adam_per_width64"
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"optimizer": "adamw", "muon_adam_lr_mult": 0.5}, "needs config.optimizer='muon'"),
+    ({"optimizer": "adamw", "muon_adam_lr_base_width": 64}, "needs config.optimizer='muon'"),
+    ({"optimizer": "muon", "muon_adam_lr_base_width": -1},
+     "config.muon_adam_lr_base_width must be a width >= 0"),
     ({"optimizer": "muon", "muon_adam_lr_mult": 0.0}, "config.muon_adam_lr_mult must be > 0"),
 ])
 def test_muon_adam_lr_mult_refusals_are_one_line(tfds_dir, overrides, match):

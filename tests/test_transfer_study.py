@@ -105,6 +105,13 @@ def test_every_sweep_label_maps_back_from_its_config():
     config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=0")
     config.update_from_flattened_dict(overrides | {"model.width": 32})
     assert transfer.transfer_label(config.to_dict()) == label
+  for width in (32, 256):  # muon_adam_width: the AdamW branch's rate as 64 / width
+    config = shakespeare_char.get_config("preset=graphcore_cpu,scaling=standard")
+    config.update_from_flattened_dict({"optimizer": "muon", "model.width": width,
+                                       "muon_adam_lr_base_width": 64})
+    assert transfer.transfer_label(config.to_dict()) == sweep_configs.MUON_ADAM_LABEL
+  config.update_from_flattened_dict({"muon_adam_lr_mult": 0.5, "qk_clip": 50.0})
+  assert transfer.transfer_label(config.to_dict()) == "sp_muon_qk_clip_adam_lr0.5_adam_per_width64"
   # Anything else that changes attention keeps its run_label; another tau says so.
   config = shakespeare_char.get_config("preset=test,scaling=standard")
   config.update_from_flattened_dict({"model.logit_softcap": 50.0})

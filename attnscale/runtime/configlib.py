@@ -167,7 +167,7 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 # defaults, so an old config.json loads and resumes).
 ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0,
                                 "muon_lr_rule": "moonlight", "grad_accum_steps": 1,
-                                "muon_adam_lr_mult": 1.0}
+                                "muon_adam_lr_mult": 1.0, "muon_adam_lr_base_width": 0}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -272,6 +272,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += "+muon" + ("" if rule == "moonlight" else f"_{rule}")
     if config.get("muon_adam_lr_mult", 1.0) != 1:
       label += f"+adam_lr{config.muon_adam_lr_mult:g}"
+    if config.get("muon_adam_lr_base_width", 0):
+      label += f"+adam_per_width{config.muon_adam_lr_base_width}"
   return label
 
 
@@ -350,6 +352,14 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
     raise ValueError(f"config.muon_adam_lr_mult={adam_mult:g} scales the rate of Muon's "
                      f"Adam(W) branch and needs config.optimizer='muon' (got "
                      f"{config.optimizer!r}); leave it at 1")
+  base_width = config.get("muon_adam_lr_base_width", 0)
+  if not isinstance(base_width, int) or base_width < 0:
+    raise ValueError(f"config.muon_adam_lr_base_width must be a width >= 0 (0: off), "
+                     f"got {base_width!r}")
+  if base_width and config.optimizer != "muon":
+    raise ValueError(f"config.muon_adam_lr_base_width={base_width} scales the rate of "
+                     f"Muon's Adam(W) branch and needs config.optimizer='muon' (got "
+                     f"{config.optimizer!r}); leave it at 0")
   check_positive("config.qk_clip", config.get("qk_clip", 0.0), allow_zero=True)
   if config.get("qk_clip", 0.0):
     from attnscale.models import base  # the model layer's rule of what QK-clip can scale

@@ -118,7 +118,8 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
   schedule's learning rate. The Adam(W) branch runs at `config.muon_adam_lr_mult` x
   the schedule's rate (its decoupled decay too, as AdamW's is): 1, one rate for both,
   is Moonlight's and Kimi's; modded-nanogpt tunes the embedding and readout rates
-  apart. Both rules read the shape (no muP multiplier on top);
+  apart. `config.muon_adam_lr_base_width` = B > 0 multiplies it by B / model.width as
+  well: Adam's 1/width rule for that branch, at Muon's rate at width B. Both rules read the shape (no muP multiplier on top);
   whether the best learning rate then transfers across width is measured, not
   assumed, in docs/experiments/transfer.md (under `moonlight` it falls, while the
   loss stays flat over several octaves). Built from optax.contrib's pieces with
@@ -140,6 +141,8 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
   labels = lambda params: jax.tree_util.tree_map_with_path(
       lambda path, p: "muon" if is_muon_matrix(path, p) else "adam", params)
   adam_mult = config.get("muon_adam_lr_mult", 1.0)
+  if config.get("muon_adam_lr_base_width", 0):  # Adam's 1/width, equal at the base
+    adam_mult *= config.muon_adam_lr_base_width / config.model.width
   if adam_mult != 1:  # only then: Muon checkpoints at 1 keep their opt_state layout
     adamw = optax.chain(adamw, optax.scale(adam_mult))
   return optax.partition({"muon": matrices, "adam": adamw}, labels)

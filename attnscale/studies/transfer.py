@@ -99,7 +99,9 @@ def transfer_label(config: Mapping) -> str:
   (u-muP's attention and residual rule; "umup_<scaling>_<residual>" otherwise);
   QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
   "_standard"; muP's base multipliers other than 1 append "_output<m>" / "_attn<m>"
-  (configs/sweeps.py MUP_MULT_LABELS). Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
+  (configs/sweeps.py MUP_MULT_LABELS); Muon's AdamW branch at a rate of its own appends
+  "_adam_lr<m>" (muon_adam_lr_mult) and "_adam_per_width<B>" (muon_adam_lr_base_width). Adam and AdamW
+  are "adam" (the sweep's Adam is AdamW with decay 0).
   A run with anything else that changes attention (its `configlib.run_label` says
   more than these fields do) keeps its run_label: never averaged into a sweep label.
   """
@@ -118,14 +120,20 @@ def transfer_label(config: Mapping) -> str:
   else:  # the attention's run_label: the scaling, or "unit_scaled" for Graphcore's model
     name = configlib.run_label(ml_collections.ConfigDict({"model": attention}))
     label = f"{param}_{optimizer}_{name}"
-  mults = {name: model[name] for name in MUP_MULTS if model.get(name, 1.0) != 1}
-  for name, value in mults.items():  # muP's base multipliers (the mup_mults sweep)
-    label += f"_{name.removeprefix('mup_').removesuffix('_mult')}{value:g}"
   if clip:
     label = label.removesuffix("_standard") + ("_qk_clip" if clip == QK_CLIP
                                                else f"_qk_clip{clip:g}")
+  adam_mult = config.get("muon_adam_lr_mult", 1.0)
+  base_width = config.get("muon_adam_lr_base_width", 0)
+  if optimizer == "muon":  # the AdamW branch's rate, decoupled
+    label += (f"_adam_lr{adam_mult:g}" if adam_mult != 1 else "") + (
+        f"_adam_per_width{base_width}" if base_width else "")
+  mults = {name: model[name] for name in MUP_MULTS if model.get(name, 1.0) != 1}
+  for name, value in mults.items():  # muP's base multipliers (the mup_mults sweep)
+    label += f"_{name.removeprefix('mup_').removesuffix('_mult')}{value:g}"
   known = {"model": attention | {"parameterization": param} | mults, "qk_clip": clip,
-           "optimizer": config.get("optimizer")}
+           "optimizer": config.get("optimizer"), "muon_adam_lr_mult": adam_mult,
+           "muon_adam_lr_base_width": base_width}
   full = configlib.run_label(ml_collections.ConfigDict(config))
   return label if full == configlib.run_label(ml_collections.ConfigDict(known)) else full
 
