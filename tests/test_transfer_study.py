@@ -208,6 +208,23 @@ def test_sensitivity_by_hand(rows):
   assert (sp["lo"], sp["hi"]) == pytest.approx((0.00125 - half, 0.00125 + half))
 
 
+def test_versus_is_paired_at_each_ones_best(rows):
+  """mup_adam_standard's best is 2^-9 at every width, sp's 2^-b, b = 8 + log2(w/32);
+  at its own best each loss is the same curve plus seed s's noise (0, A, -A) x (-1)^e,
+  so the per-seed differences are (0, x, -x), x = A ((-1)^9 - (-1)^b): mean 0, and
+  the paired 95% t half-width t(2) sqrt(x^2 / 3)."""
+  versus = {r["width"]: r for r in transfer.versus_rows(rows, "sp_adam_standard")}
+  assert sorted(versus) == list(WIDTHS)
+  for w, r in versus.items():
+    b = _best("sp_adam_standard", w)
+    assert (r["best_lr"], r["reference_lr"], r["method"], r["n"]) == (
+        2.0**-9, 2.0**-b, "paired", 3)
+    x = A * ((-1) ** 9 - (-1) ** b)
+    half = stats.t_multiplier(2) * abs(x) / math.sqrt(3)
+    assert (r["effect"], r["lo"], r["hi"]) == pytest.approx((0.0, -half, half), abs=1e-12)
+    assert r["verdict"] == "within noise"
+
+
 def test_logits_last_and_peak(rows):
   logits = {(r["label"], r["width"], r["learning_rate"]): r for r in transfer.logit_rows(rows)}
   r = logits["sp_adam_standard", 64, 2.0**-9]
@@ -225,7 +242,7 @@ def test_cli_writes_every_file_the_same_twice(sweep_dir, tmp_path):
     outs.append({p: (out / p).read_bytes() for p in sorted(os.listdir(out))})
   assert set(outs[0]) == {f"{n}.{x}" for n in (
       "transfer", "transfer_slopes", "transfer_sensitivity", "transfer_sensitivity_slopes",
-      "transfer_logits") for x in ("csv", "md")} | {
+      "transfer_logits", "transfer_versus") for x in ("csv", "md")} | {
       f"transfer_{n}.png" for n in ("lr", "best", "sensitivity", "logits")} | {"runs.csv"}
   assert outs[0] == outs[1]
   runs = outs[0]["runs.csv"].decode().splitlines()
@@ -257,6 +274,10 @@ def test_bad_workdirs_are_one_line_errors(sweep_dir, tmp_path):
   os.remove(empty / "diverging" / "metrics.jsonl")  # started, nothing logged: not finished
   with pytest.raises(SystemExit, match="^transfer: no finished runs in --workdirs"):
     run(str(empty))
+  with pytest.raises(SystemExit, match=r"^transfer: --reference umup is not a label of "
+                                       r"these runs \(sp_adam_standard, mup_adam_standard\)$"):
+    transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"), workdirs=[sweep_dir],
+                                        reference="umup"))
 
 
 def test_a_partial_sweep_reads(tmp_path):
@@ -270,7 +291,7 @@ def test_a_partial_sweep_reads(tmp_path):
              done=math.isfinite(loss))
   paths, _ = transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"),
                                                  workdirs=[str(tmp_path / "sweep")]))
-  assert len(paths) == 15
+  assert len(paths) == 17
   rows = transfer.read_rows(str(tmp_path / "sweep"))
   table = {r["width"]: r for r in transfer.table_rows(rows, transfer.slopes(rows))}
   assert table[32]["best_lr"] == 2.0**-6 and table[32]["seeds"] == 1

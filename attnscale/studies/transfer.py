@@ -257,6 +257,29 @@ def table_rows(rows: Sequence[dict], fits: Mapping[str, stats.Slope | None],
   return out
 
 
+def versus_rows(rows: Sequence[dict], reference: str, axis: str = "width") -> list[dict]:
+  """Each label against `reference` at every size both have: the loss at each one's
+  own best rate (on the seed means), b minus a with `stats.compare`'s interval
+  (paired on the shared seeds; the sweep's labels share seeds 0, 1, 2)."""
+  out = []
+  for label in labels_of(rows):
+    if label == reference:
+      continue
+    for w in widths_of(rows, label, axis):
+      if w not in widths_of(rows, reference, axis):
+        continue
+      ref_rates, by_rate = losses(rows, reference, w, axis), losses(rows, label, w, axis)
+      (ref_best, _), (best, _) = best_rate(ref_rates), best_rate(by_rate)
+      if not (math.isfinite(ref_best) and math.isfinite(best)):
+        continue
+      c = stats.compare(ref_rates[ref_best], by_rate[best])
+      out.append({"label": label, axis: w, "reference": reference,
+                  "best_lr": 2.0**best, "reference_lr": 2.0**ref_best, "effect": c.effect,
+                  "lo": c.lo, "hi": c.hi, "n": c.n, "method": c.method,
+                  "verdict": c.verdict})
+  return out
+
+
 def _covers(lo: float, hi: float, value: float) -> bool:
   return lo - TOL <= value <= hi + TOL
 
@@ -528,6 +551,19 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       title="Sensitivity against width: slopes",
       notes=["slope: least squares of S on log2 width; lo/hi: its 95% t-interval (n - 2 "
              "degrees of freedom: the widths' scatter about the line).", code])
+  reference = getattr(args, "reference", None) or ("sp_adam_standard" if any(
+      r["label"] == "sp_adam_standard" for r in rows) else labels_of(rows)[0])
+  if reference not in labels_of(rows):
+    raise SystemExit(f"transfer: --reference {reference} is not a label of these runs "
+                     f"({', '.join(labels_of(rows))})")
+  paths += reporting.write_tables(
+      versus_rows(rows, reference), args.out, "transfer_versus", floats=".3f",
+      formats=formats | {"reference_lr": reporting.power_of_two},
+      title=f"Each label against {reference}: loss at each one's best rate",
+      notes=[f"effect: the label's loss at its best rate minus {reference}'s at its own, "
+             "at the same width; [lo, hi]: 95% t, paired by seed on the shared seeds "
+             "(attnscale.experiments.stats.compare), Welch's where fewer than 2 are "
+             "shared; verdict: worse / better where the interval excludes 0.", code])
   paths += reporting.write_tables(
       logit_rows(rows), args.out, "transfer_logits", floats=".3f", formats=formats,
       title="Largest attention logit against rate and width (seed 0)",
@@ -543,5 +579,12 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   return paths + [path], notes
 
 
+def add_arguments(p) -> None:
+  g = p.add_argument_group("transfer")
+  g.add_argument("--reference", default=None,
+                 help="transfer_versus.md's reference label (default: sp_adam_standard "
+                      "where it ran, else the first label)")
+
+
 # Reads the transfer sweep's layout: only when asked for.
-STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True)
+STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True, arguments=add_arguments)
