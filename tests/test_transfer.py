@@ -204,6 +204,8 @@ def test_muon_adam_lr_mult_refusals_are_one_line(tfds_dir, overrides, match):
     ("preset=test,scaling=cosine", {"model.parameterization": "mup"}, "cosine+mup"),
     ("preset=test", {"optimizer": "muon"}, "standard+muon"),
     ("preset=test", {"optimizer": "muon", "qk_clip": 2.0}, "standard+qk_clip2+muon"),
+    ("preset=test", {"optimizer": "muon", "muon_adam_lr_base_width": 64},
+     "standard+muon+adam_per_width64"),
     ("preset=test,scaling=unit_scaled", UMUP | {"learning_rate": 0.5}, "unit/umup+umup"),
 ])
 def test_trains_and_resumes(tfds_dir, tmp_path_factory, arg, overrides, label):
