@@ -266,7 +266,10 @@ def test_bad_workdirs_are_one_line_errors(sweep_dir, tmp_path):
     return transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"),
                                                workdirs=list(workdirs)))
   with pytest.raises(SystemExit, match="^transfer: give --workdirs SWEEP_DIR"):
-    run(sweep_dir, sweep_dir)
+    run()
+  with pytest.raises(SystemExit, match=r"^transfer: --labels '\(' is not a regular "):
+    transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"), workdirs=[sweep_dir],
+                                        labels="("))
   with pytest.raises(SystemExit, match="^transfer: --workdirs .* is not a directory$"):
     run(str(tmp_path / "missing"))
   empty = tmp_path / "empty"
@@ -278,6 +281,14 @@ def test_bad_workdirs_are_one_line_errors(sweep_dir, tmp_path):
                                        r"these runs \(sp_adam_standard, mup_adam_standard\)$"):
     transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"), workdirs=[sweep_dir],
                                         reference="umup"))
+
+
+def test_several_workdirs_count_a_run_once_and_labels_select(sweep_dir, rows):
+  """The same folder twice reads as once (a run name met again is the first's), and
+  --labels keeps the labels its expression matches."""
+  assert transfer.read_workdirs([sweep_dir, sweep_dir]) == rows
+  mup = transfer.read_workdirs([sweep_dir], labels="^mup_")
+  assert mup == [r for r in rows if r["label"] == "mup_adam_standard"] and mup
 
 
 def test_a_partial_sweep_reads(tmp_path):

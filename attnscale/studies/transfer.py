@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -514,16 +515,39 @@ def slope_note(axis: str = "width") -> str:
           f"1/{axis}; worst_transfer_loss: the most the smallest {axis}'s best rate costs.")
 
 
+def read_workdirs(workdirs: Sequence[str], labels: str | None = None) -> list[dict]:
+  """`read_rows` of each workdir in turn (a run name met again is the first one's: the
+  same run copied into two folders counts once), then only the labels `labels` (a
+  regular expression, `re.search`) matches."""
+  rows, seen = [], set()
+  for workdir in workdirs:
+    for row in read_rows(workdir):
+      if row["run"] not in seen:
+        seen.add(row["run"])
+        rows.append(row)
+  if labels:
+    rows = [r for r in rows if re.search(labels, r["label"])]
+  order = {k: i for i, k in enumerate(labels_of(rows))}
+  return sorted(rows, key=lambda r: (order[r["label"]], r["width"], r["learning_rate"],
+                                     r["seed"]))
+
+
 def run_cli(args) -> tuple[list[str], list[str]]:
-  """`python -m attnscale.studies transfer --out DIR --workdirs SWEEP_DIR`."""
-  if len(args.workdirs) != 1:
+  """`python -m attnscale.studies transfer --out DIR --workdirs SWEEP_DIR [MORE ...]`."""
+  for workdir in args.workdirs:
+    if not os.path.isdir(workdir):
+      raise SystemExit(f"transfer: --workdirs {workdir} is not a directory")
+  if not args.workdirs:
     raise SystemExit("transfer: give --workdirs SWEEP_DIR (the transfer sweep's workdir)")
-  workdir = args.workdirs[0]
-  if not os.path.isdir(workdir):
-    raise SystemExit(f"transfer: --workdirs {workdir} is not a directory")
-  rows = read_rows(workdir)
+  labels = getattr(args, "labels", None)
+  try:
+    rows = read_workdirs(args.workdirs, labels)
+  except re.error as e:
+    raise SystemExit(f"transfer: --labels {labels!r} is not a regular expression: {e}") from None
+  workdir = " + ".join(args.workdirs)
   if not rows:
-    raise SystemExit(f"transfer: no finished runs in --workdirs {workdir}")
+    raise SystemExit(f"transfer: no finished runs in --workdirs {workdir}"
+                     + (f" with a label matching --labels {labels!r}" if labels else ""))
   code = registry.code_note(rows, args, "transfer")
   fits = slopes(rows, seed=getattr(args, "seed", 0))
   table = table_rows(rows, fits)
@@ -581,6 +605,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
 
 def add_arguments(p) -> None:
   g = p.add_argument_group("transfer")
+  g.add_argument("--labels", default=None,
+                 help="a regular expression: only the labels it matches (re.search)")
   g.add_argument("--reference", default=None,
                  help="transfer_versus.md's reference label (default: sp_adam_standard "
                       "where it ran, else the first label)")
