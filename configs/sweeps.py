@@ -340,6 +340,18 @@ MUP_MULT_LABELS = {"mup_adam_standard": TRANSFER_LABELS["mup_adam_standard"]} | 
     for kind in ("output", "attn") for m in MUP_MULT_VALUES}
 SWEEPS["mup_mults"] = _transfer_sweep("graphcore_cpu", MUP_MULT_LABELS, (32,),
                                       dict.fromkeys(MUP_MULT_LABELS, 9))
+# The second half at width 256, where untuned muP trains 0.125 nats above sp + Adam
+# (docs/experiments/transfer.md): does a multiplier that width 32 could not tell from 1
+# matter there? Each label at its own width-32 best rate (seed mean, docs/results/
+# mup_mults), 3 seeds, against mup_adam_standard's 3 at 2^-9. At width 256 an output
+# multiplier of 4 gives sp's readout (4 x 64/256 = 1) and an attention multiplier of 2
+# sp's 1/sqrt(d) logits (2 sqrt(64/256) = 1): what each of muP's two forward-pass rules
+# costs at that width. Six width-256 runs, about two hours of one core.
+MUP_MULTS_256 = {"mup_adam_standard_output4": 9, "mup_adam_standard_attn2": 10}
+SWEEPS["mup_mults_256"] = Sweep("graphcore_cpu", lambda workdir: [
+    {"arg": _arg("graphcore_cpu", "standard", seed),
+     "overrides": MUP_MULT_LABELS[label][1] | {"learning_rate": 2.0**-e, "model.width": 256}}
+    for label, e in MUP_MULTS_256.items() for seed in (0, 1, 2)])
 # What sets Muon's slope of -1 (docs/experiments/transfer.md)? Under Moonlight's rule
 # the Muon-trained square matrices' updates have spectral norm about 0.2 sqrt(width) x
 # rate, so the spectral condition (Yang, Simon and Bernstein 2023) asks for a rate
