@@ -20,6 +20,7 @@ import math
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from attnscale.experiments import stats
@@ -206,6 +207,27 @@ def test_sensitivity_by_hand(rows):
   resid = [yi - (0.013125 + 0.00125 * (xi - 1.5)) for xi, yi in zip(x, y)]
   half = stats.t_multiplier(2) * math.sqrt(sum(e * e for e in resid) / 2 / 5)
   assert (sp["lo"], sp["hi"]) == pytest.approx((0.00125 - half, 0.00125 + half))
+  # Through every seed's S: muP has seed 0 alone at each width, so the same line as
+  # through the means; sp's line goes through each seed's S at each width (at 32 the
+  # three by hand above), its interval on (points - 2) degrees of freedom.
+  per_seed = transfer.seed_sensitivities(rows)
+  slopes = {r["label"]: r for r in transfer.sensitivity_slope_rows(list(sens.values()),
+                                                                   per_seed)}
+  mup = slopes["mup_adam_standard"]
+  assert (mup["seed_points"], mup["seed_reading"]) == (4, "grows with width")
+  assert (mup["seed_slope"], mup["seed_lo"], mup["seed_hi"]) == pytest.approx(
+      (mup["slope"], mup["lo"], mup["hi"]))
+  assert per_seed["sp_adam_standard", 32] == pytest.approx(dict(enumerate(s_by_seed)))
+  xy = [(math.log2(w / 32), v) for w in WIDTHS
+        for v in per_seed["sp_adam_standard", w].values()]
+  x, y = np.array([p[0] for p in xy]), np.array([p[1] for p in xy])
+  b, a = np.polyfit(x, y, 1)
+  half = stats.t_multiplier(len(x) - 2) * math.sqrt(
+      np.sum((y - a - b * x) ** 2) / (len(x) - 2) / np.sum((x - x.mean()) ** 2))
+  sp = slopes["sp_adam_standard"]
+  assert sp["seed_points"] == len(xy) == sum(len(per_seed["sp_adam_standard", w])
+                                             for w in WIDTHS)
+  assert (sp["seed_slope"], sp["seed_lo"], sp["seed_hi"]) == pytest.approx((b, b - half, b + half))
 
 
 def test_versus_is_paired_at_each_ones_best(rows):

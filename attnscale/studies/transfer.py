@@ -321,21 +321,39 @@ def _contiguous(xs: Sequence[float], around: float) -> list[float]:
   return xs[i:j + 1]
 
 
+def _window(rows: Sequence[dict], label: str, w: int):
+  """(by_rate, grid best, L0, each seed's window rates, the seeds whose window is seed
+  0's (the first seed's), {seed: S} of those seeds)."""
+  by_rate = losses(rows, label, w)
+  grid, _ = best_rate(by_rate)
+  init = math.log(next(r["vocab_size"] for r in rows if r["label"] == label))
+  seeds = sorted({s for v in by_rate.values() for s in v})
+  block = {s: [x for x in _contiguous([x for x, v in by_rate.items() if s in v], grid)
+               if abs(x - grid) <= WINDOW + TOL] for s in seeds}
+  same = [s for s in seeds if block[s] == block[seeds[0]]]
+  per_seed = {s: sensitivity([by_rate[x][s] for x in block[s]], init) for s in same}
+  return by_rate, grid, init, block, same, per_seed
+
+
+def seed_sensitivities(rows: Sequence[dict]) -> dict[tuple[str, int], dict[int, float]]:
+  """{(label, width): {seed: S}} over the seeds that ran seed 0's window (none where
+  every rate diverged)."""
+  out = {}
+  for label in labels_of(rows):
+    for w in widths_of(rows, label):
+      _, grid, _, _, _, per_seed = _window(rows, label, w)
+      out[label, w] = per_seed if math.isfinite(grid) else {}
+  return out
+
+
 def sensitivity_rows(rows: Sequence[dict]) -> list[dict]:
   """Per label and width: S over the rates within WINDOW octaves of the best and
   contiguous with it (module docstring)."""
   out = []
   for label in labels_of(rows):
     for w in widths_of(rows, label):
-      by_rate = losses(rows, label, w)
-      grid, _ = best_rate(by_rate)
-      init = math.log(next(r["vocab_size"] for r in rows if r["label"] == label))
-      seeds = sorted({s for v in by_rate.values() for s in v})
-      block = {s: [x for x in _contiguous([x for x, v in by_rate.items() if s in v], grid)
-                   if abs(x - grid) <= WINDOW + TOL] for s in seeds}
-      first = seeds[0]
-      same = [s for s in seeds if block[s] == block[first]]
-      per_seed = {s: sensitivity([by_rate[x][s] for x in block[s]], init) for s in same}
+      by_rate, grid, init, block, same, per_seed = _window(rows, label, w)
+      first = same[0]
       if not math.isfinite(grid):  # S = L0 - L0 = 0 would read as insensitive
         value, basis = stats.mean_interval([]), "every rate diverged"
       elif len(same) >= 2:
@@ -355,25 +373,42 @@ def sensitivity_rows(rows: Sequence[dict]) -> list[dict]:
   return out
 
 
-def sensitivity_slope_rows(table: Sequence[dict]) -> list[dict]:
-  """Per label: least squares of S on log2(width) with its 95% t-interval (n - 2 df)."""
+def _line(x_N, y_N) -> tuple[float, float, float, str]:
+  """Least squares of y on x: (slope, lo, hi, reading), a 95% t-interval on n - 2
+  degrees of freedom (NaN, and a reading that says why, with fewer than 3 points)."""
+  if len(x_N) < 2 or len(set(x_N)) < 2:
+    return math.nan, math.nan, math.nan, "fewer than 2 widths"
+  x_N, y_N = np.asarray(x_N, float), np.asarray(y_N, float)
+  slope, intercept = np.polyfit(x_N, y_N, 1)
+  if len(x_N) == 2:
+    return float(slope), math.nan, math.nan, "no interval with 2 widths"
+  resid_N = y_N - (slope * x_N + intercept)
+  se = math.sqrt(np.sum(resid_N**2) / (len(x_N) - 2) / np.sum((x_N - x_N.mean())**2))
+  half = stats.t_multiplier(len(x_N) - 2) * se
+  reading = ("grows with width" if slope - half > 0 else
+             "falls with width" if slope + half < 0 else "flat within noise")
+  return float(slope), float(slope - half), float(slope + half), reading
+
+
+def sensitivity_slope_rows(table: Sequence[dict], per_seed: Mapping | None = None
+                           ) -> list[dict]:
+  """Per label: least squares of S on log2(width) with its 95% t-interval (n - 2 df),
+  through the per-width means; with `per_seed` ({(label, width): {seed: S}},
+  `seed_sensitivities`) also through every seed's S ("seed_*": n = all those points,
+  so each width's seed spread enters the interval, not only the means' scatter; seeds
+  taken as independent draws across widths)."""
   out = []
   for label in dict.fromkeys(r["label"] for r in table):
     pts = [r for r in table if r["label"] == label and math.isfinite(r["S"])]
-    row = {"label": label, "widths": len(pts), "slope": math.nan, "lo": math.nan,
-           "hi": math.nan, "reading": "fewer than 2 widths"}
-    if len(pts) >= 2:
-      x_W = np.log2([r["width"] for r in pts])
-      s_W = np.array([r["S"] for r in pts])
-      slope, intercept = np.polyfit(x_W, s_W, 1)
-      row.update(slope=float(slope), reading="no interval with 2 widths")
-      if len(pts) > 2:
-        resid_W = s_W - (slope * x_W + intercept)
-        se = math.sqrt(np.sum(resid_W**2) / (len(pts) - 2) / np.sum((x_W - x_W.mean())**2))
-        half = stats.t_multiplier(len(pts) - 2) * se
-        row.update(lo=float(slope - half), hi=float(slope + half),
-                   reading="grows with width" if slope - half > 0 else
-                   "falls with width" if slope + half < 0 else "flat within noise")
+    slope, lo, hi, reading = _line(np.log2([r["width"] for r in pts]), [r["S"] for r in pts])
+    row = {"label": label, "widths": len(pts), "slope": slope, "lo": lo, "hi": hi,
+           "reading": reading}
+    if per_seed is not None:
+      xy = [(math.log2(r["width"]), v) for r in pts
+            for v in per_seed.get((label, r["width"]), {}).values() if math.isfinite(v)]
+      s_slope, s_lo, s_hi, s_reading = _line([x for x, _ in xy], [y for _, y in xy])
+      row.update(seed_points=len(xy), seed_slope=s_slope, seed_lo=s_lo, seed_hi=s_hi,
+                 seed_reading=s_reading)
     out.append(row)
   return out
 
@@ -571,10 +606,14 @@ def run_cli(args) -> tuple[list[str], list[str]]:
              f"alone (basis). rates < {2 * WINDOW + 1}: the window is not complete (sweep "
              "running, or a bound), so compare widths with `rates` beside.", code])
   paths += reporting.write_tables(
-      sensitivity_slope_rows(sens), args.out, "transfer_sensitivity_slopes", floats=".3f",
+      sensitivity_slope_rows(sens, seed_sensitivities(rows)), args.out,
+      "transfer_sensitivity_slopes", floats=".3f",
       title="Sensitivity against width: slopes",
-      notes=["slope: least squares of S on log2 width; lo/hi: its 95% t-interval (n - 2 "
-             "degrees of freedom: the widths' scatter about the line).", code])
+      notes=["slope: least squares of S (the seed mean) on log2 width; lo/hi: its 95% "
+             "t-interval (n - 2 degrees of freedom: the widths' scatter about the line). "
+             "seed_slope: the same line through every seed's S (seed_points of them), so "
+             "the seeds' spread at each width enters seed_lo/seed_hi (seeds taken as "
+             "independent across widths).", code])
   reference = getattr(args, "reference", None) or ("sp_adam_standard" if any(
       r["label"] == "sp_adam_standard" for r in rows) else labels_of(rows)[0])
   if reference not in labels_of(rows):
