@@ -119,7 +119,8 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
   the schedule's rate (its decoupled decay too, as AdamW's is): 1, one rate for both,
   is Moonlight's and Kimi's; modded-nanogpt tunes the embedding and readout rates
   apart. `config.muon_adam_lr_base_width` = B > 0 multiplies it by B / model.width as
-  well: Adam's 1/width rule for that branch, at Muon's rate at width B. Both rules read the shape (no muP multiplier on top);
+  well: Adam's 1/width rule for that branch, at Muon's rate at width B. Both rules
+  read the shape (no muP multiplier on top);
   whether the best learning rate then transfers across width is measured, not
   assumed, in docs/experiments/transfer.md (under `moonlight` it falls, while the
   loss stays flat over several octaves). Built from optax.contrib's pieces with

@@ -101,8 +101,8 @@ def transfer_label(config: Mapping) -> str:
   QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
   "_standard"; muP's base multipliers other than 1 append "_output<m>" / "_attn<m>"
   (configs/sweeps.py MUP_MULT_LABELS); Muon's AdamW branch at a rate of its own appends
-  "_adam_lr<m>" (muon_adam_lr_mult) and "_adam_per_width<B>" (muon_adam_lr_base_width). Adam and AdamW
-  are "adam" (the sweep's Adam is AdamW with decay 0).
+  "_adam_lr<m>" (muon_adam_lr_mult) and "_adam_per_width<B>" (muon_adam_lr_base_width).
+  Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
   A run with anything else that changes attention (its `configlib.run_label` says
   more than these fields do) keeps its run_label: never averaged into a sweep label.
   """
