@@ -148,6 +148,11 @@ def read_rows(workdir: str) -> list[dict]:
   for row in rows:
     peak = [v for _, v in row["logits"] if math.isfinite(v)]
     row["max_logit_peak"] = max(peak) if peak else math.nan
+  return _sorted(rows)
+
+
+def _sorted(rows: Sequence[dict]) -> list[dict]:
+  """Rows in the tables' order: label (the sweep's first), width, rate, seed."""
   order = {k: i for i, k in enumerate(labels_of(rows))}
   return sorted(rows, key=lambda r: (order[r["label"]], r["width"], r["learning_rate"],
                                      r["seed"]))
@@ -562,9 +567,7 @@ def read_workdirs(workdirs: Sequence[str], labels: str | None = None) -> list[di
         rows.append(row)
   if labels:
     rows = [r for r in rows if re.search(labels, r["label"])]
-  order = {k: i for i, k in enumerate(labels_of(rows))}
-  return sorted(rows, key=lambda r: (order[r["label"]], r["width"], r["learning_rate"],
-                                     r["seed"]))
+  return _sorted(rows)
 
 
 def run_cli(args) -> tuple[list[str], list[str]]:
