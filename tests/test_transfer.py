@@ -4,11 +4,12 @@ the unit model, Muon (config.optimizer=muon), packed Muon."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from attnscale import testing
 from attnscale.models import ModelConfig, mup
-from attnscale.runtime import configlib, packed, packing, train_lib
+from attnscale.runtime import configlib, optimizers, packed, packing, train_lib
 from attnscale.runtime import train_state as ts
 from tests.test_mup import SMALL, losses, make_config
 
@@ -138,6 +139,25 @@ def test_muon_one_step_is_its_definition(tfds_dir, rule, factor):
   for name in ("embed", "scale"):  # Adam's first step: lr g / (|g| + eps)
     np.testing.assert_allclose(updates[name], -config.learning_rate * np.sign(grads[name]),
                                rtol=1e-5)
+
+
+def test_muon_matches_optax_contrib_on_wide_tall_and_square_matrices():
+  """`optimizers.scale_by_muon` (the iteration without transposes) gives optax.contrib's
+  updates and state over three steps, to float32 rounding, for every orientation."""
+  rng = np.random.default_rng(0)
+  params = {"square": jnp.zeros((8, 8)), "wide": jnp.zeros((4, 16)),
+            "tall": jnp.zeros((16, 4))}
+  ours = optimizers.scale_by_muon()
+  theirs = optax.contrib.scale_by_muon(weight_dimension_numbers=lambda updates: jax.tree.map(
+      lambda _: optax.contrib.MuonDimensionNumbers(), updates))
+  state_ours, state_theirs = ours.init(params), theirs.init(params)
+  for _ in range(3):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32),
+                         params)
+    up_ours, state_ours = ours.update(grads, state_ours)
+    up_theirs, state_theirs = theirs.update(grads, state_theirs)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 (up_ours, state_ours), (up_theirs, state_theirs))
 
 
 def test_muon_adam_lr_mult_scales_only_the_adam_branch(tfds_dir):

@@ -104,8 +104,8 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
   (kellerjordan.github.io/posts/muon; modded-nanogpt): the Nesterov momentum
   M <- beta M + G (beta = 0.95, optax's bias-corrected EMA form) is orthogonalised by
   5 quintic Newton-Schulz steps X <- a X + (b A + c A^2) X, A = X X^T, from
-  X0 = M / ||M||_F, (a, b, c) = (3.4445, -4.7750, 2.0315) (`optax.contrib.scale_by_muon`,
-  transposed so the iteration runs on the wide side). The update O (singular values
+  X0 = M / ||M||_F, (a, b, c) = (3.4445, -4.7750, 2.0315) (`scale_by_muon`: optax.contrib's
+  state and momentum, its iteration without the transposes). The update O (singular values
   about 1) is then scaled by `config.muon_lr_rule`, for W of shape (fan_in, fan_out):
 
       moonlight       O x 0.2 sqrt(max(fan_in, fan_out)): update RMS 0.2, AdamW's, so
@@ -132,10 +132,7 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
   rule = config.get("muon_lr_rule", "moonlight")
   consistent_rms = MOONLIGHT_RMS if rule == "moonlight" else None
   matrices = optax.chain(
-      # Every leaf it sees is a (fan_in, fan_out) matrix; the callable keeps the
-      # partition's masked leaves (optax.contrib.muon does the same).
-      optax.contrib.scale_by_muon(weight_dimension_numbers=lambda updates: jax.tree.map(
-          lambda _: optax.contrib.MuonDimensionNumbers(), updates)),
+      scale_by_muon(),
       scale_by_muon_shape(consistent_rms),
       optax.add_decayed_weights(weight_decay),
       optax.scale_by_learning_rate(schedule))
@@ -147,6 +144,53 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
   if adam_mult != 1:  # only then: Muon checkpoints at 1 keep their opt_state layout
     adamw = optax.chain(adamw, optax.scale(adam_mult))
   return optax.partition({"muon": matrices, "adam": adamw}, labels)
+
+
+def newton_schulz(m_io: jax.Array, coeffs: jax.Array, steps: int = 5,
+                  eps: float = 1e-8) -> jax.Array:
+  """Jordan et al.'s quintic Newton-Schulz orthogonalisation of the matrix M (i, o):
+
+      X0 = M / (||M||_F + eps);  X <- a X + (b A + c A^2) X,  A = X X^T   (i <= o)
+                                 X <- a X + X (b A + c A^2),  A = X^T X   (i > o)
+
+  The second line is the first on X^T (optax.contrib's `orthogonalize_via_newton_schulz`
+  transposes a tall matrix instead); A is the small side's Gram matrix either way.
+  Written with contractions over the long axis rather than `x.T`, because XLA:CPU
+  copied every transpose (tens of ms a step at width 256, half the update's time:
+  benchmarks/step_profile.py --set optimizer=muon); equal to optax's to float32
+  rounding (tests/test_transfer.py)."""
+  a, b, c = coeffs[0], coeffs[1], coeffs[2]
+  x_io = m_io / (jnp.linalg.norm(m_io) + eps)
+  wide = x_io.shape[0] <= x_io.shape[1]
+  for _ in range(steps):  # unrolled, as optax's (it composes with a packed step's vmap)
+    if wide:
+      a_ii = jnp.einsum("io,jo->ij", x_io, x_io)
+      x_io = a * x_io + (b * a_ii + c * a_ii @ a_ii) @ x_io
+    else:
+      a_oo = jnp.einsum("io,ip->op", x_io, x_io)
+      x_io = a * x_io + x_io @ (b * a_oo + c * a_oo @ a_oo)
+  return x_io
+
+
+def scale_by_muon(beta: float = 0.95, steps: int = 5) -> optax.GradientTransformation:
+  """`optax.contrib.scale_by_muon`'s defaults (Nesterov, bias-corrected EMA momentum,
+  Frobenius preconditioning, its coefficients), with `newton_schulz` as the
+  iteration. Its state is optax's own (`MuonState`: count, mu, ns_coeffs), so
+  checkpoints written by optax's transformation restore into this one."""
+  base = optax.contrib.scale_by_muon(beta=beta, ns_steps=steps)
+
+  def update(updates, state, params=None):
+    del params
+    mu = optax.tree.update_moment(updates, state.mu, beta, 1)
+    count = optax.safe_increment(state.count)
+    mu_hat = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g,
+                          optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
+                          optax.tree.bias_correction(updates, beta, count))
+    ortho = jax.tree.map(lambda m: newton_schulz(m, state.ns_coeffs.astype(m.dtype), steps),
+                         mu_hat)
+    return ortho, state._replace(count=count, mu=mu)
+
+  return optax.GradientTransformation(base.init, update)
 
 
 def muon_shape_factor(shape, consistent_rms: float | None) -> float:
