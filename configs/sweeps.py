@@ -241,7 +241,7 @@ def _depth_sweep(preset, labels, depths, seeds, band_seeds=()):
 # the smallest width's best also runs at every other width (transfer). Sensitivity:
 # seed 0 also runs every rate within two octaves of each best (`window`), so that
 # Wortsman et al.'s S is over the same five rates around the best at every width
-# (attnscale/studies/transfer.py); about 1-2 runs more per label and width, the
+# (attnscale/studies/transfer_sensitivity.py); about 1-2 runs more per label and width, the
 # higher of them often diverging early.
 TRANSFER_ATTENTIONS = ("standard", "qk_rmsnorm", "cosine")
 UMUP = {"model.parameterization": "umup", "model.scaling": "umup",

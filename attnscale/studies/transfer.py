@@ -41,27 +41,10 @@ diverged, as in the search):
 * slope: `stats.best_rate_slope`, log2(best) = slope log2(width) + c, with a bootstrap
   interval over seeds (read it as roughly 90% with 3 seeds: its docstring).
 
-Learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for
-large-scale Transformer training instabilities", arXiv 2309.14322, section 3.1),
-`attnscale.studies.sensitivity.sensitivity` per seed:
-
-    S = mean_lr min(L(lr), L_0) - min_lr L(lr),   L_0 = ln V (a diverged run: L_0)
-
-Wortsman et al. take the mean over one fixed range of rates at every size; here
-each label and width has its own best, so S is over a fixed range relative to it:
-the whole-octave rates within WINDOW (2) octaves of the best and contiguous with it
-(no gap wider than an octave). The sweep runs seed 0 at all five of them
-(lr_search's `window`); a rate outside (the transfer run, set apart several octaves
-from an sp search at a large width, or the far end of a long search) is left out
-(`left_out`), as it would put a far rate into one width's mean and not another's.
-Where the window is not complete yet (`rates` < 5: the sweep is still running, or a
-bound cut it) S is over fewer rates, so read S across widths with `rates` beside it. The mean and t-interval are over the
-seeds that ran the same rates as seed 0; where fewer than 2 did (the protocol's seeds
-1 and 2 run only the band), seed 0 alone (`basis`). S's slope against log2(width):
-least squares over the widths, 95% t-interval with n - 2 degrees of freedom (the
-widths' scatter about the line; each S's own seed noise only as far as that scatter
-shows it: none with 2 widths). Wortsman et al. find S grows with size under standard
-attention, and QK-layernorm reduces it.
+Learning-rate sensitivity (Wortsman et al. 2023's S, per label and width over a
+window around that width's own best, and its slope on log2 width):
+attnscale/studies/transfer_sensitivity.py. The sweep's labels and runs as rows:
+attnscale/studies/transfer_runs.py.
 
 The largest logit: `train/attn/max_logit/layer_<i>` in metrics.jsonl (the largest
 scaled logit of the layer on that step's batch), maximised over layers.
@@ -77,117 +60,26 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, stats, sweep_results
-from attnscale.runtime import configlib
-from attnscale.studies import registry
-from attnscale.studies import sensitivity as sensitivity_study
-from attnscale.studies.sensitivity import sensitivity
-
-# The sweep's labels (configs/sweeps.py TRANSFER_LABELS), in its order.
-LABELS = tuple(f"{p}_{o}_{a}" for p, o in (("sp", "adam"), ("mup", "adam"), ("sp", "muon"))
-               for a in ("standard", "qk_rmsnorm", "cosine")) + (
-                   "umup", "sp_muon_qk_clip", "sp_adam_inverse_d", "sp_adam_unit_scaled")
-QK_CLIP = 50.0  # the sweep's tau, which its label leaves unsaid
-TOL = 1e-9  # log2 rate: an interval "covers" a slope up to float round-off
-MUP_MULTS = ("mup_output_mult", "mup_attn_mult")  # muP's base multipliers, 1 unless searched
-WINDOW = 2  # octaves each side of the best that S averages over (configs/sweeps.py's window)
+from attnscale.studies import registry, transfer_runs, transfer_sensitivity
+from attnscale.studies.transfer_runs import (
+  TOL,
+  best_rate,
+  cell_rates,
+  labels_of,
+  losses,
+  read_workdirs,
+  widths_of,
+)
 
 
-def transfer_label(config: Mapping) -> str:
-  """The sweep's label of a run, from its config.json (`LABELS`).
-
-  "{parameterization}_{adam|muon}_{scaling}" ("mup_adam_cosine"; the unit-scaled
-  model, fully scaled attention in the unit variant, is "unit_scaled"); "umup" for u-muP
-  (u-muP's attention and residual rule; "umup_<scaling>_<residual>" otherwise);
-  QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
-  "_standard"; muP's base multipliers other than 1 append "_output<m>" / "_attn<m>"
-  (configs/sweeps.py MUP_MULT_LABELS); Muon's AdamW branch at a rate of its own appends
-  "_adam_lr<m>" (muon_adam_lr_mult) and "_adam_per_width<B>" (muon_adam_lr_base_width).
-  Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
-  A run with anything else that changes attention (its `configlib.run_label` says
-  more than these fields do) keeps its run_label: never averaged into a sweep label.
-  """
-  import ml_collections
-
-  model = config["model"]
-  param, scaling = model.get("parameterization", "sp"), model["scaling"]
-  optimizer = "muon" if config.get("optimizer") == "muon" else "adam"
-  clip = config.get("qk_clip") or 0.0
-  attention = {"scaling": scaling, "variant": model.get("variant", "standard"),
-               "unit": model.get("unit", {})}
-  if param == "umup":
-    residual = attention["unit"].get("attn_residual", "")
-    label = ("umup" if (scaling, residual) == ("umup", "rule") else
-             f"umup_{scaling}_{residual}") + ("_muon" if optimizer == "muon" else "")
-  else:  # the attention's run_label: the scaling, or "unit_scaled" for Graphcore's model
-    name = configlib.run_label(ml_collections.ConfigDict({"model": attention}))
-    label = f"{param}_{optimizer}_{name}"
-  if clip:
-    label = label.removesuffix("_standard") + ("_qk_clip" if clip == QK_CLIP
-                                               else f"_qk_clip{clip:g}")
-  adam_mult = config.get("muon_adam_lr_mult", 1.0)
-  base_width = config.get("muon_adam_lr_base_width", 0)
-  if optimizer == "muon":  # the AdamW branch's rate, decoupled
-    label += (f"_adam_lr{adam_mult:g}" if adam_mult != 1 else "") + (
-        f"_adam_per_width{base_width}" if base_width else "")
-  mults = {name: model[name] for name in MUP_MULTS if model.get(name, 1.0) != 1}
-  for name, value in mults.items():  # muP's base multipliers (the mup_mults sweep)
-    label += f"_{name.removeprefix('mup_').removesuffix('_mult')}{value:g}"
-  known = {"model": attention | {"parameterization": param} | mults, "qk_clip": clip,
-           "optimizer": config.get("optimizer"), "muon_adam_lr_mult": adam_mult,
-           "muon_adam_lr_base_width": base_width}
-  full = configlib.run_label(ml_collections.ConfigDict(config))
-  return label if full == configlib.run_label(ml_collections.ConfigDict(known)) else full
-
-
-def read_rows(workdir: str) -> list[dict]:
-  """The sweep's finished (or diverged) runs (`sensitivity.read_rows`), each with its
-  label, width, vocabulary, (step, largest logit over layers) curve and that curve's
-  peak."""
-  rows = sensitivity_study.read_rows(workdir, lambda config: {
-      "label": transfer_label(config), "width": config["model"]["width"]})
-  for row in rows:
-    peak = [v for _, v in row["logits"] if math.isfinite(v)]
-    row["max_logit_peak"] = max(peak) if peak else math.nan
-  return _sorted(rows)
-
-
-def _sorted(rows: Sequence[dict]) -> list[dict]:
-  """Rows in the tables' order: label (the sweep's first), width, rate, seed."""
-  order = {k: i for i, k in enumerate(labels_of(rows))}
-  return sorted(rows, key=lambda r: (order[r["label"]], r["width"], r["learning_rate"],
-                                     r["seed"]))
-
-
-def labels_of(rows: Sequence[dict]) -> list[str]:
-  """The rows' labels: the sweep's in its order, then any other, sorted."""
-  present = {r["label"] for r in rows}
-  return [k for k in LABELS if k in present] + sorted(present - set(LABELS))
-
-
-def widths_of(rows: Sequence[dict], label: str, axis: str = "width") -> list[int]:
-  """The sizes of `label` on `axis` ("width"; the depth study: "depth")."""
-  return sorted({r[axis] for r in rows if r["label"] == label})
-
-
-def losses(rows: Sequence[dict], label: str, width: int, axis: str = "width"
-           ) -> dict[float, dict[int, float]]:
-  """{log2 rate: {seed: final loss}} of one label and size (NaN: diverged)."""
-  out: dict[float, dict[int, float]] = {}
-  for r in rows:
-    if r["label"] == label and r[axis] == width:
-      out.setdefault(math.log2(r["learning_rate"]), {})[r["seed"]] = r["final_train_loss"]
-  return out
-
-
-def seed_means(by_rate: Mapping[float, Mapping[int, float]]) -> dict[float, float]:
-  """{log2 rate: seed mean}, NaN where any seed diverged (the search's rule)."""
-  return {x: float(np.mean(list(s.values()))) if all(map(math.isfinite, s.values()))
-          else math.nan for x, s in by_rate.items()}
-
-
-def best_rate(by_rate: Mapping[float, Mapping[int, float]]) -> tuple[float, float]:
-  """(grid, interpolated) best log2 rate on the seed means; NaN, NaN if all diverged."""
-  return stats.parabola_vertex(seed_means(by_rate))
+def __getattr__(name: str):
+  """The runs' labels and rows (transfer_runs.py) and S across width
+  (transfer_sensitivity.py) moved beside this module; `transfer.read_rows`,
+  `transfer.sensitivity_rows` and the like still resolve here, for notebooks."""
+  for module in (transfer_runs, transfer_sensitivity):
+    if hasattr(module, name):
+      return getattr(module, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def slopes(rows: Sequence[dict], seed: int = 0, axis: str = "width"
@@ -218,10 +110,6 @@ def _transfer(at_best: Mapping, at_ref: Mapping | None) -> tuple[float, float, f
   return math.nan, math.nan, math.nan, "no shared seed 0"
 
 
-def _cell_rates(xs) -> str:
-  return " ".join(reporting.power_of_two(2.0**x) for x in sorted(xs))
-
-
 def table_rows(rows: Sequence[dict], fits: Mapping[str, stats.Slope | None],
                axis: str = "width") -> list[dict]:
   """One row per label and size on `axis` (transfer.md; the module docstring)."""
@@ -249,7 +137,7 @@ def table_rows(rows: Sequence[dict], fits: Mapping[str, stats.Slope | None],
         loss = stats.mean_interval(at_best.values())
         logits = [r["max_logit"] for r in rows if r["label"] == label and r[axis] == w
                   and math.log2(r["learning_rate"]) == grid]
-        row.update(band=_cell_rates(band.rates), band_short=len(band.short),
+        row.update(band=cell_rates(band.rates), band_short=len(band.short),
                    seeds=len(at_best), loss=loss.mean, loss_lo=loss.lo, loss_hi=loss.hi,
                    max_logit=float(np.mean(logits)))
         if w == widths[0]:
@@ -309,111 +197,6 @@ def slope_rows(table: Sequence[dict], fits: Mapping[str, stats.Slope | None],
                  reading={(True, False): "transfers", (False, True): f"falls as 1/{axis}",
                           (True, True): "either: interval too wide",
                           (False, False): f"moves, not as 1/{axis}"}[zero, one])
-    out.append(row)
-  return out
-
-
-def _contiguous(xs: Sequence[float], around: float) -> list[float]:
-  """The rates of `xs` joined to `around` with no gap wider than one octave."""
-  xs = sorted(xs)
-  if around not in xs:
-    return xs
-  i = j = xs.index(around)
-  while i > 0 and xs[i] - xs[i - 1] <= 1 + TOL:
-    i -= 1
-  while j < len(xs) - 1 and xs[j + 1] - xs[j] <= 1 + TOL:
-    j += 1
-  return xs[i:j + 1]
-
-
-def _window(rows: Sequence[dict], label: str, w: int):
-  """(by_rate, grid best, L0, each seed's window rates, the seeds whose window is seed
-  0's (the first seed's), {seed: S} of those seeds)."""
-  by_rate = losses(rows, label, w)
-  grid, _ = best_rate(by_rate)
-  init = math.log(next(r["vocab_size"] for r in rows if r["label"] == label))
-  seeds = sorted({s for v in by_rate.values() for s in v})
-  block = {s: [x for x in _contiguous([x for x, v in by_rate.items() if s in v], grid)
-               if abs(x - grid) <= WINDOW + TOL] for s in seeds}
-  same = [s for s in seeds if block[s] == block[seeds[0]]]
-  per_seed = {s: sensitivity([by_rate[x][s] for x in block[s]], init) for s in same}
-  return by_rate, grid, init, block, same, per_seed
-
-
-def seed_sensitivities(rows: Sequence[dict]) -> dict[tuple[str, int], dict[int, float]]:
-  """{(label, width): {seed: S}} over the seeds that ran seed 0's window (none where
-  every rate diverged)."""
-  out = {}
-  for label in labels_of(rows):
-    for w in widths_of(rows, label):
-      _, grid, _, _, _, per_seed = _window(rows, label, w)
-      out[label, w] = per_seed if math.isfinite(grid) else {}
-  return out
-
-
-def sensitivity_rows(rows: Sequence[dict]) -> list[dict]:
-  """Per label and width: S over the rates within WINDOW octaves of the best and
-  contiguous with it (module docstring)."""
-  out = []
-  for label in labels_of(rows):
-    for w in widths_of(rows, label):
-      by_rate, grid, init, block, same, per_seed = _window(rows, label, w)
-      first = same[0]
-      if not math.isfinite(grid):  # S = L0 - L0 = 0 would read as insensitive
-        value, basis = stats.mean_interval([]), "every rate diverged"
-      elif len(same) >= 2:
-        value = stats.mean_interval(per_seed.values())
-        basis = f"{len(same)} seeds"
-      else:
-        value = stats.Interval(per_seed[first], math.nan, math.nan, 1, math.nan)
-        basis = f"seed {first} (the other seeds ran other rates)"
-      seed_rates = [x for x, v in by_rate.items() if first in v]
-      out.append({"label": label, "width": w, "rates": len(block[first]),
-                  "rate_range": f"{_cell_rates(block[first][:1])} ... "
-                                f"{_cell_rates(block[first][-1:])}",
-                  "left_out": len(seed_rates) - len(block[first]),
-                  "diverged": sum(not math.isfinite(by_rate[x][first]) for x in block[first]),
-                  "S": value.mean, "S_lo": value.lo, "S_hi": value.hi, "seeds": len(same),
-                  "basis": basis, "L0": init})
-  return out
-
-
-def _line(x_N, y_N) -> tuple[float, float, float, str]:
-  """Least squares of y on x: (slope, lo, hi, reading), a 95% t-interval on n - 2
-  degrees of freedom (NaN, and a reading that says why, with fewer than 3 points)."""
-  if len(x_N) < 2 or len(set(x_N)) < 2:
-    return math.nan, math.nan, math.nan, "fewer than 2 widths"
-  x_N, y_N = np.asarray(x_N, float), np.asarray(y_N, float)
-  slope, intercept = np.polyfit(x_N, y_N, 1)
-  if len(x_N) == 2:
-    return float(slope), math.nan, math.nan, "no interval with 2 widths"
-  resid_N = y_N - (slope * x_N + intercept)
-  se = math.sqrt(np.sum(resid_N**2) / (len(x_N) - 2) / np.sum((x_N - x_N.mean())**2))
-  half = stats.t_multiplier(len(x_N) - 2) * se
-  reading = ("grows with width" if slope - half > 0 else
-             "falls with width" if slope + half < 0 else "flat within noise")
-  return float(slope), float(slope - half), float(slope + half), reading
-
-
-def sensitivity_slope_rows(table: Sequence[dict], per_seed: Mapping | None = None
-                           ) -> list[dict]:
-  """Per label: least squares of S on log2(width) with its 95% t-interval (n - 2 df),
-  through the per-width means; with `per_seed` ({(label, width): {seed: S}},
-  `seed_sensitivities`) also through every seed's S ("seed_*": n = all those points,
-  so each width's seed spread enters the interval, not only the means' scatter; seeds
-  taken as independent draws across widths)."""
-  out = []
-  for label in dict.fromkeys(r["label"] for r in table):
-    pts = [r for r in table if r["label"] == label and math.isfinite(r["S"])]
-    slope, lo, hi, reading = _line(np.log2([r["width"] for r in pts]), [r["S"] for r in pts])
-    row = {"label": label, "widths": len(pts), "slope": slope, "lo": lo, "hi": hi,
-           "reading": reading}
-    if per_seed is not None:
-      xy = [(math.log2(r["width"]), v) for r in pts
-            for v in per_seed.get((label, r["width"]), {}).values() if math.isfinite(v)]
-      s_slope, s_lo, s_hi, s_reading = _line([x for x, _ in xy], [y for _, y in xy])
-      row.update(seed_points=len(xy), seed_slope=s_slope, seed_lo=s_lo, seed_hi=s_hi,
-                 seed_reading=s_reading)
     out.append(row)
   return out
 
@@ -494,22 +277,6 @@ def plot_best(table: Sequence[dict], fits: Mapping[str, stats.Slope | None],
   return fig
 
 
-def plot_sensitivity(table: Sequence[dict]):
-  fig = reporting.new_figure(8, 5)
-  ax = fig.subplots()
-  for i, label in enumerate(dict.fromkeys(r["label"] for r in table)):
-    pts = [r for r in table if r["label"] == label]
-    s = np.array([r["S"] for r in pts])
-    err = np.nan_to_num([s - [r["S_lo"] for r in pts], [r["S_hi"] for r in pts] - s])
-    ax.errorbar([r["width"] * (1 + 0.02 * (i - 5)) for r in pts], s, yerr=err, capsize=2,
-                label=label, **reporting.style(i))
-  ax.set_xscale("log", base=2)
-  reporting.label_axes(ax, xlabel="width", ylabel="learning-rate sensitivity S (nats)",
-                       title="Wortsman et al.'s S against width; bars: 95% t where seeds allow")
-  ax.legend(fontsize=7, ncol=2)
-  return fig
-
-
 def plot_logits(rows: Sequence[dict]):
   """The largest logit (last logged step, seed 0) against rate, a panel per label."""
   labels = labels_of(rows)
@@ -555,21 +322,6 @@ def slope_note(axis: str = "width") -> str:
           f"1/{axis}; worst_transfer_loss: the most the smallest {axis}'s best rate costs.")
 
 
-def read_workdirs(workdirs: Sequence[str], labels: str | None = None) -> list[dict]:
-  """`read_rows` of each workdir in turn (a run name met again is the first one's: the
-  same run copied into two folders counts once), then only the labels `labels` (a
-  regular expression, `re.search`) matches."""
-  rows, seen = [], set()
-  for workdir in workdirs:
-    for row in read_rows(workdir):
-      if row["run"] not in seen:
-        seen.add(row["run"])
-        rows.append(row)
-  if labels:
-    rows = [r for r in rows if re.search(labels, r["label"])]
-  return _sorted(rows)
-
-
 def run_cli(args) -> tuple[list[str], list[str]]:
   """`python -m attnscale.studies transfer --out DIR --workdirs SWEEP_DIR [MORE ...]`."""
   for workdir in args.workdirs:
@@ -589,7 +341,6 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   code = registry.code_note(rows, args, "transfer")
   fits = slopes(rows, seed=getattr(args, "seed", 0))
   table = table_rows(rows, fits)
-  sens = sensitivity_rows(rows)
   notes = table_notes(rows, workdir, code)
   formats = {"best_lr": reporting.power_of_two, "transfer_lr": reporting.power_of_two,
              "learning_rate": reporting.power_of_two}
@@ -599,24 +350,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       slope_rows(table, fits), args.out, "transfer_slopes", floats=".2f",
       title="Best learning rate against width: slopes",
       notes=[slope_note(), code])
-  paths += reporting.write_tables(
-      sens, args.out, "transfer_sensitivity", floats=".3f",
-      title="Learning-rate sensitivity against width",
-      notes=["S: Wortsman et al.'s mean over rates of min(L, L0) minus the best, L0 = ln V "
-             f"(diverged = L0), per seed over the rates within {WINDOW} octaves of the best "
-             "and contiguous with it (left_out: that seed's other rates, e.g. a transfer "
-             "run); [S_lo, S_hi]: 95% t over the seeds with seed 0's rates, else seed 0 "
-             f"alone (basis). rates < {2 * WINDOW + 1}: the window is not complete (sweep "
-             "running, or a bound), so compare widths with `rates` beside.", code])
-  paths += reporting.write_tables(
-      sensitivity_slope_rows(sens, seed_sensitivities(rows)), args.out,
-      "transfer_sensitivity_slopes", floats=".3f",
-      title="Sensitivity against width: slopes",
-      notes=["slope: least squares of S (the seed mean) on log2 width; lo/hi: its 95% "
-             "t-interval (n - 2 degrees of freedom: the widths' scatter about the line). "
-             "seed_slope: the same line through every seed's S (seed_points of them), so "
-             "the seeds' spread at each width enters seed_lo/seed_hi (seeds taken as "
-             "independent across widths).", code])
+  sens, more = transfer_sensitivity.write_tables(rows, args.out, code)
+  paths += more
   reference = getattr(args, "reference", None) or ("sp_adam_standard" if any(
       r["label"] == "sp_adam_standard" for r in rows) else labels_of(rows)[0])
   if reference not in labels_of(rows):
@@ -636,7 +371,6 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       notes=["max_logit_last: at the last logged step; max_logit_peak: the largest logged "
              "anywhere in the run (finite values: a diverged run stops at its NaN).", code])
   for name, fig in (("transfer_lr", plot_lr(rows)), ("transfer_best", plot_best(table, fits)),
-                    ("transfer_sensitivity", plot_sensitivity(sens)),
                     ("transfer_logits", plot_logits(rows))):
     paths.append(reporting.save_figure(fig, args.out, name))
   path = os.path.join(args.out, "runs.csv")
