@@ -352,6 +352,19 @@ SWEEPS["mup_mults_256"] = Sweep("graphcore_cpu", lambda workdir: [
     {"arg": _arg("graphcore_cpu", "standard", seed),
      "overrides": MUP_MULT_LABELS[label][1] | {"learning_rate": 2.0**-e, "model.width": 256}}
     for label, e in MUP_MULTS_256.items() for seed in (0, 1, 2)])
+# What is left of muP's gap at 256 is its rates or its forward pass: muP keeps the
+# embeddings', gains' and biases' Adam rate (2^-9 at 256) where sp's best gives them
+# 2^-11. `model.mup_vector_lr = "per_width"` (an ablation, not muP) trains them at
+# lr x 64/256 too, so at 2^-9 every parameter has sp's best rate at 256 and only the
+# forward pass (1/m readout, 1/d attention, hidden init / sqrt(m)) is muP's. Paired by
+# seed against mup_adam_standard and sp_adam_standard there. Three width-256 runs, one
+# pack: under an hour of one core.
+MUP_VECTOR_LABEL = "mup_adam_standard_vector_lr_per_width"
+SWEEPS["mup_vector_lr_256"] = Sweep("graphcore_cpu", lambda workdir: [
+    {"arg": _arg("graphcore_cpu", "standard", seed),
+     "overrides": TRANSFER_LABELS["mup_adam_standard"][1] | {
+         "model.mup_vector_lr": "per_width", "learning_rate": 2.0**-9, "model.width": 256}}
+    for seed in (0, 1, 2)])
 # What sets Muon's slope of -1 (docs/experiments/transfer.md)? Under Moonlight's rule
 # the Muon-trained square matrices' updates have spectral norm about 0.2 sqrt(width) x
 # rate, so the spectral condition (Yang, Simon and Bernstein 2023) asks for a rate

@@ -126,6 +126,22 @@ def test_mup_base_multipliers():
   assert configlib.run_label(config) == "standard+mup+output_mult4"
 
 
+def test_mup_vector_lr_per_width_scales_every_rate():
+  """mup_vector_lr = "per_width" (an ablation): the embeddings and gains train at lr / m
+  as the hidden matrices do; the forward pass is muP's; the label says so."""
+  cfg = ModelConfig(width=256, num_heads=4, parameterization="mup", mup_vector_lr="per_width")
+  params = {"blocks": {"mlp": {"up": {"kernel": 0}}, "ln1": {"scale": 0}},
+            "embed": {"embedding": 0}, "pos_embed": 0}
+  assert mup.lr_multipliers(cfg, params) == {
+      "blocks": {"mlp": {"up": {"kernel": 0.25}}, "ln1": {"scale": 0.25}},
+      "embed": {"embedding": 0.25}, "pos_embed": 0.25}
+  assert mup.readout_mult(cfg) == 0.25 and mup.hidden_init_std(cfg) == pytest.approx(0.01)
+  config = shakespeare_char.get_config("preset=test")
+  config.update_from_flattened_dict({"model.parameterization": "mup",
+                                     "model.mup_vector_lr": "per_width"})
+  assert configlib.run_label(config) == "standard+mup+vector_lr_per_width"
+
+
 def test_mup_output_mult_scales_the_logits(tfds_dir):
   """The readout's multiplier is the only change: the same parameters' logits are x a_out."""
   base = make_config(tfds_dir, "preset=test", **{"model.parameterization": "mup"})
@@ -196,6 +212,8 @@ def test_mup_trains_and_resumes(tfds_dir, tmp_path_factory):
     ({"mup_output_mult": 2.0}, "model.mup_output_mult"),
     ({"parameterization": "mup", "mup_attn_mult": 0.0}, "model.mup_attn_mult"),
     ({"parameterization": "mup", "mup_output_mult": True}, "model.mup_output_mult"),
+    ({"parameterization": "mup", "mup_vector_lr": "inverse_width"}, "model.mup_vector_lr"),
+    ({"mup_vector_lr": "per_width"}, "model.mup_vector_lr"),
 ])
 def test_bad_values_fail_in_one_line(fields, field):
   with pytest.raises(ValueError) as info:

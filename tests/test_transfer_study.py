@@ -106,6 +106,10 @@ def test_every_sweep_label_maps_back_from_its_config():
     config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=0")
     config.update_from_flattened_dict(overrides | {"model.width": 32})
     assert transfer.transfer_label(config.to_dict()) == label
+  for point in sweep_configs.SWEEPS["mup_vector_lr_256"].points("unused"):  # the ablation
+    config = shakespeare_char.get_config(point["arg"])
+    config.update_from_flattened_dict(point["overrides"])
+    assert transfer.transfer_label(config.to_dict()) == sweep_configs.MUP_VECTOR_LABEL
   for width in (32, 256):  # muon_adam_width: the AdamW branch's rate as 64 / width
     config = shakespeare_char.get_config("preset=graphcore_cpu,scaling=standard")
     config.update_from_flattened_dict({"optimizer": "muon", "model.width": width,

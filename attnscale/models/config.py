@@ -27,6 +27,7 @@ GATES = ("none", "headwise", "elementwise")
 HEADS = ("lm", "mlm")
 QK_NORMS = ("none", "layernorm", "rmsnorm")  # model.qk_norm: the model's own, no scaling
 PARAMETERIZATIONS = ("sp", "mup", "umup")  # model.parameterization: attnscale/models/mup.py
+MUP_VECTOR_LRS = ("constant", "per_width")  # model.mup_vector_lr: attnscale/models/mup.py
 REMATS = ("none", "full", "dots")  # config.remat: see models.base.REMAT_POLICIES
 # The model variants by name, filled by attnscale/models/__init__.py (the variants
 # import this module, so it cannot import them).
@@ -111,6 +112,10 @@ class ModelConfig:
   mup_attn_mult: float = field(
       1.0, "mup: the attention's base multiplier: logits q.k mup_attn_mult sqrt(base_width/"
       "num_heads)/d; 1: sp's 1/sqrt(d) at the base width")
+  mup_vector_lr: str = field(
+      "constant", "mup: Adam LR of the embeddings, gains and biases: constant (muP's) | "
+      "per_width: x base_width/width as the hidden matrices (an ablation that gives sp's "
+      "relative rates with muP's forward pass; not muP)")
   depth_alpha: float = field(
       0.0, "residual branches x (base_depth/num_layers)^alpha, standard pre-LN only: 0 off | "
       "0.5 depth-muP | 1 CompleteP; also block LR x (num_layers/base_depth)^(alpha-1), Adam "
@@ -224,6 +229,12 @@ class ModelConfig:
       if value != 1 and self.parameterization != "mup":
         raise ValueError(f"model.{name}={value} needs model.parameterization='mup', got "
                          f"{self.parameterization!r}")
+    if self.mup_vector_lr not in MUP_VECTOR_LRS:
+      raise ValueError(f"model.mup_vector_lr must be one of {', '.join(MUP_VECTOR_LRS)}, got "
+                       f"{self.mup_vector_lr!r}")
+    if self.mup_vector_lr != "constant" and self.parameterization != "mup":
+      raise ValueError(f"model.mup_vector_lr={self.mup_vector_lr!r} needs "
+                       f"model.parameterization='mup', got {self.parameterization!r}")
     if isinstance(self.depth_alpha, bool) or not isinstance(self.depth_alpha, (int, float)) or (
         not 0 <= self.depth_alpha <= 1):
       raise ValueError(f"model.depth_alpha must be a number in [0, 1] (0 off, 0.5 depth-muP, "

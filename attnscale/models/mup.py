@@ -19,6 +19,13 @@ a_out = `model.mup_output_mult` and a_attn = `model.mup_attn_mult` are muP's bas
 multipliers (microsoft/mup's `output_mult` and `attn_mult`), hyperparameters one
 tunes at the base width and then keeps; both default to 1, sp's values.
 
+`model.mup_vector_lr = "per_width"` trains the embeddings, gains and biases at lr / m
+too (muP keeps them at lr: "constant", the default). Not muP: an ablation. At the
+width where sp's best rate is lr / m (sp's best falls about 1/width here), every
+parameter then has sp's rate and only muP's forward pass (readout, attention, hidden
+init) differs from sp, which separates what the rates cost from what the forward
+pass costs (docs/experiments/transfer.md).
+
 At width == base_width (and the base multipliers 1) every factor is 1 (exactly: 1.0, sqrt(1.0), 4/4), so mup
 and sp compute the same numbers; the programs differ only by the multiplications
 by 1.0 (docs/experiments/width.md, "The parameterisation").
@@ -192,16 +199,19 @@ def has_lr_multipliers(cfg: ModelConfig) -> bool:
 
 
 def lr_multipliers(cfg: ModelConfig, params):
-  """The pytree of `params`' learning-rate multipliers: 1/m on hidden matrices (mup),
-  times r^(alpha - 1) on every block parameter (the depth rule), 1 elsewhere."""
+  """The pytree of `params`' learning-rate multipliers: 1/m on hidden matrices (mup;
+  on every parameter with mup_vector_lr = "per_width"), times r^(alpha - 1) on every
+  block parameter (the depth rule), 1 elsewhere."""
   if cfg.parameterization == UMUP:
     return jax.tree_util.tree_map_with_path(
         lambda path, p: umup_lr_multiplier(cfg, path, p.shape), params)
   m = width_mult(cfg)
   depth = depth_mult(cfg) ** (cfg.depth_alpha - 1)  # r = 1 when the rule is off
 
+  vector = 1.0 / m if cfg.mup_vector_lr == "per_width" else 1.0
+
   def mult(path, _):
-    return (1.0 / m if is_hidden(path) else 1.0) * (depth if in_block(path) else 1.0)
+    return (1.0 / m if is_hidden(path) else vector) * (depth if in_block(path) else 1.0)
 
   return jax.tree_util.tree_map_with_path(mult, params)
 

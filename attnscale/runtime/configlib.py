@@ -263,6 +263,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   for name in ("mup_output_mult", "mup_attn_mult"):  # muP's base multipliers
     if m.get(name, 1.0) != 1:
       label += f"+{name.removeprefix('mup_')}{m[name]:g}"
+  if m.get("mup_vector_lr", "constant") != "constant":  # an ablation of muP's rates
+    label += f"+vector_lr_{m.mup_vector_lr}"
   if m.get("depth_alpha"):  # the depth rule (attnscale/models/mup.py)
     label += f"+depth_alpha{m.depth_alpha:g}"
   if config.get("qk_clip"):  # a training rule, but it changes the attention's logits

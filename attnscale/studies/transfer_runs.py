@@ -33,7 +33,8 @@ def transfer_label(config: Mapping) -> str:
   (u-muP's attention and residual rule; "umup_<scaling>_<residual>" otherwise);
   QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
   "_standard"; muP's base multipliers other than 1 append "_output<m>" / "_attn<m>"
-  (configs/sweeps.py MUP_MULT_LABELS); Muon's AdamW branch at a rate of its own appends
+  (configs/sweeps.py MUP_MULT_LABELS), and `model.mup_vector_lr` other than
+  "constant" "_vector_lr_<value>"; Muon's AdamW branch at a rate of its own appends
   "_adam_lr<m>" (muon_adam_lr_mult) and "_adam_per_width<B>" (muon_adam_lr_base_width).
   Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
   A run with anything else that changes attention (its `configlib.run_label` says
@@ -65,6 +66,10 @@ def transfer_label(config: Mapping) -> str:
   mults = {name: model[name] for name in MUP_MULTS if model.get(name, 1.0) != 1}
   for name, value in mults.items():  # muP's base multipliers (the mup_mults sweep)
     label += f"_{name.removeprefix('mup_').removesuffix('_mult')}{value:g}"
+  vector_lr = model.get("mup_vector_lr", "constant")
+  if vector_lr != "constant":  # the mup_vector_lr ablation
+    mults = mults | {"mup_vector_lr": vector_lr}
+    label += f"_vector_lr_{vector_lr}"
   known = {"model": attention | {"parameterization": param} | mults, "qk_clip": clip,
            "optimizer": config.get("optimizer"), "muon_adam_lr_mult": adam_mult,
            "muon_adam_lr_base_width": base_width}
