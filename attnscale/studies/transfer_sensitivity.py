@@ -1,9 +1,9 @@
-"""Wortsman et al.'s learning-rate sensitivity across model size, for the transfer
-study (attnscale/studies/transfer.py) and its sweeps' rows (transfer_runs.py).
+"""Wortsman et al.'s learning-rate sensitivity across width, for the transfer study
+(attnscale/studies/transfer.py) on its sweeps' rows (transfer_runs.py).
 
-Learning-rate sensitivity (Wortsman et al. 2023, "Small-scale proxies for
-large-scale Transformer training instabilities", arXiv 2309.14322, section 3.1),
-`attnscale.studies.sensitivity.sensitivity` per seed:
+Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
+instabilities" (arXiv 2309.14322, section 3.1), `attnscale.studies.sensitivity.sensitivity`
+per seed:
 
     S = mean_lr min(L(lr), L_0) - min_lr L(lr),   L_0 = ln V (a diverged run: L_0)
 
@@ -15,12 +15,13 @@ the whole-octave rates within WINDOW (2) octaves of the best and contiguous with
 from an sp search at a large width, or the far end of a long search) is left out
 (`left_out`), as it would put a far rate into one width's mean and not another's.
 Where the window is not complete yet (`rates` < 5: the sweep is still running, or a
-bound cut it) S is over fewer rates, so read S across widths with `rates` beside it. The mean and t-interval are over the
-seeds that ran the same rates as seed 0; where fewer than 2 did (the protocol's seeds
+bound cut it) S is over fewer rates, so read S across widths with `rates` beside it.
+The mean and t-interval are over the seeds that ran the same rates as seed 0; where fewer than 2 did (the protocol's seeds
 1 and 2 run only the band), seed 0 alone (`basis`). S's slope against log2(width):
 least squares over the widths, 95% t-interval with n - 2 degrees of freedom (the
 widths' scatter about the line; each S's own seed noise only as far as that scatter
-shows it: none with 2 widths). Wortsman et al. find S grows with size under standard
+shows it: none with 2 widths); `seed_slope` is the same line through every seed's S,
+so each width's seed spread enters its interval. Wortsman et al. find S grows with size under standard
 attention, and QK-layernorm reduces it.
 """
 
