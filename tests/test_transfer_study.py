@@ -25,7 +25,7 @@ import pytest
 
 from attnscale.experiments import stats
 from attnscale.studies import __main__ as studies_main
-from attnscale.studies import transfer
+from attnscale.studies import transfer, transfer_sensitivity
 from attnscale.testing import fake_run
 from configs import shakespeare_char
 from configs import sweeps as sweep_configs
@@ -268,6 +268,7 @@ def test_cli_writes_every_file_the_same_twice(sweep_dir, tmp_path):
     outs.append({p: (out / p).read_bytes() for p in sorted(os.listdir(out))})
   assert set(outs[0]) == {f"{n}.{x}" for n in (
       "transfer", "transfer_slopes", "transfer_sensitivity", "transfer_sensitivity_slopes",
+      "transfer_sensitivity_versus",
       "transfer_logits", "transfer_versus") for x in ("csv", "md")} | {
       f"transfer_{n}.png" for n in ("lr", "best", "sensitivity", "logits")} | {"runs.csv"}
   assert outs[0] == outs[1]
@@ -328,7 +329,7 @@ def test_a_partial_sweep_reads(tmp_path):
              done=math.isfinite(loss))
   paths, _ = transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"),
                                                  workdirs=[str(tmp_path / "sweep")]))
-  assert len(paths) == 17
+  assert len(paths) == 19
   rows = transfer.read_rows(str(tmp_path / "sweep"))
   table = {r["width"]: r for r in transfer.table_rows(rows, transfer.slopes(rows))}
   assert table[32]["best_lr"] == 2.0**-6 and table[32]["seeds"] == 1
@@ -339,3 +340,28 @@ def test_a_partial_sweep_reads(tmp_path):
   assert math.isnan(sens[64]["S"]) and sens[64]["basis"] == "every rate diverged"
   (slope,) = transfer.slope_rows(list(table.values()), transfer.slopes(rows))
   assert slope["label"] == "sp_muon_qk_clip" and slope["reading"].startswith("fewer than 2")
+
+
+def test_sensitivity_against_a_reference_is_paired_by_seed(rows):
+  """A label whose every loss is 2 L - 2 of sp's (no rate near L0) has twice sp's S on
+  each seed: its S minus sp's is sp's S, seed by seed, so the paired interval is sp's
+  t-interval over its seeds, and the line through those differences is sp's own
+  seed line; a label with seed 0 alone has no interval."""
+  double = [dict(r, label="sp_double", final_train_loss=2 * r["final_train_loss"] - 2)
+            for r in rows if r["label"] == "sp_adam_standard"]
+  everything = list(rows) + double
+  per_seed = transfer.seed_sensitivities(everything)
+  versus = {(r["label"], r["width"]): r for r in
+            transfer_sensitivity.sensitivity_versus_rows(everything, "sp_adam_standard")}
+  ci = stats.mean_interval(per_seed["sp_adam_standard", 32].values())
+  r = versus["sp_double", 32]
+  assert (r["effect"], r["lo"], r["hi"]) == pytest.approx((ci.mean, ci.lo, ci.hi))
+  assert (r["method"], r["n"], r["reference_S"]) == ("paired", 3, pytest.approx(ci.mean))
+  assert versus["mup_adam_standard", 32]["method"] == "none"
+  sens = transfer.sensitivity_rows(everything)
+  slopes = {r["label"]: r for r in transfer_sensitivity.sensitivity_slope_rows(
+      sens, per_seed, "sp_adam_standard")}
+  sp, double = slopes["sp_adam_standard"], slopes["sp_double"]
+  assert "vs_slope" not in sp and double["vs_points"] == sp["seed_points"]
+  assert (double["vs_slope"], double["vs_lo"], double["vs_hi"]) == pytest.approx(
+      (sp["seed_slope"], sp["seed_lo"], sp["seed_hi"]))

@@ -21,6 +21,11 @@ seed 0) and writes:
                            per label and width: Wortsman et al.'s sensitivity S
   transfer_sensitivity_slopes.md/csv
                            per label: slope of S on log2(width), 95% t-interval
+  transfer_sensitivity_versus.md/csv
+                           per label and width: S minus the reference label's
+                           (--reference), paired by seed
+  transfer_versus.md/csv   per label and width: the loss at its best minus the
+                           reference's at its own, paired by seed
   transfer_logits.md/csv   per label, width and rate (seed 0): the largest attention
                            logit at the last logged step and anywhere in the run
   transfer_lr.png, transfer_best.png, transfer_sensitivity.png, transfer_logits.png
@@ -350,13 +355,12 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       slope_rows(table, fits), args.out, "transfer_slopes", floats=".2f",
       title="Best learning rate against width: slopes",
       notes=[slope_note(), code])
-  sens, more = transfer_sensitivity.write_tables(rows, args.out, code)
-  paths += more
   reference = getattr(args, "reference", None) or ("sp_adam_standard" if any(
       r["label"] == "sp_adam_standard" for r in rows) else labels_of(rows)[0])
   if reference not in labels_of(rows):
     raise SystemExit(f"transfer: --reference {reference} is not a label of these runs "
                      f"({', '.join(labels_of(rows))})")
+  paths += transfer_sensitivity.write_tables(rows, args.out, code, reference)
   paths += reporting.write_tables(
       versus_rows(rows, reference), args.out, "transfer_versus", floats=".3f",
       formats=formats | {"reference_lr": reporting.power_of_two},
@@ -384,7 +388,8 @@ def add_arguments(p) -> None:
   g.add_argument("--labels", default=None,
                  help="a regular expression: only the labels it matches (re.search)")
   g.add_argument("--reference", default=None,
-                 help="transfer_versus.md's reference label (default: sp_adam_standard "
+                 help="transfer_versus.md's and transfer_sensitivity_versus.md's reference "
+                      "label (default: sp_adam_standard "
                       "where it ran, else the first label)")
 
 

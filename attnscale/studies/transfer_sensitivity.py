@@ -121,13 +121,16 @@ def _line(x_N, y_N) -> tuple[float, float, float, str]:
   return float(slope), float(slope - half), float(slope + half), reading
 
 
-def sensitivity_slope_rows(table: Sequence[dict], per_seed: Mapping | None = None
-                           ) -> list[dict]:
+def sensitivity_slope_rows(table: Sequence[dict], per_seed: Mapping | None = None,
+                           reference: str | None = None) -> list[dict]:
   """Per label: least squares of S on log2(width) with its 95% t-interval (n - 2 df),
   through the per-width means; with `per_seed` ({(label, width): {seed: S}},
   `seed_sensitivities`) also through every seed's S ("seed_*": n = all those points,
   so each width's seed spread enters the interval, not only the means' scatter; seeds
-  taken as independent draws across widths)."""
+  taken as independent draws across widths); with `reference` too, through every
+  seed's S minus the reference's S on the same seed and width ("vs_*": does the gap
+  between the two grow with width? Wortsman et al.'s claim for QK-layernorm against
+  standard attention is that it does, in QK-layernorm's favour: a negative slope)."""
   out = []
   for label in dict.fromkeys(r["label"] for r in table):
     pts = [r for r in table if r["label"] == label and math.isfinite(r["S"])]
@@ -140,7 +143,35 @@ def sensitivity_slope_rows(table: Sequence[dict], per_seed: Mapping | None = Non
       s_slope, s_lo, s_hi, s_reading = _line([x for x, _ in xy], [y for _, y in xy])
       row.update(seed_points=len(xy), seed_slope=s_slope, seed_lo=s_lo, seed_hi=s_hi,
                  seed_reading=s_reading)
+    if per_seed is not None and reference is not None and label != reference:
+      xd = [(math.log2(r["width"]), v - ref[s]) for r in pts
+            for ref in [per_seed.get((reference, r["width"]), {})]
+            for s, v in per_seed.get((label, r["width"]), {}).items()
+            if s in ref and math.isfinite(v) and math.isfinite(ref[s])]
+      v_slope, v_lo, v_hi, v_reading = _line([x for x, _ in xd], [y for _, y in xd])
+      row.update(vs_points=len(xd), vs_slope=v_slope, vs_lo=v_lo, vs_hi=v_hi,
+                 vs_reading=v_reading)
     out.append(row)
+  return out
+
+
+def sensitivity_versus_rows(rows: Sequence[dict], reference: str) -> list[dict]:
+  """Each label's S against `reference`'s at every width both have, b minus a with
+  `stats.compare` on the seeds' S (`seed_sensitivities`: paired on the shared seeds,
+  as the sweep's labels share seeds 0, 1, 2): whether one attention is less sensitive
+  than another at that width, with the interval that claim needs."""
+  per_seed = seed_sensitivities(rows)
+  out = []
+  for label in labels_of(rows):
+    for w in widths_of(rows, label):
+      if label == reference or (reference, w) not in per_seed:
+        continue
+      c = stats.compare(per_seed[reference, w], per_seed[label, w])
+      out.append({"label": label, "width": w, "reference": reference, "S": float(np.mean(
+          list(per_seed[label, w].values()))) if per_seed[label, w] else math.nan,
+                  "reference_S": float(np.mean(list(per_seed[reference, w].values())))
+                  if per_seed[reference, w] else math.nan, "effect": c.effect, "lo": c.lo,
+                  "hi": c.hi, "n": c.n, "method": c.method, "verdict": c.verdict})
   return out
 
 
@@ -160,9 +191,10 @@ def plot_sensitivity(table: Sequence[dict]):
   return fig
 
 
-def write_tables(rows: Sequence[dict], out: str, code: str) -> tuple[list[dict], list[str]]:
-  """transfer_sensitivity.md/csv, transfer_sensitivity_slopes.md/csv and
-  transfer_sensitivity.png in `out`: (the per-width table, the paths)."""
+def write_tables(rows: Sequence[dict], out: str, code: str, reference: str) -> list[str]:
+  """transfer_sensitivity.md/csv, transfer_sensitivity_slopes.md/csv,
+  transfer_sensitivity_versus.md/csv (each label's S against `reference`'s) and
+  transfer_sensitivity.png in `out`; the paths written."""
   sens = sensitivity_rows(rows)
   paths = reporting.write_tables(
       sens, out, "transfer_sensitivity", floats=".3f",
@@ -174,13 +206,23 @@ def write_tables(rows: Sequence[dict], out: str, code: str) -> tuple[list[dict],
              f"alone (basis). rates < {2 * WINDOW + 1}: the window is not complete (sweep "
              "running, or a bound), so compare widths with `rates` beside.", code])
   paths += reporting.write_tables(
-      sensitivity_slope_rows(sens, seed_sensitivities(rows)), out,
+      sensitivity_slope_rows(sens, seed_sensitivities(rows), reference), out,
       "transfer_sensitivity_slopes", floats=".3f",
       title="Sensitivity against width: slopes",
       notes=["slope: least squares of S (the seed mean) on log2 width; lo/hi: its 95% "
              "t-interval (n - 2 degrees of freedom: the widths' scatter about the line). "
              "seed_slope: the same line through every seed's S (seed_points of them), so "
              "the seeds' spread at each width enters seed_lo/seed_hi (seeds taken as "
-             "independent across widths).", code])
+             f"independent across widths). vs_slope: the same line through each seed's S "
+             f"minus {reference}'s on that seed and width (vs_points of them): negative, "
+             f"the label's S falls behind {reference}'s as the width grows.", code])
+  paths += reporting.write_tables(
+      sensitivity_versus_rows(rows, reference), out, "transfer_sensitivity_versus",
+      floats=".3f", title=f"Each label's sensitivity S against {reference}'s",
+      notes=[f"effect: the label's S minus {reference}'s at the same width (negative: less "
+             "sensitive); [lo, hi]: 95% t, paired by seed on the seeds that ran each one's "
+             "whole window (attnscale.experiments.stats.compare), Welch's where fewer than "
+             "2 are shared, none where a side has one seed; verdict: worse (more "
+             "sensitive) / better where the interval excludes 0.", code])
   paths.append(reporting.save_figure(plot_sensitivity(sens), out, "transfer_sensitivity"))
-  return sens, paths
+  return paths
