@@ -362,6 +362,7 @@ def test_sensitivity_against_a_reference_is_paired_by_seed(rows):
   slopes = {r["label"]: r for r in transfer_sensitivity.sensitivity_slope_rows(
       sens, per_seed, "sp_adam_standard")}
   sp, double = slopes["sp_adam_standard"], slopes["sp_double"]
-  assert "vs_slope" not in sp and double["vs_points"] == sp["seed_points"]
+  assert (sp["vs_points"], sp["vs_reading"]) == (0, "the reference")
+  assert double["vs_points"] == sp["seed_points"]
   assert (double["vs_slope"], double["vs_lo"], double["vs_hi"]) == pytest.approx(
       (sp["seed_slope"], sp["seed_lo"], sp["seed_hi"]))

@@ -143,7 +143,10 @@ def sensitivity_slope_rows(table: Sequence[dict], per_seed: Mapping | None = Non
       s_slope, s_lo, s_hi, s_reading = _line([x for x, _ in xy], [y for _, y in xy])
       row.update(seed_points=len(xy), seed_slope=s_slope, seed_lo=s_lo, seed_hi=s_hi,
                  seed_reading=s_reading)
-    if per_seed is not None and reference is not None and label != reference:
+    if per_seed is not None and reference is not None and label == reference:
+      row.update(vs_points=0, vs_slope=math.nan, vs_lo=math.nan, vs_hi=math.nan,
+                 vs_reading="the reference")  # every table row has the same columns
+    elif per_seed is not None and reference is not None:
       xd = [(math.log2(r["width"]), v - ref[s]) for r in pts
             for ref in [per_seed.get((reference, r["width"]), {})]
             for s, v in per_seed.get((label, r["width"]), {}).items()
