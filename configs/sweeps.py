@@ -358,14 +358,15 @@ SWEEPS["mup_mults_256"] = Sweep("graphcore_cpu", lambda workdir: [
 # lr x 64/256 too, so at 2^-9 every parameter has sp's best rate at 256 and only the
 # forward pass (1/m readout, 1/d attention, hidden init / sqrt(m)) is muP's. Paired by
 # seed against mup_adam_standard and sp_adam_standard there; seed 0 also an octave
-# either side, to see that 2^-9 is not simply a bad rate for this model. Five width-256
-# runs, two packs: about an hour of one core.
+# either side, to see that 2^-9 is not simply a bad rate for this model, and since
+# 2^-8 was better on seed 0, 3 seeds there and seed 0 at 2^-7. Eight width-256 runs,
+# three packs: about 1.5 hours of one core.
 MUP_VECTOR_LABEL = "mup_adam_standard_vector_lr_per_width"
 SWEEPS["mup_vector_lr_256"] = Sweep("graphcore_cpu", lambda workdir: [
     {"arg": _arg("graphcore_cpu", "standard", seed),
      "overrides": TRANSFER_LABELS["mup_adam_standard"][1] | {
          "model.mup_vector_lr": "per_width", "learning_rate": 2.0**-e, "model.width": 256}}
-    for e, seeds in ((9, (0, 1, 2)), (8, (0,)), (10, (0,))) for seed in seeds])
+    for e, seeds in ((9, (0, 1, 2)), (8, (0, 1, 2)), (10, (0,)), (7, (0,))) for seed in seeds])
 # What sets Muon's slope of -1 (docs/experiments/transfer.md)? Under Moonlight's rule
 # the Muon-trained square matrices' updates have spectral norm about 0.2 sqrt(width) x
 # rate, so the spectral condition (Yang, Simon and Bernstein 2023) asks for a rate
