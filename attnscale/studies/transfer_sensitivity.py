@@ -16,13 +16,14 @@ from an sp search at a large width, or the far end of a long search) is left out
 (`left_out`), as it would put a far rate into one width's mean and not another's.
 Where the window is not complete yet (`rates` < 5: the sweep is still running, or a
 bound cut it) S is over fewer rates, so read S across widths with `rates` beside it.
-The mean and t-interval are over the seeds that ran the same rates as seed 0; where fewer than 2 did (the protocol's seeds
-1 and 2 run only the band), seed 0 alone (`basis`). S's slope against log2(width):
+The mean and t-interval are over the seeds that ran the same rates as seed 0; where
+fewer than 2 did (the protocol's seeds 1 and 2 run only the band), seed 0 alone
+(`basis`). S's slope against log2(width):
 least squares over the widths, 95% t-interval with n - 2 degrees of freedom (the
 widths' scatter about the line; each S's own seed noise only as far as that scatter
 shows it: none with 2 widths); `seed_slope` is the same line through every seed's S,
-so each width's seed spread enters its interval. Wortsman et al. find S grows with size under standard
-attention, and QK-layernorm reduces it.
+so each width's seed spread enters its interval. Wortsman et al. find S grows with
+size under standard attention, and QK-layernorm reduces it.
 """
 
 from __future__ import annotations
@@ -158,23 +159,25 @@ def sensitivity_slope_rows(table: Sequence[dict], per_seed: Mapping | None = Non
   return out
 
 
-def sensitivity_versus_rows(rows: Sequence[dict], reference: str) -> list[dict]:
+def sensitivity_versus_rows(rows: Sequence[dict], reference: str,
+                            per_seed: Mapping | None = None) -> list[dict]:
   """Each label's S against `reference`'s at every width both have, b minus a with
-  `stats.compare` on the seeds' S (`seed_sensitivities`: paired on the shared seeds,
-  as the sweep's labels share seeds 0, 1, 2): whether one attention is less sensitive
-  than another at that width, with the interval that claim needs."""
-  per_seed = seed_sensitivities(rows)
+  `stats.compare` on the seeds' S (`per_seed`, `seed_sensitivities(rows)` unless given:
+  paired on the shared seeds, as the sweep's labels share seeds 0, 1, 2): whether one
+  attention is less sensitive than another at that width, with the interval that
+  claim needs."""
+  per_seed = seed_sensitivities(rows) if per_seed is None else per_seed
+  mean = lambda by_seed: float(np.mean(list(by_seed.values()))) if by_seed else math.nan
   out = []
   for label in labels_of(rows):
     for w in widths_of(rows, label):
       if label == reference or (reference, w) not in per_seed:
         continue
       c = stats.compare(per_seed[reference, w], per_seed[label, w])
-      out.append({"label": label, "width": w, "reference": reference, "S": float(np.mean(
-          list(per_seed[label, w].values()))) if per_seed[label, w] else math.nan,
-                  "reference_S": float(np.mean(list(per_seed[reference, w].values())))
-                  if per_seed[reference, w] else math.nan, "effect": c.effect, "lo": c.lo,
-                  "hi": c.hi, "n": c.n, "method": c.method, "verdict": c.verdict})
+      out.append({"label": label, "width": w, "reference": reference,
+                  "S": mean(per_seed[label, w]), "reference_S": mean(per_seed[reference, w]),
+                  "effect": c.effect, "lo": c.lo, "hi": c.hi, "n": c.n, "method": c.method,
+                  "verdict": c.verdict})
   return out
 
 
@@ -198,7 +201,7 @@ def write_tables(rows: Sequence[dict], out: str, code: str, reference: str) -> l
   """transfer_sensitivity.md/csv, transfer_sensitivity_slopes.md/csv,
   transfer_sensitivity_versus.md/csv (each label's S against `reference`'s) and
   transfer_sensitivity.png in `out`; the paths written."""
-  sens = sensitivity_rows(rows)
+  sens, per_seed = sensitivity_rows(rows), seed_sensitivities(rows)
   paths = reporting.write_tables(
       sens, out, "transfer_sensitivity", floats=".3f",
       title="Learning-rate sensitivity against width",
@@ -209,7 +212,7 @@ def write_tables(rows: Sequence[dict], out: str, code: str, reference: str) -> l
              f"alone (basis). rates < {2 * WINDOW + 1}: the window is not complete (sweep "
              "running, or a bound), so compare widths with `rates` beside.", code])
   paths += reporting.write_tables(
-      sensitivity_slope_rows(sens, seed_sensitivities(rows), reference), out,
+      sensitivity_slope_rows(sens, per_seed, reference), out,
       "transfer_sensitivity_slopes", floats=".3f",
       title="Sensitivity against width: slopes",
       notes=["slope: least squares of S (the seed mean) on log2 width; lo/hi: its 95% "
@@ -220,7 +223,7 @@ def write_tables(rows: Sequence[dict], out: str, code: str, reference: str) -> l
              f"minus {reference}'s on that seed and width (vs_points of them): negative, "
              f"the label's S falls behind {reference}'s as the width grows.", code])
   paths += reporting.write_tables(
-      sensitivity_versus_rows(rows, reference), out, "transfer_sensitivity_versus",
+      sensitivity_versus_rows(rows, reference, per_seed), out, "transfer_sensitivity_versus",
       floats=".3f", title=f"Each label's sensitivity S against {reference}'s",
       notes=[f"effect: the label's S minus {reference}'s at the same width (negative: less "
              "sensitive); [lo, hi]: 95% t, paired by seed on the seeds that ran each one's "
