@@ -25,7 +25,7 @@ import pytest
 
 from attnscale.experiments import stats
 from attnscale.studies import __main__ as studies_main
-from attnscale.studies import transfer, transfer_sensitivity
+from attnscale.studies import transfer, transfer_sensitivity, transfer_summary
 from attnscale.testing import fake_run
 from configs import shakespeare_char
 from configs import sweeps as sweep_configs
@@ -268,7 +268,7 @@ def test_cli_writes_every_file_the_same_twice(sweep_dir, tmp_path):
     outs.append({p: (out / p).read_bytes() for p in sorted(os.listdir(out))})
   assert set(outs[0]) == {f"{n}.{x}" for n in (
       "transfer", "transfer_slopes", "transfer_sensitivity", "transfer_sensitivity_slopes",
-      "transfer_sensitivity_versus",
+      "transfer_sensitivity_versus", "transfer_summary",
       "transfer_logits", "transfer_versus") for x in ("csv", "md")} | {
       f"transfer_{n}.png" for n in ("lr", "best", "sensitivity", "logits")} | {"runs.csv"}
   assert outs[0] == outs[1]
@@ -329,7 +329,7 @@ def test_a_partial_sweep_reads(tmp_path):
              done=math.isfinite(loss))
   paths, _ = transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"),
                                                  workdirs=[str(tmp_path / "sweep")]))
-  assert len(paths) == 19
+  assert len(paths) == 21
   rows = transfer.read_rows(str(tmp_path / "sweep"))
   table = {r["width"]: r for r in transfer.table_rows(rows, transfer.slopes(rows))}
   assert table[32]["best_lr"] == 2.0**-6 and table[32]["seeds"] == 1
@@ -366,3 +366,44 @@ def test_sensitivity_against_a_reference_is_paired_by_seed(rows):
   assert double["vs_points"] == sp["seed_points"]
   assert (double["vs_slope"], double["vs_lo"], double["vs_hi"]) == pytest.approx(
       (sp["seed_slope"], sp["seed_lo"], sp["seed_hi"]))
+
+
+def _summary(rows, fits, reference="sp_adam_standard"):
+  table = transfer.table_rows(rows, fits)
+  sens = transfer_sensitivity.tables(rows, reference)["transfer_sensitivity_slopes"]
+  return {r["label"]: r for r in transfer_summary.summary_rows(
+      rows, table, transfer.slope_rows(table, fits), transfer.versus_rows(rows, reference),
+      sens, reference)}
+
+
+def test_summary_reads_off_the_other_tables(rows, fits):
+  summary = _summary(rows, fits)
+  sp, mup = summary["sp_adam_standard"], summary["mup_adam_standard"]
+  assert sp["widths"] == mup["widths"] == "32 64 128 256"
+  assert sp["best"] == "2^-8 2^-9 2^-10 2^-11" and mup["best"] == "2^-9 2^-9 2^-9 2^-9"
+  assert sp["unfinished"] == mup["unfinished"] == "-"  # bracketed, 3 seeds in every band
+  assert sp["slope"].startswith("-1.00 [") and sp["reading"] == "falls as 1/width"
+  assert mup["slope"][1:].startswith("0.00 [") and mup["reading"] == "transfers"
+  # At 256 sp's width-32 rate is three octaves off and ran on seed 0 alone.
+  assert sp["at_width"] == 256 and sp["transfer"] == f"{0.015 * 9:.3f} seed 0"
+  assert mup["transfer"] == "0 (same rate)" and sp["vs_reference"] == "the reference"
+  ci = stats.mean_interval([_loss("sp_adam_standard", 256, 11, s) for s in (0, 1, 2)])
+  assert sp["loss"] == f"{ci.mean:.3f} [{ci.lo:.3f}, {ci.hi:.3f}]"
+  # Both labels' losses at their bests are the same noiseless curve: a paired 0.
+  assert mup["vs_reference"].startswith("+0.000 [")
+
+
+def test_summary_says_which_widths_are_unfinished_and_why(rows, fits):
+  """Seed 2 gone from sp's best at 256 and seed 1 from a band rate at 128; seed 0's
+  rates below muP's best at 64 gone, so its best there sits at the grid's edge."""
+  kept = [r for r in rows if not (
+      (r["label"], r["width"], r["seed"], r["learning_rate"]) == (
+          "sp_adam_standard", 256, 2, 2.0**-11)
+      or (r["label"], r["width"], r["seed"], r["learning_rate"]) == (
+          "sp_adam_standard", 128, 1, 2.0**-9)
+      or (r["label"] == "mup_adam_standard" and r["width"] == 64
+          and r["learning_rate"] < 2.0**-9))]
+  summary = _summary(kept, transfer.slopes(kept))
+  assert summary["sp_adam_standard"]["unfinished"] == (
+      "128: 1 band rate short of seeds; 256: 2 seeds at the best")
+  assert summary["mup_adam_standard"]["unfinished"] == "64: not bracketed"

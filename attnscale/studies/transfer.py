@@ -11,6 +11,9 @@ widths 32 ... 256, and 512 for six labels where the `transfer_512` sweep has run
 seeds at every near-best rate, and every width at the smallest width's best rate,
 seed 0) and writes:
 
+  transfer_summary.md/csv  one line per label: the bests, what is unfinished, the
+                           slope, and at the largest width the transfer loss, the
+                           loss against the reference and S's slope (transfer_summary.py)
   transfer.md/csv          per label and width: the best rate on the seed means (grid
                            and interpolated, with its bootstrap interval), the
                            near-best band, the seeds and loss [95% t] there, the
@@ -65,7 +68,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, stats, sweep_results
-from attnscale.studies import registry, transfer_runs, transfer_sensitivity
+from attnscale.studies import registry, transfer_runs, transfer_sensitivity, transfer_summary
 from attnscale.studies.transfer_runs import (
   TOL,
   best_rate,
@@ -351,8 +354,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
              "learning_rate": reporting.power_of_two}
   paths = reporting.write_tables(table, args.out, "transfer", notes=notes, floats=".3f",
                                  formats=formats, title="Transfer across width: best rates")
+  slope_table = slope_rows(table, fits)
   paths += reporting.write_tables(
-      slope_rows(table, fits), args.out, "transfer_slopes", floats=".2f",
+      slope_table, args.out, "transfer_slopes", floats=".2f",
       title="Best learning rate against width: slopes",
       notes=[slope_note(), code])
   reference = getattr(args, "reference", None) or ("sp_adam_standard" if any(
@@ -360,9 +364,11 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   if reference not in labels_of(rows):
     raise SystemExit(f"transfer: --reference {reference} is not a label of these runs "
                      f"({', '.join(labels_of(rows))})")
-  paths += transfer_sensitivity.write_tables(rows, args.out, code, reference)
+  sensitivity = transfer_sensitivity.tables(rows, reference)
+  paths += transfer_sensitivity.write_tables(sensitivity, args.out, code, reference)
+  versus = versus_rows(rows, reference)
   paths += reporting.write_tables(
-      versus_rows(rows, reference), args.out, "transfer_versus", floats=".3f",
+      versus, args.out, "transfer_versus", floats=".3f",
       formats=formats | {"reference_lr": reporting.power_of_two},
       title=f"Each label against {reference}: loss at each one's best rate",
       notes=[f"effect: the label's loss at its best rate minus {reference}'s at its own, "
@@ -374,6 +380,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       title="Largest attention logit against rate and width (seed 0)",
       notes=["max_logit_last: at the last logged step; max_logit_peak: the largest logged "
              "anywhere in the run (finite values: a diverged run stops at its NaN).", code])
+  paths += transfer_summary.write_summary(
+      rows, table, slope_table, versus, sensitivity["transfer_sensitivity_slopes"], args.out,
+      code, reference)
   for name, fig in (("transfer_lr", plot_lr(rows)), ("transfer_best", plot_best(table, fits)),
                     ("transfer_logits", plot_logits(rows))):
     paths.append(reporting.save_figure(fig, args.out, name))

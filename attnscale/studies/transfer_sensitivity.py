@@ -197,11 +197,21 @@ def plot_sensitivity(table: Sequence[dict]):
   return fig
 
 
-def write_tables(rows: Sequence[dict], out: str, code: str, reference: str) -> list[str]:
-  """transfer_sensitivity.md/csv, transfer_sensitivity_slopes.md/csv,
-  transfer_sensitivity_versus.md/csv (each label's S against `reference`'s) and
-  transfer_sensitivity.png in `out`; the paths written."""
+def tables(rows: Sequence[dict], reference: str) -> dict[str, list[dict]]:
+  """The three sensitivity tables by file name: S per label and width, its slopes on
+  log2(width), and each label's S against `reference`'s (each seed's S computed once)."""
   sens, per_seed = sensitivity_rows(rows), seed_sensitivities(rows)
+  return {"transfer_sensitivity": sens,
+          "transfer_sensitivity_slopes": sensitivity_slope_rows(sens, per_seed, reference),
+          "transfer_sensitivity_versus": sensitivity_versus_rows(rows, reference, per_seed)}
+
+
+def write_tables(tables: Mapping[str, list[dict]], out: str, code: str,
+                 reference: str) -> list[str]:
+  """`tables` (tables(rows, reference)) as transfer_sensitivity.md/csv,
+  transfer_sensitivity_slopes.md/csv, transfer_sensitivity_versus.md/csv and
+  transfer_sensitivity.png in `out`; the paths written."""
+  sens = tables["transfer_sensitivity"]
   paths = reporting.write_tables(
       sens, out, "transfer_sensitivity", floats=".3f",
       title="Learning-rate sensitivity against width",
@@ -212,7 +222,7 @@ def write_tables(rows: Sequence[dict], out: str, code: str, reference: str) -> l
              f"alone (basis). rates < {2 * WINDOW + 1}: the window is not complete (sweep "
              "running, or a bound), so compare widths with `rates` beside.", code])
   paths += reporting.write_tables(
-      sensitivity_slope_rows(sens, per_seed, reference), out,
+      tables["transfer_sensitivity_slopes"], out,
       "transfer_sensitivity_slopes", floats=".3f",
       title="Sensitivity against width: slopes",
       notes=["slope: least squares of S (the seed mean) on log2 width; lo/hi: its 95% "
@@ -223,7 +233,7 @@ def write_tables(rows: Sequence[dict], out: str, code: str, reference: str) -> l
              f"minus {reference}'s on that seed and width (vs_points of them): negative, "
              f"the label's S falls behind {reference}'s as the width grows.", code])
   paths += reporting.write_tables(
-      sensitivity_versus_rows(rows, reference, per_seed), out, "transfer_sensitivity_versus",
+      tables["transfer_sensitivity_versus"], out, "transfer_sensitivity_versus",
       floats=".3f", title=f"Each label's sensitivity S against {reference}'s",
       notes=[f"effect: the label's S minus {reference}'s at the same width (negative: less "
              "sensitive); [lo, hi]: 95% t, paired by seed on the seeds that ran each one's "

@@ -1,0 +1,127 @@
+"""The transfer study in one line per label (transfer_summary.md/csv): what a reader
+needs first, read off the study's other tables (attnscale/studies/transfer.py), so
+it is current whenever they are.
+
+  widths       the widths with a best
+  best         the grid best at each of them, in width order
+  unfinished   the widths whose search the protocol has not finished, and why
+               (`unfinished_widths`), "-" when none
+  slope        log2(best rate) on log2(width), bootstrap interval (transfer_slopes)
+  reading      transfer_slopes' reading of that interval
+  transfer     at the largest width: the loss at the smallest width's best rate
+               minus this width's own best, [95% t] where paired (transfer.md)
+  loss         at the largest width's best: mean [95% t] over its seeds
+  vs_reference at the largest width: the loss at the best minus the reference's at
+               its own best, paired by seed [95% t] (transfer_versus)
+  S_slope      Wortsman et al.'s S on log2(width) through every seed's S, 95% t
+               (transfer_sensitivity_slopes' seed_slope), and its reading
+
+A number with no interval rests on seed 0 alone (or on too few widths); the
+columns name their basis. The summary claims nothing its source tables do not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from attnscale.experiments import reporting
+from attnscale.studies.transfer_runs import losses
+
+SEEDS = 3  # the protocol's seeds at every near-best rate (docs/guides/sweeps.md)
+
+
+def unfinished_widths(rows: Sequence[dict], table: Sequence[dict], label: str
+                      ) -> dict[int, str]:
+  """{width: why} for the widths of `label` whose search the study protocol has not
+  finished: no best yet, the best not bracketed (no rate run on each side of it; a
+  diverged rate above counts), fewer than SEEDS seeds at the best, or band rates
+  short of seeds (`band_short` of them: a rate with seed 0 alone cannot be shown
+  worse, so it stays in the band until its seeds run)."""
+  out = {}
+  for r in table:
+    if r["label"] != label:
+      continue
+    grid = r["best_log2_lr"]
+    rates = losses(rows, label, r["width"]).keys()
+    why = ("no best" if not math.isfinite(grid) else
+           "not bracketed" if not min(rates) < grid < max(rates) else
+           f"{r['seeds']} seed{'s' * (r['seeds'] != 1)} at the best" if r["seeds"] < SEEDS else
+           f"{r['band_short']} band rate{'s' * (r['band_short'] > 1)} short of seeds"
+           if r["band_short"] else "")
+    if why:
+      out[r["width"]] = why
+  return out
+
+
+def _interval(x: float, lo: float, hi: float, digits: int = 3, sign: str = "+") -> str:
+  if not math.isfinite(x):
+    return "-"
+  f = f"{sign}.{digits}f"
+  if not (math.isfinite(lo) and math.isfinite(hi)):
+    return format(x, f)
+  return f"{x:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
+def summary_rows(rows: Sequence[dict], table: Sequence[dict], slopes: Sequence[dict],
+                 versus: Sequence[dict], sensitivity_slopes: Sequence[dict],
+                 reference: str) -> list[dict]:
+  """One row per label of `table` (transfer.table_rows), from the study's slope,
+  versus and sensitivity-slope rows; the module docstring says what each column is."""
+  slope_of = {r["label"]: r for r in slopes}
+  s_slope_of = {r["label"]: r for r in sensitivity_slopes}
+  out = []
+  for label in dict.fromkeys(r["label"] for r in table):
+    cells = [r for r in table if r["label"] == label and math.isfinite(r["best_log2_lr"])]
+    if not cells:
+      continue
+    last = cells[-1]
+    w = last["width"]
+    fit, sens = slope_of.get(label, {}), s_slope_of.get(label, {})
+    vs = next((r for r in versus if r["label"] == label and r["width"] == w), None)
+    basis = last["transfer_basis"]
+    transfer = (f"0 ({basis})" if last["transfer_loss"] == 0 else basis
+                if not math.isfinite(last["transfer_loss"]) else
+                _interval(last["transfer_loss"], last["transfer_lo"], last["transfer_hi"],
+                          sign="") + (" seed 0" if basis == "seed 0" else ""))
+    unfinished = unfinished_widths(rows, table, label)
+    out.append({
+        "label": label,
+        "widths": " ".join(str(r["width"]) for r in cells),
+        "best": " ".join(reporting.power_of_two(r["best_lr"]) for r in cells),
+        "unfinished": "; ".join(f"{w_}: {why}" for w_, why in unfinished.items()) or "-",
+        "slope": _interval(fit.get("slope", math.nan), fit.get("lo", math.nan),
+                           fit.get("hi", math.nan), digits=2),
+        "reading": fit.get("reading", "-"),
+        "at_width": w,
+        "transfer": transfer,
+        "loss": _interval(last["loss"], last["loss_lo"], last["loss_hi"], sign=""),
+        "vs_reference": ("the reference" if label == reference else "-" if vs is None else
+                         _interval(vs["effect"], vs["lo"], vs["hi"])),
+        "S_slope": _interval(sens.get("seed_slope", math.nan), sens.get("seed_lo", math.nan),
+                             sens.get("seed_hi", math.nan)),
+        "S_reading": (sens.get("seed_reading", "-") + (
+            " (seed 0 alone)" if math.isfinite(sens.get("seed_slope", math.nan))
+            and sens["seed_points"] <= sens["widths"] else "")),
+    })
+  return out
+
+
+def write_summary(rows: Sequence[dict], table: Sequence[dict], slopes: Sequence[dict],
+                  versus: Sequence[dict], sensitivity_slopes: Sequence[dict], out: str,
+                  code: str, reference: str) -> list[str]:
+  """transfer_summary.md/csv in `out`; the paths written."""
+  return reporting.write_tables(
+      summary_rows(rows, table, slopes, versus, sensitivity_slopes, reference), out,
+      "transfer_summary", title="Transfer across width: one line per label",
+      notes=["best: the grid best (lowest seed mean) at each width; unfinished: widths "
+             f"where the best is not bracketed, has fewer than {SEEDS} seeds, or a band "
+             "rate is short of seeds (the protocol's search still running there); slope: "
+             "log2 best rate on log2 width [bootstrap 95% over seeds] (transfer_slopes.md). "
+             "At the largest width (at_width): transfer, the loss at the smallest width's "
+             "best rate minus the best's [95% t, paired] or seed 0 alone; loss, mean [95% t] "
+             f"at the best; vs_reference, the loss at the best minus {reference}'s at its "
+             "own best [95% t, paired by seed] (transfer_versus.md). S_slope: the "
+             "sensitivity S on log2 width through every seed's S [95% t] "
+             "(transfer_sensitivity_slopes.md's seed_slope); seed 0 where the label's "
+             "window has seed 0 alone.", code])
