@@ -222,3 +222,47 @@ def test_window_seeds_run_every_window_rate_once():
   assert len(seeded) == len(set(seeded))
   for seed in (0, 1, 2):
     assert sorted(exponents(seeded, seed=seed)) == [4, 5, 6, 7, 8]
+
+
+def _drive(starts, loss, **kwargs):
+  """run_to_end with a loss of the whole trial (rate and seed); checks that every
+  list holds the one before it (the sweep's list of points only grows)."""
+  finished, before = {}, set()
+  while True:
+    trials = lr_search.search(starts, finished.get, **kwargs)
+    assert before <= set(trials) and len(trials) == len(set(trials))
+    before = set(trials)
+    new = [t for t in trials if t not in finished]
+    if not new:
+      return trials, finished
+    finished |= {t: loss(t) for t in new}
+
+
+def test_protocol_seeds_a_window_rate_that_lands_in_the_band():
+  """A second valley at 2^-4 (seed 0 within the band's 0.02 nats of the best's mean)
+  is in a study's band, which reads every rate: seeds 1 and 2 run there too. 2^-8,
+  0.4 worse, gets none, and the search's best stays 2^-6."""
+  loss = lambda t: (1.005 if t.exponent == 4 else 1.0 + 0.1 * (t.exponent - 6) ** 2) + (
+      0.001 * t.seed)
+  trials, _ = _drive({"a": 6}, loss, more_seeds=(), band_seeds=(1, 2), window=2)
+  assert sorted(exponents(trials)) == [4, 5, 6, 7, 8]
+  for seed in (1, 2):
+    assert sorted(exponents(trials, seed=seed)) == [4, 6]
+  # Without the protocol no seeds are added: `more_seeds` alone.
+  plain, _ = _drive({"a": 6}, loss, more_seeds=(1,), window=2)
+  assert exponents(plain, seed=1) == [6] and not exponents(plain, seed=2)
+
+
+def test_protocol_seeds_a_transfer_rate_that_lands_in_the_band_and_keeps_them():
+  """A flat target: the source's best (2^-7) costs it 0.004 on seed 0, inside its band,
+  so seeds 1 and 2 run there; once they show it worse they stay in the list."""
+  loss = {"small": lambda t: abs(t.exponent - 7.1),
+          "big": lambda t: 1.0 + 0.001 * abs(t.exponent - 11) + (
+              0.3 if (t.exponent, t.seed) in ((7, 1), (7, 2)) else 0.0)}
+  trials, finished = _drive({"small": 7, "big": 11}, lambda t: loss[t.label](t),
+                            more_seeds=(), band_seeds=(1, 2), transfer={"small": ["big"]})
+  assert {t.seed for t in trials if t.label == "big" and t.exponent == 7} == {0, 1, 2}
+  assert lr_search.search({"small": 7, "big": 11}, finished.get, more_seeds=(),
+                          band_seeds=(1, 2), transfer={"small": ["big"]}) == trials
+  # The target's own best is unmoved: its search reads only its own rates.
+  assert sorted(exponents(trials, "big", seed=1)) == [7, 10, 11, 12]

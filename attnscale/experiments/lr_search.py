@@ -37,6 +37,11 @@ These runs do not move the best (the search reads only its own trials).
 `window_seeds` runs those seeds at every window rate too (the band's rates already
 have theirs), so that S has a value per seed and an interval over seeds.
 
+Under the study protocol, a window or transfer run whose loss lands in the
+near-best band (seed 0 within the band's margin of the best) gets `band_seeds`
+too: a study reads every rate a label ran, so such a rate is in its band, and the
+protocol wants 3 seeds at every band rate (`_off_search_band_seeds`).
+
 Transfer (optional): once a source label's best is bracketed, each of its
 target labels also runs (seed 0) at the source's best rate, if its own search did
 not try it: what a model tuned at one size gets at another (the width study:
@@ -126,7 +131,7 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
       value = raw_loss(t)
       return math.nan if value is not None and value >= no_learning else value
 
-  stage1, stage2, around, best_of = [], [], [], {}
+  stage1, stage2, around, best_of, settled = [], [], [], {}, {}
   for label, start in starts.items():
     tried, banded = [start - 1, start, start + 1], set()
     while True:
@@ -162,12 +167,45 @@ def search(starts: Mapping[str, int], loss: Callable[[Trial], float | None], *,
         around += [Trial(label, e, seed) for seed in window_seeds
                    for e in range(best - window, best + window + 1)
                    if lo <= e <= hi and not (e in banded and seed in band_seeds)]
-        best_of[label] = best
+        best_of[label], settled[label] = best, by_seed
       break
   moved = [Trial(target, best_of[source], 0) for source, targets in (transfer or {}).items()
            if source in best_of for target in targets]
   trials = list(dict.fromkeys(stage1 + stage2 + around))
-  return trials + [t for t in dict.fromkeys(moved) if t not in trials]
+  trials += [t for t in dict.fromkeys(moved) if t not in trials]
+  if band_seeds:  # the rates outside the search that land in its band: their seeds too
+    trials += [t for t in dict.fromkeys(_off_search_band_seeds(trials, settled, loss,
+                                                               band_seeds))
+               if t not in trials]
+  return trials
+
+
+def _off_search_band_seeds(trials: Sequence[Trial], settled: Mapping[str, Mapping],
+                           loss: Callable[[Trial], float | None],
+                           band_seeds: Sequence[int]) -> list[Trial]:
+  """`band_seeds` at every rate a settled label ran outside its search (a window or
+  transfer trial, seed 0) whose loss lands in the search's near-best band.
+
+  A study reads every rate a label ran (attnscale/studies/transfer.py), and a rate
+  with seed 0 alone that is within the band's margin of the best cannot be shown
+  worse, so it is in the study's band: the protocol's 3 seeds there too. These
+  seeds do not move the search's best (it reads only its own trials); a study that
+  finds its best there says so. Once asked for, they stay asked for (the list only
+  grows as runs finish): decided on seed 0's loss, kept once any of them finishes.
+  """
+  from attnscale.experiments import stats
+  out = []
+  for t in trials:
+    if t.seed != 0 or t.label not in settled or t.exponent in settled[t.label]:
+      continue
+    first = loss(t)
+    if first is None or not math.isfinite(first):
+      continue
+    extra = [Trial(t.label, t.exponent, seed) for seed in band_seeds]
+    if any(loss(e) is not None for e in extra) or t.exponent in stats.near_best_band(
+        {**settled[t.label], t.exponent: {0: first}}).rates:
+      out += extra
+  return out
 
 
 def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[str, int],
