@@ -34,8 +34,9 @@ SEEDS = 3  # the protocol's seeds at every near-best rate (docs/guides/sweeps.md
 def unfinished_widths(rows: Sequence[dict], table: Sequence[dict], label: str
                       ) -> dict[int, str]:
   """{width: why} for the widths of `label` whose search the study protocol has not
-  finished: no best yet, the best not bracketed (no rate run on each side of it; a
-  diverged rate above counts), fewer than SEEDS seeds at the best, or band rates
+  finished: no best yet, the best not bracketed (an octave either side of it not
+  both run; a diverged neighbour counts, and a best at the search's bound reads as
+  unbracketed too), fewer than SEEDS seeds at the best, or band rates
   short of seeds (`band_short` of them: a rate with seed 0 alone cannot be shown
   worse, so it stays in the band until its seeds run)."""
   out = {}
@@ -45,7 +46,7 @@ def unfinished_widths(rows: Sequence[dict], table: Sequence[dict], label: str
     grid = r["best_log2_lr"]
     rates = losses(rows, label, r["width"]).keys()
     why = ("no best" if not math.isfinite(grid) else
-           "not bracketed" if not min(rates) < grid < max(rates) else
+           "not bracketed" if not (grid - 1 in rates and grid + 1 in rates) else
            f"{r['seeds']} seed{'s' * (r['seeds'] != 1)} at the best" if r["seeds"] < SEEDS else
            f"{r['band_short']} band rate{'s' * (r['band_short'] > 1)} short of seeds"
            if r["band_short"] else "")
@@ -115,8 +116,9 @@ def write_summary(rows: Sequence[dict], table: Sequence[dict], slopes: Sequence[
       summary_rows(rows, table, slopes, versus, sensitivity_slopes, reference), out,
       "transfer_summary", title="Transfer across width: one line per label",
       notes=["best: the grid best (lowest seed mean) at each width; unfinished: widths "
-             f"where the best is not bracketed, has fewer than {SEEDS} seeds, or a band "
-             "rate is short of seeds (the protocol's search still running there); slope: "
+             "where the best is not bracketed (no run an octave either side), has fewer "
+             f"than {SEEDS} seeds, or a band rate is short of seeds (the protocol's search "
+             "still running there); slope: "
              "log2 best rate on log2 width [bootstrap 95% over seeds] (transfer_slopes.md). "
              "At the largest width (at_width): transfer, the loss at the smallest width's "
              "best rate minus the best's [95% t, paired] or seed 0 alone; loss, mean [95% t] "
