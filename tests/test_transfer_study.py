@@ -15,6 +15,7 @@ curve and the bests are exact, while seeds still spread for the intervals.
 """
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -407,3 +408,15 @@ def test_summary_says_which_widths_are_unfinished_and_why(rows, fits):
   assert summary["sp_adam_standard"]["unfinished"] == (
       "128: 1 band rate short of seeds; 256: 2 seeds at the best")
   assert summary["mup_adam_standard"]["unfinished"] == "64: not bracketed"
+
+
+def test_the_pages_glance_table_is_the_committed_summary():
+  """The transfer page's at-a-glance table is transfer_summary.csv's, printed by
+  `python -m attnscale.studies.transfer_summary` (regenerate both together)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "docs", "results", "transfer", "transfer_summary.csv")) as f:
+    table = transfer_summary.page_table({r["label"]: r for r in csv.DictReader(f)})
+  with open(os.path.join(root, "docs", "experiments", "transfer.md")) as f:
+    page = f.read()
+  assert table in page
+  assert len(table.splitlines()) == 2 + len(transfer_summary.PAGE_NAMES)

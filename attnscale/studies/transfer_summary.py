@@ -18,17 +18,34 @@ it is current whenever they are.
 
 A number with no interval rests on seed 0 alone (or on too few widths); the
 columns name their basis. The summary claims nothing its source tables do not.
+
+The transfer page's at-a-glance table (docs/experiments/transfer.md) is this table
+with the sweep's labels named for people; print it from the committed CSV with
+
+    python -m attnscale.studies.transfer_summary docs/results/transfer/transfer_summary.csv
 """
 
 from __future__ import annotations
 
+import csv
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 
 from attnscale.experiments import reporting
 from attnscale.studies.transfer_runs import losses
 
 SEEDS = 3  # the protocol's seeds at every near-best rate (docs/guides/sweeps.md)
+WIDTHS = (32, 64, 128, 256)  # the transfer sweep's (configs/sweeps.py)
+PAGE_NAMES = {  # label -> its row name on the transfer page, in the page's order
+    "sp_adam_standard": "sp + Adam, standard", "sp_adam_qk_rmsnorm": "sp + Adam, RMS QK-norm",
+    "sp_adam_cosine": "sp + Adam, cosine", "mup_adam_standard": "muP + Adam, standard",
+    "mup_adam_qk_rmsnorm": "muP + Adam, RMS QK-norm", "mup_adam_cosine": "muP + Adam, cosine",
+    "sp_muon_standard": "sp + Muon, standard", "sp_muon_qk_rmsnorm": "sp + Muon, RMS QK-norm",
+    "sp_muon_cosine": "sp + Muon, cosine", "umup": "u-muP",
+    "sp_muon_qk_clip": "sp + Muon + QK-clip, standard",
+    "sp_adam_inverse_d": "control: sp + Adam, 1/d",
+    "sp_adam_unit_scaled": "control: unit-scaled, one Adam rate"}
 
 
 def unfinished_widths(rows: Sequence[dict], table: Sequence[dict], label: str
@@ -127,3 +144,28 @@ def write_summary(rows: Sequence[dict], table: Sequence[dict], slopes: Sequence[
              "sensitivity S on log2 width through every seed's S [95% t] "
              "(transfer_sensitivity_slopes.md's seed_slope); seed 0 where the label's "
              "window has seed 0 alone.", code])
+
+
+def page_table(summary: Mapping[str, Mapping[str, str]]) -> str:
+  """The transfer page's at-a-glance table from transfer_summary.csv's rows by label
+  (strings, as csv.DictReader reads them): PAGE_NAMES' labels in order; a label not
+  run at every one of WIDTHS yet says so in its `unfinished` cell."""
+  lines = ["| label | best rate at " + ", ".join(map(str, WIDTHS)) + " | slope [95%] | tuned "
+           "at 32: cost at the largest width | loss at the largest width's best | minus "
+           "sp + Adam's there (paired) | S per doubling [95%] | unfinished |",
+           "|---|---|---|---|---|---|---|---|"]
+  for label, name in PAGE_NAMES.items():
+    r = summary[label]
+    at = "" if int(r["at_width"]) == WIDTHS[-1] else f" (at {r['at_width']})"
+    s_slope = r["S_slope"] + (" (seed 0)" if "seed 0" in r["S_reading"] else "")
+    unfinished = r["unfinished"] if not at else (
+        ("" if r["unfinished"] == "-" else r["unfinished"] + "; ")
+        + f"{WIDTHS[-1]}: not run yet")
+    lines.append(f"| {name} | {r['best']} | {r['slope']} | {r['transfer']}{at} | {r['loss']} | "
+                 f"{r['vs_reference']} | {s_slope} | {unfinished} |")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  with open(sys.argv[1]) as f:
+    print(page_table({r["label"]: r for r in csv.DictReader(f)}), end="")
