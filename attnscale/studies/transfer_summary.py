@@ -32,10 +32,9 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 
-from attnscale.experiments import reporting
+from attnscale.experiments import reporting, stats
 from attnscale.studies.transfer_runs import losses
 
-SEEDS = 3  # the protocol's seeds at every near-best rate (docs/guides/sweeps.md)
 WIDTHS = (32, 64, 128, 256)  # the transfer sweep's (configs/sweeps.py)
 PAGE_NAMES = {  # label -> its row name on the transfer page, in the page's order
     "sp_adam_standard": "sp + Adam, standard", "sp_adam_qk_rmsnorm": "sp + Adam, RMS QK-norm",
@@ -53,7 +52,7 @@ def unfinished_widths(rows: Sequence[dict], table: Sequence[dict], label: str
   """{width: why} for the widths of `label` whose search the study protocol has not
   finished: no best yet, the best not bracketed (an octave either side of it not
   both run; a diverged neighbour counts, and a best at the search's bound reads as
-  unbracketed too), fewer than SEEDS seeds at the best, or band rates
+  unbracketed too), fewer than stats.MIN_SEEDS seeds at the best, or band rates
   short of seeds (`band_short` of them: a rate with seed 0 alone cannot be shown
   worse, so it stays in the band until its seeds run)."""
   out = {}
@@ -64,7 +63,7 @@ def unfinished_widths(rows: Sequence[dict], table: Sequence[dict], label: str
     rates = losses(rows, label, r["width"]).keys()
     why = ("no best" if not math.isfinite(grid) else
            "not bracketed" if not (grid - 1 in rates and grid + 1 in rates) else
-           f"{r['seeds']} seed{'s' * (r['seeds'] != 1)} at the best" if r["seeds"] < SEEDS else
+           f"{r['seeds']} seed{'s' * (r['seeds'] != 1)} at the best" if r["seeds"] < stats.MIN_SEEDS else
            f"{r['band_short']} band rate{'s' * (r['band_short'] > 1)} short of seeds"
            if r["band_short"] else "")
     if why:
@@ -134,7 +133,7 @@ def write_summary(rows: Sequence[dict], table: Sequence[dict], slopes: Sequence[
       "transfer_summary", title="Transfer across width: one line per label",
       notes=["best: the grid best (lowest seed mean) at each width; unfinished: widths "
              "where the best is not bracketed (no run an octave either side), has fewer "
-             f"than {SEEDS} seeds, or a band rate is short of seeds (the protocol's search "
+             f"than {stats.MIN_SEEDS} seeds, or a band rate is short of seeds (the protocol's search "
              "still running there); slope: "
              "log2 best rate on log2 width [bootstrap 95% over seeds] (transfer_slopes.md). "
              "At the largest width (at_width): transfer, the loss at the smallest width's "
