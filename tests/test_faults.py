@@ -148,6 +148,52 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
       "looping", "saving (interrupted: True)", SECOND_CTRL_C.strip(), "lock released"]
 
 
+# A Ctrl-C during start-up, while XLA compiles on threads of its own: train.py and a
+# packed sweep's pack exit 130 with one line and release their locks. Before
+# cli.stop_after_early_ctrl_c (os._exit), interpreter finalisation under a compiling
+# thread crashed (rc 134 or 139; a pack interrupted 11 s into its start-up did it
+# too). The Ctrl-C is raised where a run takes its lock, a compilation running.
+_CTRL_C_WHILE_COMPILING = r"""
+import runpy, sys, threading, time
+import jax, jax.numpy as jnp
+from attnscale.runtime import train_lib
+
+def long_program(x):
+  for i in range(300):
+    x = jnp.tanh(x @ x.T) + jnp.sin(x) * i
+  return x
+
+def compiling_then_ctrl_c(*args, **kwargs):
+  threading.Thread(target=lambda: jax.jit(long_program).lower(jnp.ones((64, 64))).compile(),
+                   daemon=True).start()
+  time.sleep(0.5)
+  raise KeyboardInterrupt
+
+train_lib._workdir_lock = compiling_then_ctrl_c
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("command", ["train.py", "attnscale/runtime/packed.py"])
+def test_ctrl_c_while_compiling_at_start_up_exits_130_cleanly(command, tmp_path):
+  workdir = str(tmp_path / "run")
+  if command == "train.py":
+    flags = ["--config=configs/shakespeare_char.py:preset=test", f"--workdir={workdir}"]
+  else:
+    flags = ["--runs=" + json.dumps([{"config": "configs/shakespeare_char.py:preset=test",
+                                       "overrides": {}, "workdir": workdir}])]
+  proc = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_COMPILING, command, *flags],
+                        cwd=testing.ROOT, env=testing.subprocess_env(JAX_PLATFORMS="cpu"),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 130, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "Ctrl-C outside the training steps: stopped without saving; rerunning the same "
+      "command resumes from the last checkpoint"), proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and "Fatal Python error" not in proc.stderr
+  assert not os.path.exists(os.path.join(workdir, run_lock.LOCK_FILE))
+
+
 # ---------------------------------------------------------------------------
 # A damaged checkpoint.
 

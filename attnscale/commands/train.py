@@ -53,9 +53,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   except train_lib.Interrupted:  # Ctrl-C: saved, and said where
     sys.exit(130)
   except KeyboardInterrupt:  # Ctrl-C outside the loop's handler (start-up, the last save)
-    print("Ctrl-C outside the training steps: stopped without saving; rerunning the same "
-          "command resumes from the last checkpoint on disk", file=sys.stderr)
-    sys.exit(130)
+    cli.stop_after_early_ctrl_c("from the last checkpoint on disk")
 
 
 def run() -> None:

@@ -38,6 +38,23 @@ def fail(message: str) -> NoReturn:
   sys.exit(f"error: {message}")
 
 
+def stop_after_early_ctrl_c(what: str) -> NoReturn:
+  """Exits 130 after a Ctrl-C outside the training loop's handler (start-up,
+  compilation, the last save), printing that nothing was saved.
+
+  `os._exit`, not `sys.exit`: the Ctrl-C can land while XLA compiles on its own
+  threads, and the interpreter's finalisation then frees what they still use (a
+  packed run interrupted 11 s into start-up exited with a segmentation fault, rc
+  139, before this). By the time this runs the run locks have been released (the
+  `with` blocks unwound) and nothing was written, so there is nothing to finalise.
+  """
+  print(f"Ctrl-C outside the training steps: stopped without saving; rerunning the same "
+        f"command resumes {what}", file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(130)
+
+
 def reexec_with_tunables() -> None:
   """train's and eval's first step: re-executes with the malloc tunables (1.3-2x
   faster steps on CPU: attnscale/runtime/hostmem.py); a bad ATTNSCALE_MALLOC exits

@@ -426,10 +426,8 @@ def main(argv) -> None:
     cli.fail(str(e))
   except interrupts.Interrupted:
     sys.exit(130)
-  except KeyboardInterrupt:
-    print("Ctrl-C outside the training steps: stopped without saving; rerunning the same "
-          "command resumes from the last checkpoints on disk", file=sys.stderr)
-    sys.exit(130)
+  except KeyboardInterrupt:  # start-up or compilation: nothing to save
+    cli.stop_after_early_ctrl_c("from the last checkpoints on disk")
   diverged = [s["workdir"] for s, r in zip(specs, results) if r["status"] == "diverged"]
   if diverged:
     cli.fail(f"{len(diverged)} of {len(specs)} runs of the pack stopped on a non-finite loss: "
