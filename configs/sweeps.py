@@ -306,6 +306,16 @@ TRANSFER_SENSITIVITY_LABELS = ("sp_adam_standard", "sp_adam_qk_rmsnorm", "sp_ada
 SWEEPS["transfer_sensitivity"] = _transfer_sweep(
     "graphcore_cpu", {k: TRANSFER_LABELS[k] for k in TRANSFER_SENSITIVITY_LABELS}, WIDTHS,
     TRANSFER_START_64, window_seeds=(1, 2))
+# The same for every other label (muP, Muon, u-muP, QK-clip, the controls), whose S has
+# seed 0 alone until it runs: seeds 1 and 2 at the window rates outside each band.
+# 239 new runs on the archive of 2026-11-28 (66, 62, 54 and 57 at widths 32 ... 256; more
+# at 256 as its searches settle): for a lent GPU
+# (`SWEEP=transfer_sensitivity_all bash benchmarks/gpu_session.sh finish`) or a CPU
+# once the transfer sweep is finished (`--only` a width at a time).
+SWEEPS["transfer_sensitivity_all"] = _transfer_sweep(
+    "graphcore_cpu", {k: v for k, v in TRANSFER_LABELS.items()
+                      if k not in TRANSFER_SENSITIVITY_LABELS}, WIDTHS,
+    TRANSFER_START_64, window_seeds=(1, 2))
 
 # Width 512 for the labels that matter most (the issue's "if the budget allows"): a
 # width-512 run costs about 4x a width-256 one, so this is for lent GPUs, after the
