@@ -45,8 +45,9 @@ def stop_after_early_ctrl_c(what: str) -> NoReturn:
   `os._exit`, not `sys.exit`: the Ctrl-C can land while XLA compiles on its own
   threads, and the interpreter's finalisation then frees what they still use (a
   packed run interrupted 11 s into start-up exited with a segmentation fault, rc
-  139, before this). By the time this runs the run locks have been released (the
-  `with` blocks unwound) and nothing was written, so there is nothing to finalise.
+  139, before this). By the time this runs the exception has unwound the run's
+  `with` and `finally` blocks: its locks are released and its metric writers and
+  checkpoint manager closed, so nothing is left for finalisation to do.
   """
   print(f"Ctrl-C outside the training steps: stopped without saving; rerunning the same "
         f"command resumes {what}", file=sys.stderr)
