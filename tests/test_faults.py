@@ -152,9 +152,10 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
 # packed sweep's pack exit 130 with one line and release their locks. Before
 # cli.stop_after_early_ctrl_c (os._exit), interpreter finalisation under a compiling
 # thread crashed (rc 134 or 139; a pack interrupted 11 s into its start-up did it
-# too). The Ctrl-C is raised where a run takes its lock, a compilation running.
+# too). The Ctrl-C is raised just after a run has taken its lock, a compilation
+# running, so the test also sees the lock released.
 _CTRL_C_WHILE_COMPILING = r"""
-import runpy, sys, threading, time
+import contextlib, os, runpy, sys, threading, time
 import jax, jax.numpy as jnp
 from attnscale.runtime import train_lib
 
@@ -163,11 +164,17 @@ def long_program(x):
     x = jnp.tanh(x @ x.T) + jnp.sin(x) * i
   return x
 
-def compiling_then_ctrl_c(*args, **kwargs):
-  threading.Thread(target=lambda: jax.jit(long_program).lower(jnp.ones((64, 64))).compile(),
-                   daemon=True).start()
-  time.sleep(0.5)
-  raise KeyboardInterrupt
+the_lock = train_lib._workdir_lock
+
+@contextlib.contextmanager
+def compiling_then_ctrl_c(workdir, *args, **kwargs):
+  with the_lock(workdir, *args, **kwargs) as lock:
+    assert os.path.exists(os.path.join(workdir, "LOCK"))
+    threading.Thread(target=lambda: jax.jit(long_program).lower(jnp.ones((64, 64))).compile(),
+                     daemon=True).start()
+    time.sleep(0.5)
+    raise KeyboardInterrupt
+    yield lock
 
 train_lib._workdir_lock = compiling_then_ctrl_c
 sys.argv = sys.argv[1:]
