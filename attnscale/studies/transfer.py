@@ -247,9 +247,11 @@ def plot_lr(rows: Sequence[dict], axis: str = "width"):
       for mark in marks:  # on the top edge, outside the layout (else it collapses the panels)
         mark.set_in_layout(False)
     ax.set_xscale("log", base=2)
-    reporting.label_axes(ax, xlabel="learning rate", ylabel="final training loss",
-                         title=f"{label} (x: diverged)")
+    reporting.label_axes(ax, xlabel="learning rate", ylabel="final training loss", title=label)
     ax.legend(fontsize=7)
+  # Said once for the figure: in every panel title it overran the longer labels.
+  fig.suptitle("Final training loss against learning rate: seed mean, min-max bars; "
+               "x on the top edge: every seed diverged")
   return fig
 
 
