@@ -174,7 +174,7 @@ def compiling_then_ctrl_c(workdir, *args, **kwargs):
                      daemon=True).start()
     time.sleep(0.5)
     raise KeyboardInterrupt
-    yield lock
+    yield lock  # never reached: it makes this a generator, as contextmanager needs
 
 train_lib._workdir_lock = compiling_then_ctrl_c
 sys.argv = sys.argv[1:]
