@@ -148,6 +148,11 @@ def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[
   return points
 
 
+def sweep_names(config_file: str) -> list[str]:
+  """The names of `config_file`'s sweeps (its sweeps module's `SWEEPS`), in order."""
+  return list(_sweeps_module(config_file).SWEEPS)
+
+
 def default_pack(config_file: str, name: str) -> int:
   """The pack size sweep `name` runs with by default: its sweeps module's
   `default_pack(name)`, or 1 (unpacked) if it defines none."""
