@@ -15,18 +15,10 @@ edge; then seeds 1 and 2 at every rate within noise of the best (the near-best
 band), the best being chosen on the mean over seeds and bracketed on it. The
 score is the final training MLM loss (train.py's window); compare the winners with
 eval.py afterwards.
-
-Cost at the cpu preset: one run (1000 steps, scaling standard) took 13.4 min of
-training on 2 shared cores (load 4-10) and about 7 min at the speed it reached
-when the load fell to 4 (docs/guides/masked-lm.md); take 8 min a run on 2 quiet
-cores, compilation and eval.py included. Stage 1 is 10 labels x 3-4 rates = 30-40
-runs, the band adds 2 seeds x 1-3 rates per label = 20-60 runs: 50-100 runs, about
-7-13 hours on 2 quiet cores. Packing (3 points a program) was not measured to be
-faster at this size: a pack of 3 seeds ran 0.45-0.6 run-steps/s on shared cores
-(load ~10) where one run alone ran 0.6-1.3; `--pack=1` runs them one at a time.
+What the sweep costs: docs/experiments/bert.md.
 """
 
-from attnscale.checks import check_choice
+from attnscale.experiments.sweep_builders import Sweep, staged
 
 CONFIG = "bert_small.py"  # the config file (next to this one) these sweeps run
 
@@ -47,47 +39,27 @@ BERT = {
 }
 # Where each label's search starts: e for 2^-e. The cpu preset's 2e-3 ~ 2^-9 for
 # the standard models; for the others the char LM's practice sweep's best
-# (configs/sweeps.py, PRACTICE_LR_START): large rates for the models whose logits
-# start small. The search brackets wherever the best is.
+# (configs/shakespeare_char_sweeps.py, PRACTICE_LR_START): large rates for the models
+# whose logits start small. The search brackets wherever the best is.
 BERT_LR_START = dict.fromkeys(BERT, 9) | {
     "key_norm_sum": 5, "unit_scaled": 5, "umup": 5, "fully_scaled": 10, "inverse_d": 8}
-# The search never leaves 2^-1 ... 2^-12. It was 2^-3 ... 2^-12 until 2026-11-26, when
-# the unit-scaled model's best sat at the ceiling, 2^-3 (3 seeds), unbracketed; its
-# rates are absolute, of order 2^-1 ... 2^1 in u-muP (Blake et al. 2024). Only a label
-# whose best reaches 2^-3 searches higher, so no other label's points change.
+# The search never leaves 2^-1 ... 2^-12: the unit-scaled model's rates are absolute,
+# of order 2^-1 ... 2^1 in u-muP (Blake et al. 2024); only a label whose best reaches
+# 2^-3 searches that high (docs/experiments/bert.md).
 LR_RANGE = (1, 12)
-# A final training MLM loss at or above this learned nothing: predicting the
-# train split's token frequencies scores 6.37 at the cpu preset, and every run
-# that learned ended below 5.3 (stage 1, docs/experiments/bert.md). Such a run
-# counts as diverged in the search (lr_search's `no_learning`), so a label that
-# failed at every rate tried searches smaller rates instead of adding seeds to a
+# A final training MLM loss at or above this learned nothing (docs/experiments/bert.md):
+# such a run counts as diverged in the search (lr_search's `no_learning`), so a label
+# that failed at every rate tried searches smaller rates instead of adding seeds to a
 # failure. The test preset's short runs end higher: no threshold there.
 NO_LEARNING = {"cpu": 6.0}
-
-# name -> (preset, {label: (scaling, overrides)}, {label: start exponent}, band seeds)
-SWEEPS = {
-    "bert": ("cpu", BERT, BERT_LR_START, (1, 2)),
-    # Seconds a run: the test suite's.
-    "bert_test": ("test", {k: BERT[k] for k in ("standard", "standard_pre")},
-                  {"standard": 7, "standard_pre": 7}, (1,)),
-}
 # Points packed into one program by default (sweep.py --pack=K overrides): the 3
 # rates of a label's first stage, or its band's seeds.
 PACK_BY_PRESET = {"cpu": 3, "test": 4}
 
-
-def default_pack(name: str) -> int:
-  """How many points of sweep `name` sweep.py packs into one program by default."""
-  check_choice("sweep", name, SWEEPS)
-  return PACK_BY_PRESET.get(SWEEPS[name][0], 1)
-
-
-def get_sweep(name: str, workdir: str | None = None) -> list[dict]:
-  """The points of sweep `name`, staged (see the module doc): reads the finished
-  runs in `workdir` (None: nothing has run, stage 1's first trials)."""
-  check_choice("sweep", name, SWEEPS)
-  from attnscale.experiments import lr_search  # only the staged sweep reads results
-  preset, labels, starts, band_seeds = SWEEPS[name]
-  return lr_search.points(preset, labels, starts, workdir, bounds=LR_RANGE,
-                          no_learning=NO_LEARNING.get(preset),
-                          more_seeds=(), band_seeds=band_seeds)
+SWEEPS: dict[str, Sweep] = {
+    "bert": staged("cpu", BERT, BERT_LR_START, bounds=LR_RANGE, no_learning=NO_LEARNING["cpu"],
+                   more_seeds=(), band_seeds=(1, 2)),
+    "bert_test": staged("test", {k: BERT[k] for k in ("standard", "standard_pre")},
+                        {"standard": 7, "standard_pre": 7}, bounds=LR_RANGE, more_seeds=(),
+                        band_seeds=(1,)),
+}

@@ -22,7 +22,7 @@ shared_kv.md.)
   test       the same labels at preset=test: seconds each, for the test suite.
 """
 
-from attnscale.checks import check_choice
+from attnscale.experiments.sweep_builders import Sweep, seeds_first
 
 CONFIG = "gpt2.py"  # the config file (next to this one) these sweeps run
 
@@ -38,21 +38,12 @@ QK_NORM = {
     "qk_layernorm": ("qk_layernorm", {}),  # the registered scalings, as the CPU studies ran
     "qk_rmsnorm": ("qk_rmsnorm", {}),
 }
-# name -> (preset, {label: (scaling, overrides)}, seeds)
-SWEEPS = {
-    "shared_kv": ("small", SHARED_KV, (0,)),
-    "qk_norm": ("small", QK_NORM, (0,)),
-    "seeds": ("small", SHARED_KV | QK_NORM, (0,)),
+# Each label x seed, seed-major (after the first seed every label has a run).
+SWEEPS: dict[str, Sweep] = {
+    "shared_kv": seeds_first("small", SHARED_KV, (0,)),
+    "qk_norm": seeds_first("small", QK_NORM, (0,)),
+    "seeds": seeds_first("small", SHARED_KV | QK_NORM, (0,)),
     # test: 2 heads, so the control has 1 key/value head.
-    "test": ("test", SHARED_KV | QK_NORM | {"kv_heads6": ("standard",
-                                                          {"model.num_kv_heads": 1})}, (0,)),
+    "test": seeds_first("test", SHARED_KV | QK_NORM | {
+        "kv_heads6": ("standard", {"model.num_kv_heads": 1})}, (0,)),
 }
-
-
-def get_sweep(name: str) -> list[dict]:
-  """The points of sweep `name`: label x seed, seed-major (after the first seed every
-  label has a run)."""
-  check_choice("sweep", name, SWEEPS)
-  preset, labels, seeds = SWEEPS[name]
-  return [{"arg": f"preset={preset},scaling={scaling},seed={seed}", "overrides": overrides}
-          for seed in seeds for scaling, overrides in labels.values()]

@@ -1,8 +1,9 @@
 """Learning-rate x scaling sweeps: points as data, ordinary train.py runs, one table.
 
 A sweep is a list of points, each a config argument plus field overrides,
-defined in `sweeps.py` next to its config (configs/sweeps.py: `get_sweep(name)`
-for configs/shakespeare_char.py; see `load_sweep`):
+defined as data in `<config>_sweeps.py` beside its config
+(configs/shakespeare_char_sweeps.py for configs/shakespeare_char.py; the shapes
+are attnscale/experiments/sweep_builders.py; see `load_sweep`):
 
     {"arg": "preset=graphcore,scaling=fully_scaled,seed=0",
      "overrides": {"learning_rate": 2**-9}}
@@ -112,33 +113,34 @@ def _short(key: str) -> str:
   return {"learning_rate": "lr"}.get(key, key.rsplit(".", 1)[-1])
 
 
-SWEEPS_FILE = "sweeps.py"  # a config's sweeps: this file in the config's directory
+SWEEPS_SUFFIX = "_sweeps.py"  # a config X.py's sweeps: X_sweeps.py beside it
 
 
 def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[Point]:
   """The points of sweep `name` of `config_file`.
 
-  A config's sweeps are data in its own `<name>_sweeps.py` next to it
-  (configs/gpt2_sweeps.py), else in `sweeps.py` there (configs/sweeps.py), which
-  names the config file it is for (`CONFIG`, a file name in the same directory)
-  and defines `SWEEPS` (the sweeps' names) and `get_sweep(name)`. A staged
-  sweep's `get_sweep(name, workdir=...)` may add points from the results so far
-  (the seeds at each scaling's best learning rate,
-  `attnscale.experiments.lr_search`); `workdir` is passed when its signature
-  takes it.
+  A config's sweeps are data in its own `<config>_sweeps.py` beside it
+  (configs/shakespeare_char_sweeps.py), which names the config it is for (`CONFIG`,
+  a file name in the same directory) and maps each sweep's name to a
+  `sweep_builders.Sweep` in `SWEEPS` (a staged sweep adds points from the results
+  so far in `workdir`: the seeds at each label's best learning rate,
+  `attnscale.experiments.lr_search`). A file that builds its points itself
+  defines `get_sweep(name)` (or `get_sweep(name, workdir=...)`) instead, SWEEPS
+  then naming the sweeps.
 
   Raises:
     ValueError: the config has no sweeps, or no sweep of that name (the
       message lists the known ones).
   """
-  if not os.path.isfile(config_file):
-    raise ValueError(f"--config {config_file} is not a config file")
   module = _sweeps_module(config_file)
   known = getattr(module, "SWEEPS", ())
   if name not in known:
     raise ValueError(f"--sweep must be one of {list(known)}, got {name!r}")
-  takes_workdir = "workdir" in inspect.signature(module.get_sweep).parameters
-  specs = module.get_sweep(name, workdir=workdir) if takes_workdir else module.get_sweep(name)
+  if hasattr(module, "get_sweep"):
+    takes_workdir = "workdir" in inspect.signature(module.get_sweep).parameters
+    specs = module.get_sweep(name, workdir=workdir) if takes_workdir else module.get_sweep(name)
+  else:
+    specs = known[name].points(workdir)
   points = [Point(p["arg"], tuple(sorted(p.get("overrides", {}).items())),
                   tuple(p.get("eval", ())))
             for p in specs]
@@ -155,26 +157,37 @@ def sweep_names(config_file: str) -> list[str]:
 
 def default_pack(config_file: str, name: str) -> int:
   """The pack size sweep `name` runs with by default: its sweeps module's
-  `default_pack(name)`, or 1 (unpacked) if it defines none."""
+  `default_pack(name)` if it defines one, else `PACK_BY_PRESET[preset]` of the
+  sweep's preset, else 1 (unpacked)."""
   module = _sweeps_module(config_file)
-  return module.default_pack(name) if hasattr(module, "default_pack") else 1
+  if hasattr(module, "default_pack"):
+    return module.default_pack(name)
+  sweep = getattr(module, "SWEEPS", {}).get(name)
+  return getattr(module, "PACK_BY_PRESET", {}).get(getattr(sweep, "preset", None), 1)
 
 
 def _sweeps_module(config_file: str):
-  """The sweeps module of `config_file`: its own <name>_sweeps.py beside it
-  (configs/gpt2_sweeps.py), else SWEEPS_FILE in its directory; either names it."""
+  """The sweeps module of `config_file`: its own <config>_sweeps.py beside it."""
   directory, config_name = os.path.split(os.path.abspath(config_file))
-  path = os.path.join(directory, config_name.removesuffix(".py") + "_" + SWEEPS_FILE)
-  if not os.path.isfile(path):
-    path = os.path.join(directory, SWEEPS_FILE)
+  if config_name == "sweeps.py" and not os.path.isfile(config_file):
+    raise ValueError(f"--config {config_file}: configs/sweeps.py is now "
+                     "configs/shakespeare_char_sweeps.py; pass the task's config, "
+                     "--config=configs/shakespeare_char.py")
+  if not os.path.isfile(config_file):
+    raise ValueError(f"--config {config_file} is not a config file")
+  own = config_name.removesuffix(".py") + SWEEPS_SUFFIX
+  path = os.path.join(directory, own)
   module = None
-  if os.path.isfile(path) and path != os.path.abspath(config_file):
+  if os.path.isfile(path):
     spec = importlib.util.spec_from_file_location("_sweeps", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+  if module is None and os.path.isfile(os.path.join(directory, "sweeps.py")):
+    raise ValueError(f"--config {config_file}: a sweeps.py beside it is no longer read; "
+                     f"its sweeps go in {own} (CONFIG = {config_name!r})")
   if module is None or getattr(module, "CONFIG", None) != config_name:
-    raise ValueError(f"--config {config_file} defines no sweeps (no {SWEEPS_FILE} next to "
-                     f"it with CONFIG = {config_name!r})")
+    raise ValueError(f"--config {config_file} defines no sweeps (no {own} beside it "
+                     f"with CONFIG = {config_name!r})")
   return module
 
 
