@@ -13,8 +13,8 @@ r"""Runs a learning-rate x scaling sweep and writes its results table and figure
       # those runs trained again (with eval.json) where only their records are kept
   attnscale-sweep --config=shakespeare_char.py ...  # the same, from any folder
 
-The sweeps are data in configs/sweeps.py (a config's sweeps: sweeps.py next to
-it, naming it). Each point is an ordinary train.py run in WORKDIR/<point>;
+The sweeps are data in the config's own <config>_sweeps.py beside it
+(configs/shakespeare_char_sweeps.py). Each point is an ordinary train.py run in WORKDIR/<point>;
 finished points are skipped and interrupted ones resume. Points that differ only
 in seed, learning rate and the like train packed, K in one vmapped program
 (--pack, default the sweep's), each still in its own run directory. Results:

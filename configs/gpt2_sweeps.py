@@ -17,8 +17,7 @@ shared_kv.md.)
              count) with keys and values untied (docs/experiments/shared_kv.md).
   qk_norm    standard against cosine attention (learned temperature) and the two
              QK-norms, LayerNorm and RMSNorm (docs/experiments/practice.md).
-  seeds      both, standard once: 6 runs. On 8 H100s about 40 minutes a run at 40%
-             MFU (compile.py --tokens gives the lower bound).
+  seeds      both, standard once (docs/guides/gpt2.md says what a run costs).
   test       the same labels at preset=test: seconds each, for the test suite.
 """
 

@@ -25,7 +25,8 @@ Presets and what to expect:
             steps; sweep LR over 2^-7 ... 2^-12. Graphcore (byte-level complete
             works) report baseline about 1.2, fully scaled about 1.4.
   graphcore_cpu  Graphcore's recipe at 4 layers, width 64, seq 64, batch 16,
-            1500 steps: the CPU learning-rate sweep ("graphcore_cpu" in configs/sweeps.py).
+            1500 steps: the CPU learning-rate sweep ("graphcore_cpu" in
+            configs/shakespeare_char_sweeps.py).
   cpu       4 layers, width 128, 4 heads, seq 128, batch 32, 1000 steps: a
             useful model in minutes on 2 CPU cores (docs/getting-started.md).
   test      seconds: for the test suite.

@@ -5,8 +5,8 @@ r"""attnscale-sweep: runs a learning-rate x scaling sweep and writes its results
 
 The same command as `python sweep.py ...` at the repository root (sweep.py's
 docstring says more: packing, jobs, collecting). --config is a path from the
-current folder or a name in the project's configs/; its sweeps are in sweeps.py
-next to it (`attnscale.experiments.sweeps.load_sweep`).
+current folder or a name in the project's configs/; its sweeps are in its
+<config>_sweeps.py beside it (`attnscale.experiments.sweeps.load_sweep`).
 """
 
 import functools
@@ -25,10 +25,10 @@ def define_flags() -> types.SimpleNamespace:
   """Defines the command's flags (absl's global FLAGS); returns their holders."""
   holders = types.SimpleNamespace(
       config=flags.DEFINE_string(
-          "config", None, "A config file with sweeps (sweeps.py next to it names it: "
-          "configs/sweeps.py): a path, or a name in the project's configs/."),
+          "config", None, "A config file with sweeps (its <config>_sweeps.py beside it: "
+          "configs/shakespeare_char_sweeps.py): a path, or a name in the project's configs/."),
       sweep=flags.DEFINE_string("sweep", None,
-                                "The sweep's name (SWEEPS in the config's sweeps.py)."),
+                                "The sweep's name (SWEEPS in the config's _sweeps.py)."),
       workdir=flags.DEFINE_string("workdir", None,
                                   "The sweep's directory: one sub-directory a point."),
       print_commands=flags.DEFINE_bool("print_commands", False,
@@ -39,7 +39,7 @@ def define_flags() -> types.SimpleNamespace:
       pack=flags.DEFINE_integer(
           "pack", None, "Points to train at once in one vmapped program (those that differ "
           "only in seed, learning rate, weight decay or clipping: docs/guides/sweeps.md, "
-          "\"Packing\"); default: the sweep's (configs/sweeps.py default_pack); 1 = one "
+          "\"Packing\"); default: the sweep's (PACK_BY_PRESET in its _sweeps.py); 1 = one "
           "train.py a point."),
       print_best_runs=flags.DEFINE_bool(
           "print_best_runs", False, "Print the run directory of seed 0 at each scaling's "

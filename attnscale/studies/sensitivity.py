@@ -3,7 +3,7 @@ logits bounded and the loss finite as the learning rate grows?
 
     python -m attnscale.studies sensitivity --out DIR --workdirs runs/sensitivity
 
-Reads the `sensitivity` sweep (configs/sweeps.py: each label from two rates below
+Reads the `sensitivity` sweep (configs/shakespeare_char_sweeps.py: each label from two rates below
 its best up to 2^-2, three seeds at every rate) and writes:
 
   sensitivity.md/csv         per label: best rate and loss, Wortsman et al.'s

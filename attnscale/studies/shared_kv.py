@@ -4,7 +4,7 @@
     python -m attnscale.studies shared_kv --out DIR --workdirs docs/results/shared_kv/raw \
         --weights runs/shared_kv_best   # an archive; sweep.py --retrain_best_to's weights
 
-Reads the `shared_kv` sweep (configs/sweeps.py: each scaling with separate and
+Reads the `shared_kv` sweep (configs/shakespeare_char_sweeps.py: each scaling with separate and
 shared projections, plus the parameter-matched control, grouped-query attention
 with 2 key/value heads, which has exactly shared K/V's attention parameters with
 keys and values untied) and, optionally, the `shared_kv_cpu` sweep (the larger

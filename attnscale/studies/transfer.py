@@ -4,7 +4,7 @@ to it?
 
     python -m attnscale.studies transfer --out DIR --workdirs runs/transfer
 
-Reads the `transfer` sweep (configs/sweeps.py: {sp + Adam, muP + Adam, sp + Muon} x
+Reads the `transfer` sweep (configs/shakespeare_char_sweeps.py: {sp + Adam, muP + Adam, sp + Muon} x
 attention {standard, qk_rmsnorm, cosine}, u-muP, sp + Muon + QK-clip, and two
 controls, sp + Adam with 1/d attention and the unit-scaled model at one Adam rate, at
 widths 32 ... 256, and 512 for six labels where the `transfer_512` sweep has run; each label and width its own staged search under the study protocol, 3

@@ -1,5 +1,5 @@
-"""The transfer sweep's runs (configs/sweeps.py `transfer` and its companions): each
-run's label from its config.json, the finished runs of one or several workdirs as rows,
+"""The transfer sweep's runs (configs/shakespeare_char_sweeps.py `transfer` and its companions):
+each run's label from its config.json, the finished runs of one or several workdirs as rows,
 and per label and size the losses {log2 rate: {seed: final loss}} the transfer,
 width and depth studies read (attnscale/studies/transfer.py, transfer_sensitivity.py).
 """
@@ -16,7 +16,7 @@ from attnscale.experiments import reporting, stats
 from attnscale.runtime import configlib
 from attnscale.studies import sensitivity as sensitivity_study
 
-# The sweep's labels (configs/sweeps.py TRANSFER_LABELS), in its order.
+# The sweep's labels (configs/shakespeare_char_sweeps.py TRANSFER_LABELS), in its order.
 LABELS = tuple(f"{p}_{o}_{a}" for p, o in (("sp", "adam"), ("mup", "adam"), ("sp", "muon"))
                for a in ("standard", "qk_rmsnorm", "cosine")) + (
                    "umup", "sp_muon_qk_clip", "sp_adam_inverse_d", "sp_adam_unit_scaled")
@@ -33,7 +33,7 @@ def transfer_label(config: Mapping) -> str:
   (u-muP's attention and residual rule; "umup_<scaling>_<residual>" otherwise);
   QK-clip appends "_qk_clip" (tau 50; "_qk_clip<tau>" at another) in place of
   "_standard"; muP's base multipliers other than 1 append "_output<m>" / "_attn<m>"
-  (configs/sweeps.py MUP_MULT_LABELS), and `model.mup_vector_lr` other than
+  (configs/shakespeare_char_sweeps.py MUP_MULT_LABELS), and `model.mup_vector_lr` other than
   "constant" "_vector_lr_<value>"; Muon's AdamW branch at a rate of its own appends
   "_adam_lr<m>" (muon_adam_lr_mult) and "_adam_per_width<B>" (muon_adam_lr_base_width).
   Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).

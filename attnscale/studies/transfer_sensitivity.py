@@ -37,7 +37,8 @@ from attnscale.experiments import reporting, stats
 from attnscale.studies.sensitivity import sensitivity
 from attnscale.studies.transfer_runs import TOL, best_rate, cell_rates, labels_of, losses, widths_of
 
-WINDOW = 2  # octaves each side of the best that S averages over (configs/sweeps.py's window)
+# Octaves each side of the best that S averages over (the transfer sweep's window).
+WINDOW = 2
 
 
 def _contiguous(xs: Sequence[float], around: float) -> list[float]:

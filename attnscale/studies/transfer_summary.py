@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from attnscale.experiments import reporting, stats
 from attnscale.studies.transfer_runs import losses
 
-WIDTHS = (32, 64, 128, 256)  # the transfer sweep's (configs/sweeps.py)
+WIDTHS = (32, 64, 128, 256)  # the transfer sweep's (configs/shakespeare_char_sweeps.py)
 PAGE_NAMES = {  # label -> its row name on the transfer page, in the page's order
     "sp_adam_standard": "sp + Adam, standard", "sp_adam_qk_rmsnorm": "sp + Adam, RMS QK-norm",
     "sp_adam_cosine": "sp + Adam, cosine", "mup_adam_standard": "muP + Adam, standard",

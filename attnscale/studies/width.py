@@ -4,7 +4,7 @@ depth variant: across depth?
     python -m attnscale.studies width --out DIR --workdirs runs/width
     python -m attnscale.studies depth --out DIR --workdirs runs/depth
 
-Reads the `width` sweep (configs/sweeps.py: each label's staged learning-rate
+Reads the `width` sweep (configs/shakespeare_char_sweeps.py: each label's staged learning-rate
 search at every width, seed 1 at each best, and every width at the smallest
 width's best rate) and writes:
 
