@@ -34,8 +34,8 @@ def test_unknown_sweep_or_config_is_a_one_line_error():
     sweeps.load_sweep(os.path.join(ROOT, CONFIG), "nope")
   with pytest.raises(ValueError, match="is not a config file"):
     sweeps.load_sweep("configs/missing.py", "test")
-  # A config's own <name>_sweeps.py comes first: bert_small.py has its sweeps, and
-  # configs/sweeps.py's (shakespeare_char's) are not among them.
+  # A config's sweeps are its own <name>_sweeps.py: bert_small.py's are not
+  # shakespeare_char's.
   with pytest.raises(ValueError, match=r"--sweep must be one of \['bert', 'bert_test'\]"):
     sweeps.load_sweep(os.path.join(ROOT, "configs/bert_small.py"), "test")
 
@@ -49,7 +49,7 @@ def test_print_commands_gives_one_line_per_point_or_pack(tmp_path):
   assert out[0] == (f"python train.py --config={CONFIG}:preset=graphcore_cpu,scaling=standard,"
                     f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.125 "
                     "--config.learning_rate=0.125")
-  # By default (configs/sweeps.py: 8 at graphcore_cpu) each scaling's 10 rates
+  # By default (configs/shakespeare_char_sweeps.py: 8 at graphcore_cpu) each scaling's 10 rates
   # train as a pack of 8 and one of 2.
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        check=True).stdout.splitlines()
@@ -305,23 +305,33 @@ def test_practice_sweep_brackets_the_best_rate_then_adds_seeds(tmp_path):
   assert lr(points[-1]) == 2.0**-6
 
 
-def test_every_sweep_point_builds_a_valid_config():
-  """Each point of every sweep in configs/sweeps.py (the staged ones' first stage)
-  is a config train.py accepts: its argument parses, its overrides exist and the
-  model and run fields validate."""
-  import importlib.util
+@pytest.mark.parametrize("config_file", ["configs/shakespeare_char.py", "configs/gpt2.py"])
+def test_every_sweep_point_builds_a_valid_config(config_file):
+  """Each point of every sweep in the config's <config>_sweeps.py (the staged ones'
+  first stage) is a config train.py accepts: its argument parses, its overrides exist
+  and the model and run fields validate."""
+  import importlib
 
   from attnscale.runtime import configlib
-  from configs import shakespeare_char
-  spec = importlib.util.spec_from_file_location("sweeps_", os.path.join(ROOT, "configs/sweeps.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  for name in module.SWEEPS:
-    for point in sweeps.load_sweep(os.path.join(ROOT, CONFIG), name):
-      config = shakespeare_char.get_config(point.arg)
+  config_module = importlib.import_module(
+      "configs." + os.path.basename(config_file).removesuffix(".py"))
+  for name in sweeps.sweep_names(os.path.join(ROOT, config_file)):
+    for point in sweeps.load_sweep(os.path.join(ROOT, config_file), name):
+      config = config_module.get_config(point.arg)
       for key, value in point.overrides:
         config.update_from_flattened_dict({key: value})
       configlib.validate(config)
+
+
+def test_the_old_sweeps_file_is_a_one_line_error(tmp_path):
+  """configs/sweeps.py is now configs/shakespeare_char_sweeps.py: passing the old
+  path, or keeping a sweeps.py beside one's own config, says where they went."""
+  with pytest.raises(ValueError, match="configs/shakespeare_char_sweeps.py"):
+    sweeps.load_sweep(os.path.join(ROOT, "configs/sweeps.py"), "test")
+  (tmp_path / "mine.py").write_text("def get_config(arg=None):\n  pass\n")
+  (tmp_path / "sweeps.py").write_text("CONFIG = 'mine.py'\nSWEEPS = ()\n")
+  with pytest.raises(ValueError, match="its sweeps go in mine_sweeps.py"):
+    sweeps.load_sweep(str(tmp_path / "mine.py"), "one")
 
 
 BERT = "configs/bert_small.py"

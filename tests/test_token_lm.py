@@ -150,7 +150,7 @@ def test_configs_and_sweeps():
   assert gpt2.get_config("preset=small").batch_size * 1024 == 524288
   with pytest.raises(ValueError, match="tokenizer must be one of"):
     gpt2.get_config("tokenizer=llama")
-  # configs/gpt2.py's own sweeps file; configs/sweeps.py still serves shakespeare_char.py.
+  # Each config's own sweeps file: configs/gpt2_sweeps.py, configs/shakespeare_char_sweeps.py.
   seeds = [p.name for p in sweeps.load_sweep("configs/gpt2.py", "seeds")]
   assert len(seeds) == 6 and "small-standard-0-shared_kvTrue" in seeds
   assert "small-standard-0-num_kv_heads6" in seeds and "small-qk_rmsnorm-0" in seeds

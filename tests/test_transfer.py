@@ -266,7 +266,7 @@ def test_the_width_512_sweep_shares_width_32_with_the_transfer_sweep():
   import os
 
   from attnscale.experiments import sweeps
-  from configs import sweeps as sweep_configs
+  from configs import shakespeare_char_sweeps as sweep_configs
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   load = lambda name: sweeps.load_sweep(  # noqa: E731
       os.path.join(root, "configs/shakespeare_char.py"), name)

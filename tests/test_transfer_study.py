@@ -29,7 +29,7 @@ from attnscale.studies import __main__ as studies_main
 from attnscale.studies import transfer, transfer_sensitivity, transfer_summary
 from attnscale.testing import fake_run
 from configs import shakespeare_char
-from configs import sweeps as sweep_configs
+from configs import shakespeare_char_sweeps as sweep_configs
 
 WIDTHS = (32, 64, 128, 256)
 STEPS = shakespeare_char.get_config("preset=test").num_train_steps
