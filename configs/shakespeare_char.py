@@ -61,18 +61,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.batch_size = 64  # global batch (sequences), split over all devices
   c.seq_len = 256  # training window length (<= model.block_size)
   c.num_train_steps = 5000  # total optimizer steps
-  c.optimizer = "adamw"  # adamw | adam (no weight decay) | muon (hidden matrices; Adam(W) the rest)
-  # muon: its update's scale by shape: moonlight (RMS 0.2 sqrt(max(fan_in, fan_out)), one LR
-  # with AdamW's) | modded_nanogpt (sqrt(max(1, fan_out/fan_in)))
-  c.muon_lr_rule = "moonlight"
-  # muon: the Adam(W) branch's rate (embeddings, readout, gains) as a multiple of
-  # learning_rate (Moonlight and Kimi: 1, one rate; modded-nanogpt tunes it apart)
-  c.muon_adam_lr_mult = 1.0
-  # muon: > 0 also scales that rate by this / model.width (Adam's 1/width: the branch
-  # runs at learning_rate x muon_adam_lr_mult at this width); 0: the same at every width
-  c.muon_adam_lr_base_width = 0
-  c.learning_rate = 1e-3  # peak learning rate
-  c.lr_schedule = "cosine"  # cosine (to min_learning_rate) | constant
+  # optimizer (adamw), its Muon options, learning_rate and lr_schedule (cosine)
+  configlib.add_optimizer(c, learning_rate=1e-3)
   c.warmup_steps = 100  # linear warm-up from 0
   c.min_learning_rate = 1e-4  # end of the cosine decay
   c.b1 = 0.9  # Adam beta1

@@ -295,6 +295,23 @@ def add_devices(c: ml_collections.ConfigDict) -> None:
   c.grad_accum_steps = 1
 
 
+def add_optimizer(c: ml_collections.ConfigDict, *, learning_rate: float) -> None:
+  """The optimizer fields every config shares: the optimizer and its Muon options,
+  the peak `learning_rate` (the config's own) and a cosine schedule."""
+  c.optimizer = "adamw"  # adamw | adam (no weight decay) | muon (hidden matrices; Adam(W) the rest)
+  # muon: its update's scale by shape: moonlight (RMS 0.2 sqrt(max(fan_in, fan_out)), one LR
+  # with AdamW's) | modded_nanogpt (sqrt(max(1, fan_out/fan_in)))
+  c.muon_lr_rule = "moonlight"
+  # muon: the Adam(W) branch's rate (embeddings, readout, gains) as a multiple of
+  # learning_rate (Moonlight and Kimi: 1, one rate; modded-nanogpt tunes it apart)
+  c.muon_adam_lr_mult = 1.0
+  # muon: > 0 also scales that rate by this / model.width (Adam's 1/width: the branch
+  # runs at learning_rate x muon_adam_lr_mult at this width); 0: the same at every width
+  c.muon_adam_lr_base_width = 0
+  c.learning_rate = learning_rate  # peak learning rate
+  c.lr_schedule = "cosine"  # cosine (to min_learning_rate) | constant
+
+
 def add_attention_health(c: ml_collections.ConfigDict) -> None:
   """The fields every config shares for attention health: attn_metrics and qk_clip
   (docs/guides/training.md, "Attention health and QK-clip")."""
