@@ -125,7 +125,7 @@ def test_a_module_that_is_not_there_fails_in_one_line(tmp_path, script):
 def test_sweep_py_imports_the_points_modules_before_running_any(tmp_path):
   (tmp_path / "my_config.py").write_text(
       "from configs import shakespeare_char\n\nget_config = shakespeare_char.get_config\n")
-  (tmp_path / "sweeps.py").write_text(textwrap.dedent('''
+  (tmp_path / "my_config_sweeps.py").write_text(textwrap.dedent('''
       CONFIG = "my_config.py"
       SWEEPS = ("one",)
 

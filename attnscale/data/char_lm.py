@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from attnscale.data import paths, tiny_shakespeare, wikitext_char
+from attnscale.data import paths, tiny_shakespeare, wikitext_char, windows
 
 
 def _codepoints(text: str) -> np.ndarray:
@@ -154,8 +154,9 @@ def get_batch(tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int,
   """This process's rows of the global random-window batch for `step`.
 
   The global batch is `batch_size` windows at offsets drawn by
-  `np.random.default_rng([seed, step])` (uniform over [0, len - seq_len), as
-  nanoGPT's torch.randint(len(data) - block_size)); process p keeps rows
+  `np.random.default_rng([seed, step])` (`attnscale.data.windows.window_starts`:
+  uniform over [0, len - seq_len), as nanoGPT's torch.randint(len(data) -
+  block_size)); process p keeps rows
   [p * B, (p + 1) * B) with B = batch_size // process_count. (NumPy keeps a
   Generator's stream fixed within a release, not promised across releases: pin
   NumPy for bit-exact resumes.)
@@ -172,24 +173,12 @@ def get_batch(tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int,
   Returns:
     (inputs_BxT, targets_BxT), int32, targets = inputs shifted left by one.
   """
-  if batch_size <= 0:
-    raise ValueError(f"batch_size must be positive, got {batch_size}")
-  if seq_len <= 0:
-    raise ValueError(f"seq_len must be positive, got {seq_len}")
-  if seed < 0 or step < 0:
-    raise ValueError(f"seed and step must be >= 0, got seed={seed}, step={step}")
-  if process_count <= 0 or batch_size % process_count:
-    raise ValueError(f"batch_size={batch_size} must be divisible by "
-                     f"process_count={process_count}")
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index={process_index} not in [0, {process_count})")
   if tokens.ndim != 1 or len(tokens) < seq_len + 1:
     raise ValueError(f"tokens must be 1-D with at least seq_len + 1 = "
                      f"{seq_len + 1} tokens, got shape {tokens.shape}")
-  starts_G = np.random.default_rng([seed, step]).integers(
-      0, len(tokens) - seq_len, size=batch_size)
-  B = batch_size // process_count
-  starts_B = starts_G[process_index * B:(process_index + 1) * B]
+  starts_B = windows.window_starts(len(tokens), batch_size=batch_size, seq_len=seq_len,
+                                   seed=seed, step=step, process_index=process_index,
+                                   process_count=process_count)
   window_BxT1 = tokens[starts_B[:, None] + np.arange(seq_len + 1)].astype(np.int32)
   return window_BxT1[:, :-1], window_BxT1[:, 1:]
 

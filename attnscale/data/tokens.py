@@ -38,6 +38,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from attnscale.data import windows
+
 FORMATS = ("auto", "nanogpt", "llmc")  # config.dataset for task token_lm
 LLMC_MAGIC, LLMC_VERSION = 20240520, 1  # llm.c's GPT-2 shards (uint16 tokens)
 HEADER_INTS = 256
@@ -188,23 +190,19 @@ def get_batch(stream: TokenStream, *, batch_size: int, seq_len: int, seed: int, 
   """This process's rows of the global random-window batch for `step`.
 
   The global batch is `batch_size` windows at offsets drawn by
-  `np.random.default_rng([seed, step])`, uniform over [0, len - seq_len) as
-  `attnscale.data.char_lm.get_batch`'s; process p reads only rows [p * B, (p + 1)
-  * B), B = batch_size // process_count.
+  `np.random.default_rng([seed, step])`, uniform over [0, len - seq_len)
+  (`attnscale.data.windows.window_starts`, as `char_lm.get_batch`'s); process p
+  reads only rows [p * B, (p + 1) * B), B = batch_size // process_count.
 
   Returns:
     (inputs_BxT, targets_BxT), int32, targets = inputs shifted left by one.
   """
-  if batch_size % process_count:
-    raise ValueError(f"batch_size={batch_size} must be divisible by "
-                     f"process_count={process_count}")
   if len(stream) < seq_len + 1:
     raise ValueError(f"the split has {len(stream)} tokens, fewer than seq_len + 1 = "
                      f"{seq_len + 1}")
-  starts_G = np.random.default_rng([seed, step]).integers(
-      0, len(stream) - seq_len, size=batch_size)
-  B = batch_size // process_count
-  starts_B = starts_G[process_index * B:(process_index + 1) * B]
+  starts_B = windows.window_starts(len(stream), batch_size=batch_size, seq_len=seq_len,
+                                   seed=seed, step=step, process_index=process_index,
+                                   process_count=process_count)
   window_BxT1 = np.stack([stream.read(int(s), seq_len + 1) for s in starts_B])
   return window_BxT1[:, :-1], window_BxT1[:, 1:]
 

@@ -162,8 +162,9 @@ def default_pack(config_file: str, name: str) -> int:
   module = _sweeps_module(config_file)
   if hasattr(module, "default_pack"):
     return module.default_pack(name)
-  sweep = getattr(module, "SWEEPS", {}).get(name)
-  return getattr(module, "PACK_BY_PRESET", {}).get(getattr(sweep, "preset", None), 1)
+  known = getattr(module, "SWEEPS", ())
+  preset = getattr(known.get(name), "preset", None) if isinstance(known, dict) else None
+  return getattr(module, "PACK_BY_PRESET", {}).get(preset, 1)
 
 
 def _sweeps_module(config_file: str):
