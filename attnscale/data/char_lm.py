@@ -153,22 +153,11 @@ def get_batch(tokens: np.ndarray, *, batch_size: int, seq_len: int, seed: int,
               process_count: int = 1) -> tuple[np.ndarray, np.ndarray]:
   """This process's rows of the global random-window batch for `step`.
 
-  The global batch is `batch_size` windows at offsets drawn by
-  `np.random.default_rng([seed, step])` (`attnscale.data.windows.window_starts`:
-  uniform over [0, len - seq_len), as nanoGPT's torch.randint(len(data) -
-  block_size)); process p keeps rows
-  [p * B, (p + 1) * B) with B = batch_size // process_count. (NumPy keeps a
-  Generator's stream fixed within a release, not promised across releases: pin
-  NumPy for bit-exact resumes.)
-
-  Args:
-    tokens: 1-D token stream of one split.
-    batch_size: global batch size, over all processes.
-    seq_len: window length T.
-    seed: run seed (>= 0).
-    step: training step (>= 0); each step gets fresh windows.
-    process_index: this process, e.g. `jax.process_index()`.
-    process_count: number of processes, e.g. `jax.process_count()`.
+  `batch_size` windows of `tokens` (1-D, one split) at the offsets
+  `attnscale.data.windows.window_starts` draws from `np.random.default_rng([seed,
+  step])`, uniform over [0, len - seq_len) as nanoGPT's; the other arguments are
+  its own. Process p keeps rows [p * B, (p + 1) * B), B = batch_size //
+  process_count.
 
   Returns:
     (inputs_BxT, targets_BxT), int32, targets = inputs shifted left by one.
