@@ -36,16 +36,22 @@ def duration(seconds: float) -> str:
   return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
+def reached(workdir: str) -> dict:
+  """What the run in `workdir` reached, from its metrics.jsonl: {"step": the last
+  step logged, "train": (step, loss_last20) or None, "val": (step, val/loss) or None}."""
+  rows = metrics_writer.read_rows(workdir)
+  return {"step": max((row["step"] for row in rows), default=0),
+          "train": _last(rows, LOSS_LAST20), "val": _last(rows, VAL_LOSS)}
+
+
 def lines(workdir: str, *, wall_s: float, eval_batches: int | None = None) -> list[str]:
   """The summary of the run in `workdir`, `wall_s` the seconds this start took."""
-  rows = metrics_writer.read_rows(workdir)
-  steps = max((row["step"] for row in rows), default=0)
-  out = [f"done: {steps} steps, {duration(wall_s)} (this start)"]
-  train = _last(rows, LOSS_LAST20)
+  end = reached(workdir)
+  out = [f"done: {end['step']} steps, {duration(wall_s)} (this start)"]
+  train, val = end["train"], end["val"]
   if train is not None:
     out.append(f"  final training loss {train[1]:.4f} (mean of the last 20 steps, "
                f"step {train[0]})")
-  val = _last(rows, VAL_LOSS)
   if val is not None:
     batches = f", {eval_batches} batches of the validation split" if eval_batches else ""
     out.append(f"  last validation loss {val[1]:.4f} (step {val[0]}{batches})")
