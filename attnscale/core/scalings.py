@@ -192,6 +192,8 @@ class Entry:
 _REGISTRY: dict[str, Entry] = {}
 # Scaling names that were renamed: old -> new (the old name is an error saying so).
 RENAMED = {"unit_scaled": "umup"}
+# The config argument's keywords a scaling may take (`register(config_args=...)`).
+CONFIG_ARGS = ("p", "temperature", "s")
 
 
 def register(name: str, *, learned: dict[str, Learned] | None = None,
@@ -227,6 +229,9 @@ def register(name: str, *, learned: dict[str, Learned] | None = None,
       name -> `Preset` (`scaling=unit_scaled`: fully_scaled in the unit-scaled
       transformer); the run's label is that name.
   """
+  if not set(config_args) <= set(CONFIG_ARGS):
+    raise ValueError(f"register({name!r}): config_args takes keywords of {CONFIG_ARGS} (the "
+                     f"config argument's), got {tuple(config_args)}")
   if mup is not None and not isinstance(mup, (MupRule, str)):
     raise TypeError(f"register({name!r}, mup=...) takes a scalings.MupRule or a string "
                     f"saying why no muP rule is defined, got {mup!r}")
