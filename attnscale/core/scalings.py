@@ -32,6 +32,31 @@ attention layer and passes its value in (no model code names the scaling):
         return Scaled(q, k, logit_scale=jnp.exp(log_t) * q.shape[-1] ** -0.5)
       return scale_fn
 
+What a model must know about a scaling is declared where it is registered, so
+no model or runtime code names a scaling (tests/test_layout.py checks it):
+
+    learned=       the parameters it learns (`Learned`), created by the model
+    from_dims=     keywords fixed from the model's sizes (a training length)
+    normalizes_qk= it normalises q and k itself (the model refuses model.qk_norm)
+    bilinear=      its logits are bilinear in q and k (QK-clip may rescale them)
+    mup=           what model.parameterization=mup does with it: a `MupRule` (the
+                   keyword that multiplies its logits becomes mult x a x width(d_base,
+                   d)), or a string saying why no muP rule is defined; undeclared,
+                   muP refuses it in one line saying what to declare
+    umup=          it is u-muP's attention (model.parameterization=umup takes it)
+    config_args=   the config argument's keywords it takes (p, temperature, s)
+    presets=       config-argument names of it in another model variant (`Preset`:
+                   scaling=unit_scaled is fully_scaled in the unit-scaled transformer)
+
+A scaling of your own declares its muP rule the same way:
+
+    @attnscale.scalings.register(
+        "scaled_dot", mup=MupRule(width=lambda d_base, d: math.sqrt(d_base / d)))
+    def scaled_dot(mult=1.0):                      # s = mult / sqrt(d)
+      def scale_fn(q, k, keys):
+        return Scaled(q, k, logit_scale=mult * q.shape[-1] ** -0.5)
+      return scale_fn
+
 Dimension legend: B batch, T queries, S keys, N query heads, K key/value heads,
 H head dim.
 """
