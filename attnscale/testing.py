@@ -315,27 +315,59 @@ def fake_run(root, name: str, arg: str, overrides: dict, records: Sequence[dict]
   return run
 
 
-def execute_notebook(path: str, cwd, *, timeout_s: float = 180.0, **env: str):
+def execute_notebook(path: str, cwd=None, *, timeout_s: float = 180.0, **env: str):
   """Runs the notebook at `path` in a new kernel and returns it with its outputs.
 
-  The kernel runs in `cwd` on the CPU, with this checkout first on PYTHONPATH
+  The kernel runs where Jupyter runs it, in the notebook's own folder (so a
+  relative path in the environment would break there as it does for a user;
+  `cwd` overrides), on the CPU, with this checkout first on PYTHONPATH
   (whatever attnscale is installed; configs/ too), ATTNSCALE_NOTEBOOK_SMALL=1
-  (the notebooks' tiny sizes) and `env`. Skips the test without nbformat and
-  nbclient; fails if the notebook is stored with outputs.
+  (the notebooks' tiny sizes) and `env`. The outputs it is stored with are
+  dropped first. Skips the test without nbformat and nbclient.
   """
   import pytest  # a test dependency, not the library's
-  nbformat = pytest.importorskip("nbformat")
-  nbclient = pytest.importorskip("nbclient")
+  pytest.importorskip("nbformat")
+  pytest.importorskip("nbclient")
+  env = {"ATTNSCALE_NOTEBOOK_SMALL": "1", "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+         **env}
+  return run_notebook(path, cwd or os.path.dirname(os.path.abspath(path)), timeout_s, env)
+
+
+def run_notebook(path: str, cwd, timeout_s: float | None, env: dict[str, str]):
+  """`path` executed from a clean slate in `cwd` with `os.environ | env`.
+
+  No timing metadata is recorded (nbclient's default stamps every cell with the
+  time it ran), so a notebook executed twice is stored the same way twice.
+  """
+  import nbclient
+  import nbformat
   nb = nbformat.read(path, as_version=4)
-  assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
-      f"store {os.path.basename(path)} without outputs")
-  kernel_env = {**os.environ, "ATTNSCALE_NOTEBOOK_SMALL": "1", "JAX_PLATFORMS": "cpu",
-                "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-                **env}
+  for cell in nb.cells:
+    if cell.cell_type == "code":
+      cell.outputs, cell.execution_count = [], None
+      cell.metadata.pop("execution", None)
   client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                   record_timing=False,
                                    resources={"metadata": {"path": str(cwd)}})
-  client.execute(env=kernel_env)
+  client.execute(env={**os.environ, **env})
   return nb
+
+
+def store_notebook_outputs(path: str) -> None:
+  """Executes the notebook at `path` at its full size, as a user opening it from the
+  README would (its own folder, this environment), and stores it with its outputs.
+
+  How the committed notebooks get their outputs, so that a reader on the web sees
+  the results before running anything (docs/development.md, "Notebooks"):
+
+      python -c 'from attnscale import testing; testing.store_notebook_outputs(
+          "notebooks/compare_scalings.ipynb")'
+  """
+  import nbformat
+  nb = run_notebook(path, os.path.dirname(os.path.abspath(path)), None,
+                    {"JAX_PLATFORMS": "cpu"})
+  nbformat.write(nb, path)
 
 
 def notebook_outputs(nb, kind: str) -> list:

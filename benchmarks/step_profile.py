@@ -139,6 +139,9 @@ def hlo_index(hlo: str) -> tuple[dict, dict]:
   return instructions, frames
 
 
+LIBRARY = "attnscale/"  # the package folder, as it appears in a frame's file path
+
+
 def site(chain: list[tuple[str, int, str]]) -> str:
   """The innermost frame in attnscale's library, else the innermost one (jax's, flax's).
 
@@ -146,8 +149,10 @@ def site(chain: list[tuple[str, int, str]]) -> str:
   as their parents, so in practice `chain` holds the innermost frame only.
   """
   for file, line, function in chain:
-    if "attnscale/" in file:
-      return f"{file.split('attnscale/', 1)[-1]}:{line} {function}"
+    if LIBRARY in file:
+      # The last "attnscale/" is the package: a checkout is itself often a folder
+      # named attnscale (git's default), as in /home/me/attnscale/attnscale/core/...
+      return f"{file.rsplit(LIBRARY, 1)[-1]}:{line} {function}"
   for file, line, function in chain:
     return f"{file.split('site-packages/', 1)[-1]}:{line} {function}"
   return "(no source line)"

@@ -180,6 +180,18 @@ def test_no_data_root_means_download(monkeypatch):
   assert paths.local_file("tinyshakespeare/input.txt", "http://x", None) is None
 
 
+def test_a_relative_data_root_is_refused_in_one_line(monkeypatch):
+  """A relative ATTNSCALE_DATA means another folder in every process that starts
+  elsewhere (a notebook in notebooks/, a sweep's runs): refused, naming the fix."""
+  monkeypatch.setenv(paths.ENV_VAR, "../shared/data")
+  with pytest.raises(FileNotFoundError) as err:
+    paths.data_root()
+  message = str(err.value)
+  assert "\n" not in message
+  assert message.startswith("ATTNSCALE_DATA=../shared/data is a relative path")
+  assert "export ATTNSCALE_DATA=$PWD/../shared/data" in message
+
+
 def test_missing_file_error_says_where_to_put_it(monkeypatch, tmp_path):
   monkeypatch.setenv(paths.ENV_VAR, str(tmp_path / "empty"))
   builder = tiny_shakespeare.TinyShakespeareChar

@@ -8,6 +8,7 @@ synthetic WikiText (tests/conftest.py); the char LM run needs $ATTNSCALE_DATA.
 
 import csv
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -92,3 +93,37 @@ def test_char_lm_diagnostics_need_no_mask(char_run):
   model, _, _ = eval_lib.restore(config, workdir)
   assert diagnostics.model_attention_stats(model, jnp.asarray(first["inputs"])) == (
       result["attention"])
+
+
+def test_hidden_state_stats_measure_massive_activations_and_kurtosis():
+  """Gaussian states: kurtosis about 3, max/median a few; one planted activation of
+  1000 makes the ratio Sun et al.'s 10^3; padded tokens count nowhere."""
+  x_BTD = jax.random.normal(jax.random.key(0), (4, 64, 256))
+  plain = diagnostics.hidden_state_stats(x_BTD)
+  assert float(plain["kurtosis"]) == pytest.approx(3.0, abs=0.1)
+  assert 3 < float(plain["act_ratio"]) < 10
+  assert float(plain["median_act"]) == pytest.approx(float(jnp.median(jnp.abs(x_BTD))))
+  massive = diagnostics.hidden_state_stats(x_BTD.at[0, 5, 7].set(1000.0))
+  assert float(massive["max_act"]) == 1000.0 and float(massive["act_ratio"]) > 1000
+  # The same outlier on a padded token is not there.
+  real_BT = jnp.ones((4, 64), bool).at[0, 5].set(False)
+  masked = diagnostics.hidden_state_stats(x_BTD.at[0, 5, 7].set(1000.0), real_BT)
+  assert float(masked["max_act"]) < 10
+  assert float(masked["median_act"]) == pytest.approx(
+      float(jnp.median(jnp.abs(x_BTD)[real_BT])))
+
+
+def test_sink_heads_is_the_share_of_heads_over_gu_et_al_s_threshold():
+  """Two of four heads made to put most weight on key 0 (a large key-0 logit):
+  Gu et al.'s sink rate (heads with mean first-key weight > 0.3) is 0.5."""
+  kq, kk, kv = jax.random.split(jax.random.key(1), 3)
+  q_BTNH = jax.random.normal(kq, (2, 16, 4, 8))
+  k_BSKH = jax.random.normal(kk, (2, 16, 4, 8))
+  v_BSKH = jax.random.normal(kv, (2, 16, 4, 8))
+  # Heads 0 and 1: every query aligned with key 0, which is long.
+  k_BSKH = k_BSKH.at[:, 0, :2].set(10.0)
+  q_BTNH = q_BTNH.at[:, :, :2].set(1.0)
+  stats = diagnostics.attention_stats(q_BTNH, k_BSKH, v_BSKH, is_causal=True)
+  assert np.all(np.asarray(stats["heads"]["sink_rate"][:2]) > 0.9)
+  assert np.all(np.asarray(stats["heads"]["sink_rate"][2:]) < 0.3)
+  assert float(stats["sink_heads"]) == 0.5

@@ -106,6 +106,17 @@ def test_readme_is_at_most_200_lines():
       f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail into docs/")
 
 
+def test_ci_sets_attnscale_data_as_the_readme_s_quick_start_does():
+  """CI runs what users run: the README's export line, character for character."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    readme = [line.strip().removesuffix("&& \\").strip() for line in f
+              if "export ATTNSCALE_DATA=" in line]
+  with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+    ci = [line.strip() for line in f if line.startswith("export ATTNSCALE_DATA=")]
+  assert len(readme) == 1 and ci == readme, (readme, ci)
+  assert "$PWD" in readme[0], "the README's export must give an absolute path"
+
+
 def test_docs_cite_no_files_outside_the_repository():
   """Docs name files inside the repository; the data folder is ATTNSCALE_DATA's business."""
   for path in _markdown_files():

@@ -34,7 +34,8 @@ def test_eval_on_checkpoint(trained):
   assert result["bits_per_char"] == pytest.approx(result["val_loss"] / math.log(2))
   assert len(result["attention"]) == config.model.num_layers
   for layer in result["attention"]:
-    assert set(layer) == {"output_std", "entropy", "max_logit", "sink_rate", "heads"}
+    assert set(layer) == {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
+                          "max_act", "median_act", "act_ratio", "kurtosis", "heads"}
     assert all(np.isfinite(v) for k, v in layer.items() if k != "heads")
     assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate"}
     assert all(len(v) == config.model.num_heads for v in layer["heads"].values())

@@ -127,3 +127,98 @@ def test_public_names():
 def test_cases_cover_registry():
   """Every registered scaling has a test case (tests across modules run them all)."""
   assert {name for _, name, _ in SCALING_CASES} == set(scalings.names())
+
+
+# Scaling names that are also other fields' values, with the field: allowed as those,
+# never where a scaling is meant (compared with, or assigned to, a `scaling`).
+OTHER_VALUES = {
+    "none": "model.qk_norm, sink, attn_gate, fp8_scaling, config.remat",
+    "standard": "model.variant",
+    "umup": "model.parameterization, model.unit.residual_rule",
+    "cosine": "config.lr_schedule",
+    "qk_layernorm": "the old field model.qk_layernorm",
+    "unit_scaled": "the old model.variant value",
+}
+
+
+def _scaling_names():
+  """Registered scalings, presets (`scaling=unit_scaled`) and renamed ones."""
+  return set(scalings.names()) | set(scalings.presets()) | set(scalings.RENAMED)
+
+
+def _strings(node):
+  """The string constants of `node` and of a tuple, list or set it is."""
+  items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+  return [n for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _scaling_uses(tree):
+  """String constants where a scaling is meant: compared with an expression naming
+  `scaling`, assigned to one, passed as `scaling=`, or a prefix it is tested for."""
+  def names_scaling(node):  # m.scaling, scaling, m["scaling"], m.get("scaling")
+    return any(getattr(n, "id", None) == "scaling" or getattr(n, "attr", None) == "scaling"
+               or getattr(n, "value", None) == "scaling" for n in ast.walk(node))
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Compare):
+      sides = [node.left, *node.comparators]
+      if any(names_scaling(s) for s in sides if not _strings(s)):
+        yield from (c for s in sides for c in _strings(s))
+    elif isinstance(node, ast.Assign):
+      for target in node.targets:
+        pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
+                 and isinstance(node.value, ast.Tuple) else [(target, node.value)])
+        yield from (c for t, v in pairs if names_scaling(t) for c in _strings(v))
+    elif isinstance(node, ast.keyword) and node.arg == "scaling":
+      yield from _strings(node.value)
+    elif isinstance(node, ast.Dict):
+      yield from (c for k, v in zip(node.keys, node.values)
+                  if isinstance(k, ast.Constant) and k.value == "scaling" for c in _strings(v))
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr in ("startswith", "endswith") and names_scaling(node.func.value)):
+      yield from (c for a in node.args for c in _strings(a))
+
+
+def _violations(source, names):
+  tree = ast.parse(source)
+  found = {(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)
+           and n.value in names and n.value not in OTHER_VALUES}
+  found |= {(n.lineno, n.value) for n in _scaling_uses(tree)}
+  return sorted(found)
+
+
+def test_models_and_runtime_name_no_scaling():
+  """What a scaling means to a model (its muP rule, q/k normalisation, variant) is
+  declared where it is registered (`scalings.register`), so attnscale/models and
+  attnscale/runtime never name one: a new scaling changes neither."""
+  names = _scaling_names()
+  wrong = []
+  for package in ("models", "runtime"):
+    for folder, _, files in os.walk(os.path.join(PACKAGE, package)):
+      for name in sorted(f for f in files if f.endswith(".py")):
+        path = os.path.join(folder, name)
+        wrong += [f"{os.path.relpath(path, ROOT)}:{line}: {value!r}"
+                  for line, value in _violations(open(path).read(), names)]
+  assert not wrong, "scaling names outside the registry:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("code", [
+    "if cfg.scaling == 'cosine': pass",
+    "ok = m.scaling in ('standard', 'inverse_d')",
+    "m.variant, m.scaling = 'unit', 'fully_scaled'",
+    "model['scaling'] = 'umup'",
+    "get(scaling='none')",
+    "x = {'scaling': 'standard'}",
+    "if cfg.scaling.startswith('key_norm'): pass",
+    "if model.get('scaling') == 'unit_scaled': pass",
+    "NAMES = ('qk_rmsnorm', 'log_n')",
+])
+def test_the_scaling_name_check_sees(code):
+  assert _violations(code, _scaling_names())
+
+
+def test_the_scaling_name_check_allows_other_fields():
+  code = ("if m.get('variant', 'standard') != 'standard' and cfg.qk_norm != 'none': pass\n"
+          "ok = cfg.lr_schedule == 'cosine' and cfg.parameterization == 'umup'\n"
+          "ok = cfg.fp8_scaling != 'none'\n"
+          '"""A docstring may say cosine."""\n')
+  assert not _violations(code, _scaling_names())

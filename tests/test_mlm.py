@@ -361,7 +361,8 @@ def test_tiny_run_learns_and_eval_json(run_a):
       np.maximum(1, np.rint(0.15 * task.val_rows.length)).sum())
   assert len(out["attention"]) == config.model.num_layers
   for layer in out["attention"]:
-    assert set(layer) == {"output_std", "entropy", "max_logit", "sink_rate", "heads"}
+    assert set(layer) == {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
+                          "max_act", "median_act", "act_ratio", "kurtosis", "heads"}
     assert all(np.isfinite(v) for k, v in layer.items() if k != "heads")
     assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate"}
     assert all(len(v) == config.model.num_heads for v in layer["heads"].values())

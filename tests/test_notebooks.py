@@ -1,7 +1,11 @@
-"""notebooks/compare_scalings.ipynb runs end to end at a tiny size: a scaling
-registered in a cell, it and standard trained through the library (test preset,
-10 steps), their curves and per-layer diagnostics plotted. (scale_studies.ipynb:
-tests/test_studies.py.) Needs $ATTNSCALE_DATA (CI sets it)."""
+"""The notebooks: committed with the outputs of a full-size run (a reader on the web
+sees the results), and executed here at a tiny size the way the README opens them
+(the kernel in notebooks/, $ATTNSCALE_DATA as the quick start exports it; CI
+exports it the same way).
+
+compare_scalings.ipynb runs end to end: a scaling registered in a cell, it and
+standard trained through the library (test preset, 10 steps), their curves and
+per-layer diagnostics plotted. (scale_studies.ipynb: tests/test_studies.py.)"""
 
 import json
 import os
@@ -12,12 +16,32 @@ from attnscale import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "compare_scalings.ipynb")
+NOTEBOOKS = sorted(os.path.join(ROOT, "notebooks", name)
+                   for name in os.listdir(os.path.join(ROOT, "notebooks"))
+                   if name.endswith(".ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_committed_with_the_outputs_of_one_clean_run(path):
+  """Every code cell ran, once, in order, without an error, and nothing in the
+  outputs names this machine (a temporary folder, a home directory) or a time."""
+  with open(path, encoding="utf-8") as f:
+    nb = json.load(f)
+  cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+  assert [c["execution_count"] for c in cells] == list(range(1, len(cells) + 1)), (
+      "store it with testing.store_notebook_outputs (docs/development.md, Notebooks)")
+  outputs = [out for c in cells for out in c["outputs"]]
+  assert outputs and not [out for out in outputs if out["output_type"] == "error"]
+  assert not [c for c in cells if "execution" in c.get("metadata", {})], "timing metadata"
+  text = json.dumps(outputs)
+  for machine_specific in ("/tmp/", "/home/", "/root/", "/work/", "compare_scalings_"):
+    assert machine_specific not in text, machine_specific
 
 
 @pytest.mark.slow
 def test_compare_scalings_notebook_executes(tmp_path, tfds_dir):
   runs = tmp_path / "runs"
-  nb = testing.execute_notebook(NOTEBOOK, tmp_path, timeout_s=120, ATTNSCALE_RUNS=str(runs),
+  nb = testing.execute_notebook(NOTEBOOK, timeout_s=120, ATTNSCALE_RUNS=str(runs),
                                 ATTNSCALE_TFDS_DIR=tfds_dir)  # prepared once for the session
   assert len(testing.notebook_outputs(nb, "image/png")) == 2  # the curves, the diagnostics
   # Both runs trained in-process to the end and were evaluated, as eval.py would.

@@ -241,7 +241,3 @@ def test_qk_rmsnorm_and_inverse_d():
   assert scalings.get("inverse_d")(q, k, keys).logit_scale == pytest.approx(1 / 8)
   assert scalings.get("inverse_d", mult=4.0).init_logit_scale(8) == pytest.approx(0.5)
 
-
-def test_moved_length_scalings_say_where_they_went():
-  with pytest.raises(ImportError, match="attnscale.core.length_scalings.Yarn"):
-    from attnscale.core.scalings import Yarn  # noqa: F401

@@ -5,6 +5,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 import step_profile  # noqa: E402
@@ -25,6 +26,14 @@ def test_ops_map_to_the_library_line_and_direction():
   assert any(where.startswith("numerics/layers.py:") and "matmul" in where
              for _, where in dots), sites
   assert {"forward", "backward"} <= {d for d, _ in sites.values()}, sites
+
+
+@pytest.mark.parametrize("checkout", ["/home/me/attnscale", "/home/me/code", "attnscale"])
+def test_a_site_is_the_same_whatever_the_checkout_s_folder_is_called(checkout):
+  """A clone into a folder named attnscale (git's default) must not shift the site
+  to 'attnscale/numerics/...'."""
+  chain = [(f"{checkout}/attnscale/numerics/layers.py", 42, "matmul")]
+  assert step_profile.site(chain) == "numerics/layers.py:42 matmul"
 
 
 def test_the_command_profiles_a_train_step(tfds_dir):

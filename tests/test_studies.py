@@ -228,10 +228,10 @@ def test_cli_rejects_bad_arguments(capsys):
 
 
 @pytest.mark.slow
-def test_notebook_executes(tmp_path, trained_run):
+def test_notebook_executes(trained_run):
   # The run has an eval.json: the trained section runs without restoring a
   # checkpoint (test_trained_diagnostics_* covers that), so the kernel stays light.
-  nb = testing.execute_notebook(NOTEBOOK, tmp_path, ATTNSCALE_WORKDIRS=trained_run)
+  nb = testing.execute_notebook(NOTEBOOK, ATTNSCALE_WORKDIRS=trained_run)
   images = testing.notebook_outputs(nb, "image/png")
   assert len(images) >= 4  # one figure per study
 

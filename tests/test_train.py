@@ -393,6 +393,25 @@ def test_train_py_bad_value_exits_with_one_line_error(run_a):
   assert snapshot(existing) == before
 
 
+def test_train_py_ends_with_a_summary_for_a_person(tfds_dir, tmp_path):
+  """The last lines: steps and time, the final training loss (mean of the last 20
+  steps), the last validation loss, where the files are, and the eval command."""
+  workdir = str(tmp_path / "run")
+  proc = run_train_py("--config=configs/shakespeare_char.py:preset=test",
+                      f"--workdir={workdir}", f"--config.data_dir={tfds_dir}",
+                      "--config.num_train_steps=3", "--config.log_every=1")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = read_metrics(workdir)
+  last20 = [r["train/loss_last20"] for r in rows if "train/loss_last20" in r][-1]
+  val = [r["val/loss"] for r in rows if "val/loss" in r][-1]
+  tail = proc.stdout.strip().splitlines()[-5:]
+  assert tail[0].startswith("done: 3 steps, "), tail
+  assert tail[1] == f"  final training loss {last20:.4f} (mean of the last 20 steps, step 3)"
+  assert tail[2].startswith(f"  last validation loss {val:.4f} (step 3, "), tail
+  assert tail[3].startswith(f"  run files: {workdir} ("), tail
+  assert tail[4] == f"  evaluate the whole split: python eval.py --workdir={workdir}"
+
+
 def test_train_py_unknown_preset_exits_with_one_line_error(tmp_path):
   fresh = str(tmp_path / "fresh")
   proc = run_train_py("--config=configs/shakespeare_char.py:preset=bogus",

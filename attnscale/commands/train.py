@@ -13,6 +13,7 @@ any folder).
 
 import functools
 import sys
+import time
 import types
 
 from absl import app, flags, logging
@@ -44,7 +45,8 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(holders.multihost)  # before anything starts JAX's backend
-  from attnscale.runtime import train_lib
+  from attnscale.runtime import run_summary, train_lib
+  start = time.perf_counter()
   try:
     train_lib.train_and_evaluate(holders.config.value, holders.workdir.value,
                                  force_lock=holders.force_lock.value)
@@ -54,6 +56,9 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     sys.exit(130)
   except KeyboardInterrupt:  # Ctrl-C outside the loop's handler (start-up, the last save)
     cli.stop_after_early_ctrl_c("from the last checkpoint on disk")
+  for line in run_summary.lines(holders.workdir.value, wall_s=time.perf_counter() - start,
+                                eval_batches=holders.config.value.get("eval_batches")):
+    train_lib.log(line)
 
 
 def run() -> None:

@@ -160,12 +160,15 @@ class Yarn:
     return Scaled(q, k, logit_scale=jnp.square(mscale_BTN) * q.shape[-1] ** -0.5)
 
 
+# muP: a logit factor that depends on the sequence, which no published muP rule covers.
+NO_MUP = "its logit factor grows with the sequence, and no muP rule is defined for that"
 # Scalable-Softmax: s learned per head, s0 = 1/log(L) (standard at the training length).
-register("log_n", bilinear=True, learned={"s": Learned(("heads",), init=log_n_init)})(LogN)
-register("log_n_ratio", bilinear=True,
+register("log_n", bilinear=True, learned={"s": Learned(("heads",), init=log_n_init)},
+         config_args=("s",), mup=NO_MUP)(LogN)
+register("log_n_ratio", bilinear=True, mup=NO_MUP,
          from_dims={"train_len": lambda dims: dims.train_len})(LogNRatio)
 # The 2025 temperature scalings: standard within the training length (from_dims).
-register("temperature_tuning", bilinear=True,
+register("temperature_tuning", bilinear=True, mup=NO_MUP,
          from_dims={"floor_scale": lambda dims: dims.train_len})(TemperatureTuning)
-register("yarn", bilinear=True,
+register("yarn", bilinear=True, mup=NO_MUP,
          from_dims={"train_len": lambda dims: dims.train_len})(Yarn)

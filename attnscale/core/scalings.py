@@ -32,6 +32,31 @@ attention layer and passes its value in (no model code names the scaling):
         return Scaled(q, k, logit_scale=jnp.exp(log_t) * q.shape[-1] ** -0.5)
       return scale_fn
 
+What a model must know about a scaling is declared where it is registered, so
+no model or runtime code names a scaling (tests/test_layout.py checks it):
+
+    learned=       the parameters it learns (`Learned`), created by the model
+    from_dims=     keywords fixed from the model's sizes (a training length)
+    normalizes_qk= it normalises q and k itself (the model refuses model.qk_norm)
+    bilinear=      its logits are bilinear in q and k (QK-clip may rescale them)
+    mup=           what model.parameterization=mup does with it: a `MupRule` (the
+                   keyword that multiplies its logits becomes mult x a x width(d_base,
+                   d)), or a string saying why no muP rule is defined; undeclared,
+                   muP refuses it in one line saying what to declare
+    umup=          it is u-muP's attention (model.parameterization=umup takes it)
+    config_args=   the config argument's keywords it takes (p, temperature, s)
+    presets=       config-argument names of it in another model variant (`Preset`:
+                   scaling=unit_scaled is fully_scaled in the unit-scaled transformer)
+
+A scaling of your own declares its muP rule the same way:
+
+    @attnscale.scalings.register(
+        "scaled_dot", mup=MupRule(width=lambda d_base, d: math.sqrt(d_base / d)))
+    def scaled_dot(mult=1.0):                      # s = mult / sqrt(d)
+      def scale_fn(q, k, keys):
+        return Scaled(q, k, logit_scale=mult * q.shape[-1] ** -0.5)
+      return scale_fn
+
 Dimension legend: B batch, T queries, S keys, N query heads, K key/value heads,
 H head dim.
 """
@@ -112,6 +137,61 @@ class Learned:
 
 
 @dataclasses.dataclass(frozen=True)
+class MupRule:
+  """What muP (`model.parameterization="mup"`) does with a scaling's logits.
+
+  muP's attention logits are a q.k sqrt(d_base)/d, with a = `model.mup_attn_mult`,
+  d the head dim and d_base = base_width / num_heads: sp's 1/sqrt(d) at the base
+  width, 1/d as the width grows, because after training q and k are aligned and q.k
+  grows like d, not sqrt(d) (Yang et al. 2022, "Tensor Programs V", arXiv
+  2203.03466, appendix J). The rule says how this scaling gets there: the factory
+  keyword `mult`, which multiplies its logits, becomes
+
+      mult x a x width(d_base, d)        (mult's own value, 1.0 by default, first)
+
+  Attributes:
+    mult: the factory's keyword that multiplies the logits (its default must be 1).
+      None: the logits have no width exponent to fix (a learned temperature bounds
+      them whatever the width); the scaling is used as it is and a must be 1.
+    width: f(d_base, d) -> the width factor; None: none (the logits are already 1/d).
+    use: the registered scaling built instead, with only `mult` set (the original's
+      params do not carry over): a scaling without a multiplier names one with it.
+    why: mult=None: why no width factor is needed (quoted in the error for a != 1).
+  """
+
+  mult: str | None = "mult"
+  width: Callable[[float, int], float] | None = None
+  use: str | None = None
+  why: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """A name the config argument `scaling=` takes for a registered scaling run in
+  another model variant, with the fields that make it that experiment.
+
+  Attributes:
+    variant: `model.variant` (a name in `attnscale.models.VARIANTS`).
+    fields: further `config.model` fields, dotted path -> value.
+  """
+
+  variant: str
+  fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def matches(self, model) -> bool:
+    """Whether `config.model` (a ConfigDict or dict) has this preset's variant and fields."""
+    if model.get("variant") != self.variant:
+      return False
+    for path, value in self.fields.items():
+      node = model
+      for key in path.split("."):
+        node = node.get(key) if node is not None else None
+      if node != value:
+        return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
 class Entry:
   """A registered scaling: its factory and what the model must know about it."""
 
@@ -125,17 +205,28 @@ class Entry:
   # key counts and learned constants only, so scaling W_q (or W_k) by a scales them
   # by a (what QK-clip relies on, `attnscale.models.base.qk_clip`).
   bilinear: bool = False
+  # muP's rule (`MupRule`), or why none is defined (a clause), or None: not declared.
+  mup: MupRule | str | None = None
+  umup: bool = False  # u-muP's attention: model.parameterization="umup" takes it
+  # The config argument's keywords (`scaling=key_norm_power,p=3`) passed to the factory.
+  config_args: tuple[str, ...] = ()
+  # Config-argument names of this scaling in another model variant -> `Preset`.
+  presets: dict[str, Preset] = dataclasses.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Entry] = {}
 # Scaling names that were renamed: old -> new (the old name is an error saying so).
 RENAMED = {"unit_scaled": "umup"}
+# The config argument's keywords a scaling may take (`register(config_args=...)`).
+CONFIG_ARGS = ("p", "temperature", "s")
 
 
 def register(name: str, *, learned: dict[str, Learned] | None = None,
              normalizes_qk: bool = False,
              from_dims: dict[str, Callable[[Dims], Any]] | None = None,
-             bilinear: bool = False):
+             bilinear: bool = False, mup: MupRule | str | None = None,
+             umup: bool = False, config_args: tuple[str, ...] = (),
+             presets: dict[str, Preset] | None = None):
   """Decorator: registers a factory `f(**params) -> scale_fn` under `name`.
 
   Args:
@@ -151,11 +242,28 @@ def register(name: str, *, learned: dict[str, Learned] | None = None,
     bilinear: the logits are q.k times a factor of positions, key counts or
       learned constants only (not of q or k): QK-clip (`config.qk_clip`) may
       rescale the q and k projections. False (the safe default) refuses QK-clip.
+    mup: what `model.parameterization="mup"` does with the logits: a `MupRule`,
+      or a string saying why no muP rule is defined (the error quotes it). None
+      (not declared): muP refuses the scaling, saying to declare one.
+    umup: the scaling is u-muP's attention (`model.parameterization="umup"`, in the
+      unit variant, needs one).
+    config_args: keywords the config argument sets (`get_config("scaling=NAME,p=3")`:
+      p, temperature, s), passed as `model.scaling_params`; a learned one only
+      when not 0 (0 leaves it learned).
+    presets: config-argument names of this scaling inside another model variant,
+      name -> `Preset` (`scaling=unit_scaled`: fully_scaled in the unit-scaled
+      transformer); the run's label is that name.
   """
+  if not set(config_args) <= set(CONFIG_ARGS):
+    raise ValueError(f"register({name!r}): config_args takes keywords of {CONFIG_ARGS} (the "
+                     f"config argument's), got {tuple(config_args)}")
+  if mup is not None and not isinstance(mup, (MupRule, str)):
+    raise TypeError(f"register({name!r}, mup=...) takes a scalings.MupRule or a string "
+                    f"saying why no muP rule is defined, got {mup!r}")
 
   def wrap(factory):
     _REGISTRY[name] = Entry(factory, dict(learned or {}), normalizes_qk, dict(from_dims or {}),
-                            bilinear)
+                            bilinear, mup, umup, tuple(config_args), dict(presets or {}))
     return factory
 
   return wrap
@@ -180,6 +288,20 @@ def entry(name: str, *, field: str = "scaling") -> Entry:
 def learned(name: str) -> dict[str, Learned]:
   """The parameters scaling `name` learns (keyword -> `Learned`)."""
   return entry(name).learned
+
+
+def presets() -> dict[str, tuple[str, Preset]]:
+  """Every preset: config-argument name -> (registered scaling, `Preset`)."""
+  return {preset_name: (name, preset) for name, e in _REGISTRY.items()
+          for preset_name, preset in e.presets.items()}
+
+
+def preset_of(model) -> str | None:
+  """The preset name `config.model` (a ConfigDict or dict) is, or None."""
+  for preset_name, (name, preset) in presets().items():
+    if model.get("scaling") == name and preset.matches(model):
+      return preset_name
+  return None
 
 
 def get(name: str, **params) -> ScaleFn:
@@ -411,40 +533,51 @@ class FullyScaled:
     return head_dim**-0.5
 
 
-register("standard", bilinear=True)(Standard)
-register("none", bilinear=True)(NoScaling)
-register("key_norm_sum")(lambda: KeyNormPower(p=1.0))
-register("key_norm_mean")(lambda: KeyNormPower(p=1.0, mean=True))
-register("key_norm_power")(lambda p=2.0: KeyNormPower(p=p))
-# Henry et al. 2020: one learned temperature per layer, g0 = log2(L^2 - L).
+# muP (`MupRule`): standard's 1/sqrt(d) has no multiplier, so muP builds inverse_d with
+# mult a sqrt(d_base): s = a sqrt(d_base)/d, sp's 1/sqrt(d) at the base width.
+register("standard", bilinear=True,
+         mup=MupRule(use="inverse_d", width=lambda d_base, d: math.sqrt(d_base)))(Standard)
+register("none", bilinear=True,
+         mup="no muP rule is defined here for the unscaled dot product")(NoScaling)
+# muP's exponent for 1/sum ||k_j||^p would depend on p and on the keys' alignment.
+KEY_NORMS_NO_MUP = "it divides by data-dependent key norms, and no muP rule is defined for that"
+register("key_norm_sum", mup=KEY_NORMS_NO_MUP)(lambda: KeyNormPower(p=1.0))
+register("key_norm_mean", mup=KEY_NORMS_NO_MUP)(lambda: KeyNormPower(p=1.0, mean=True))
+register("key_norm_power", mup=KEY_NORMS_NO_MUP,
+         config_args=("p",))(lambda p=2.0: KeyNormPower(p=p))
+# Henry et al. 2020: one learned temperature per layer, g0 = log2(L^2 - L). Under muP
+# unchanged: cos(q, k) is O(1) aligned or not, so there is no width exponent to fix.
 register("cosine", normalizes_qk=True, learned={
     "temperature": Learned((), init=lambda dims: cosine_temperature_init(dims.train_len)),
-})(Cosine)
+}, config_args=("temperature",), mup=MupRule(
+    mult=None, why="g cos(q, k) is bounded by its learned temperature g whatever the width",
+))(Cosine)
+# muP for the QK-norms: normalising q and k fixes their RMS (O(1) per coordinate, as muP
+# has it) but not their alignment, so q.k/sqrt(d) still grows like sqrt(d): they keep
+# their norm and take muP's 1/d, mult a sqrt(d_base/d) on their 1/sqrt(d) (Yang et al.
+# 2022, section J.2.1's argument, unchanged by the norm).
+QK_NORM_MUP = MupRule(width=lambda d_base, d: math.sqrt(d_base / d))
 # The LayerNorm gains over the head dim, shared by the heads (Flax's normalize_qk).
-register("qk_layernorm", normalizes_qk=True, learned={
+register("qk_layernorm", normalizes_qk=True, mup=QK_NORM_MUP, learned={
     "q_scale": Learned(("head_dim",), init=1.0),
     "k_scale": Learned(("head_dim",), init=1.0),
 })(QKLayerNorm)
-register("fully_scaled", bilinear=True)(FullyScaled)
+# Graphcore's experiment, `scaling=unit_scaled`: fully scaled attention in the
+# unit-scaled transformer, its branch weighted to sqrt(e/n) of the skip.
+register("fully_scaled", bilinear=True,
+         mup="no muP rule is defined here for its output factor max(1, sqrt(n_i/e))",
+         presets={"unit_scaled": Preset("unit", {"unit.attn_residual": "relative"})},
+         )(FullyScaled)
 # RMS QK-norm: gains over the head dim shared by the heads, as qk_layernorm's.
-register("qk_rmsnorm", normalizes_qk=True, learned={
+register("qk_rmsnorm", normalizes_qk=True, mup=QK_NORM_MUP, learned={
     "q_scale": Learned(("head_dim",), init=1.0),
     "k_scale": Learned(("head_dim",), init=1.0),
 })(QKRMSNorm)
-register("inverse_d", bilinear=True)(InverseD)
+# Already muP's 1/d: its own mult times a.
+register("inverse_d", bilinear=True, mup=MupRule())(InverseD)
 # The temperatures that grow with the sequence (log_n, log_n_ratio, temperature_tuning,
 # yarn) are in length_scalings.py, which registers them (attnscale/core/__init__.py
 # imports it, so every `from attnscale.core import scalings` has them).
-_MOVED = ("LogN", "LogNRatio", "TemperatureTuning", "Yarn", "log_n_init")
-
-
-def __getattr__(name: str):
-  """A one-line error for the names that moved to length_scalings.py (ImportError,
-  which `from attnscale.core.scalings import LogN` passes on with its message)."""
-  if name in _MOVED:
-    raise ImportError(f"attnscale.core.scalings.{name} moved to "
-                      f"attnscale.core.length_scalings.{name}")
-  raise AttributeError(f"module 'attnscale.core.scalings' has no attribute {name!r}")
 
 
 # u-muP's attention (the unit-scaling library's), as a scaling; attnscale/numerics/unit_scaling.py
@@ -491,4 +624,6 @@ class UnitScaledAttention:
     return self.mult / head_dim
 
 
-register("umup", bilinear=True)(UnitScaledAttention)
+register("umup", bilinear=True, umup=True,
+         mup="it is u-muP's attention: use model.parameterization='umup' (model.variant='unit')",
+         )(UnitScaledAttention)

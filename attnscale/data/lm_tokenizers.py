@@ -42,8 +42,9 @@ def bytes_tokenizer() -> LMTokenizer:
 def _local_gpt2_dir(vocab_dir: str | None) -> str | None:
   if vocab_dir:
     return vocab_dir
-  root = os.environ.get(VOCAB_DIR_ENV, "")
-  candidate = os.path.join(os.path.expanduser(root), "gpt2") if root else ""
+  from attnscale.data import paths  # $ATTNSCALE_DATA has one meaning (absolute) everywhere
+  root = paths.data_root()
+  candidate = os.path.join(root, "gpt2") if root else ""
   if candidate and all(os.path.isfile(os.path.join(candidate, f)) for f in GPT2_FILES):
     return candidate
   return None

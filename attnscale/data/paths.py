@@ -11,6 +11,11 @@ never touch the network; when it is unset they download (with a checksum check).
 Every local copy is checked against the same sha256 as a download would be, so a
 run never silently trains on a different file.
 
+The value must be an absolute path. A relative one would mean a different folder
+in every process that starts elsewhere (a notebook's kernel in notebooks/, a
+sweep's children, a project folder of one's own), so it is refused in one line
+that says how to make it absolute (`export ATTNSCALE_DATA=$PWD/...`).
+
 Both ways fail in one line that names `$ATTNSCALE_DATA` and the file it needs:
 unset on a machine that cannot reach the download (`check_reachable`, seconds,
 where TFDS's own retries would take minutes and end in a traceback), or set to
@@ -33,9 +38,22 @@ GUIDE = "docs/guides/training.md#offline-data"
 
 
 def data_root() -> pathlib.Path | None:
-  """The folder named by `$ATTNSCALE_DATA`, or None when it is unset or empty."""
+  """The folder named by `$ATTNSCALE_DATA`, or None when it is unset or empty.
+
+  Raises:
+    FileNotFoundError: the value is a relative path (one line: its meaning would
+      depend on the folder each process happens to start in).
+  """
   root = os.environ.get(ENV_VAR, "")
-  return pathlib.Path(root).expanduser() if root else None
+  if not root:
+    return None
+  path = pathlib.Path(root).expanduser()
+  if not path.is_absolute():
+    raise FileNotFoundError(
+        f"{ENV_VAR}={root} is a relative path, which names another folder in every process "
+        f"that starts elsewhere (a notebook, a sweep's runs, your own folder): set it absolute, "
+        f"e.g. export {ENV_VAR}=$PWD/{root} from the folder it was meant from")
+  return path
 
 
 def sha256_of(path: pathlib.Path) -> str:

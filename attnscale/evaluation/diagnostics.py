@@ -6,8 +6,11 @@ attention weights (0 = one key, log n = uniform; a collapsing or saturating
 scale shows here first), the largest logit (how far from a softmax
 temperature of 1 the scaling sits) and the sink rate (the weight on the first
 key: heads that park attention on token 0, Xiao et al. 2023), per layer and
-per head. With padding, only the real (non-padded)
-queries count, and the padding mask keeps padded keys out of everything.
+per head; Gu et al.'s sink rate (the share of heads whose mean weight on the
+first key exceeds 0.3); and, of the residual stream each block writes, the
+largest activation against the median (massive activations) and the kurtosis.
+With padding, only the real (non-padded) queries count, and the padding mask
+keeps padded keys out of everything.
 
 `task_attention_stats(model, task, batch)` is the one entry point of
 evaluation and studies: the task decides the batch's masks.
@@ -21,6 +24,11 @@ import jax
 import jax.numpy as jnp
 
 from attnscale.core.attention import attention, attention_weights
+
+# Gu et al. 2025, "When Attention Sink Emerges in Language Models: An Empirical View"
+# (ICLR 2025, arXiv 2410.10781): a head is a sink head when its mean weight on the
+# first token exceeds epsilon = 0.3.
+SINK_THRESHOLD = 0.3
 
 
 def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
@@ -69,8 +77,52 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
       "entropy": jnp.mean(entropy_N),
       "max_logit": jnp.max(max_logit_N),
       "sink_rate": jnp.mean(sink_N),
+      "sink_heads": jnp.mean(sink_N > SINK_THRESHOLD),
       "heads": {"entropy": entropy_N, "max_logit": max_logit_N, "sink_rate": sink_N},
   }
+
+
+def hidden_state_stats(x_BTD, query_mask_BT=None) -> dict[str, jax.Array]:
+  """Massive activations and outliers in a residual stream x [B, T, D], real tokens only.
+
+    max_act    = max |x|,  median_act = median |x|,  act_ratio = max_act / median_act
+    kurtosis   = mean over tokens t of  mean_d (x_td - m_t)^4 / (mean_d (x_td - m_t)^2)^2
+
+  act_ratio is Sun et al.'s measure (2024, "Massive Activations in Large Language
+  Models", arXiv 2402.17762: activations about 10^3-10^4 times the median, in a few
+  fixed dimensions, which act as biases that attention sinks lean on). The kurtosis
+  over the hidden dimension, averaged over tokens, is Bondarenko et al.'s outlier
+  measure (2023, "Quantizable Transformers: Removing Outliers by Helping Attention
+  Heads Do Nothing", arXiv 2306.12929): 3 for a Gaussian, large when a few
+  dimensions carry outliers. Padded tokens (`query_mask_BT` False) count nowhere.
+  """
+  x_BTD = x_BTD.astype(jnp.float32)
+  B, T, D = x_BTD.shape
+  real_BT = (jnp.ones((B, T), bool) if query_mask_BT is None
+             else jnp.broadcast_to(query_mask_BT, (B, T)).astype(bool))
+  abs_BTD = jnp.abs(x_BTD)
+  max_act = jnp.max(jnp.where(real_BT[..., None], abs_BTD, 0.0))
+  # The median of the real entries: padded ones sorted past the end, the middle taken.
+  count = jnp.sum(real_BT) * D
+  sorted_abs = jnp.sort(jnp.where(real_BT[..., None], abs_BTD, jnp.inf).ravel())
+  median_act = 0.5 * (sorted_abs[jnp.maximum(count - 1, 0) // 2] + sorted_abs[count // 2])
+  centred_BTD = x_BTD - jnp.mean(x_BTD, axis=-1, keepdims=True)
+  m2_BT = jnp.mean(centred_BTD**2, axis=-1)
+  kurtosis_BT = jnp.mean(centred_BTD**4, axis=-1) / jnp.maximum(m2_BT**2, 1e-30)
+  kurtosis = jnp.sum(jnp.where(real_BT, kurtosis_BT, 0.0)) / jnp.maximum(jnp.sum(real_BT), 1)
+  return {"max_act": max_act, "median_act": median_act,
+          "act_ratio": max_act / jnp.maximum(median_act, 1e-30), "kurtosis": kurtosis}
+
+
+def residual_streams(model, tokens_BT, mask=None) -> list:
+  """The residual stream after each block [B, T, D], a deterministic forward pass
+  through the `attnscale.models.Model` contract (embed_tokens, then blocks)."""
+  x_BTD = model.embed_tokens(tokens_BT)
+  streams = []
+  for block in model.blocks:
+    x_BTD = block(x_BTD, mask)
+    streams.append(x_BTD)
+  return streams
 
 
 def model_attention_stats(model, tokens_BT, mask=None,
@@ -90,9 +142,12 @@ def model_attention_stats(model, tokens_BT, mask=None,
 
   @jax.jit
   def run(tokens_BT, mask, query_mask_BT):
+    calls = model.attention_calls(tokens_BT, mask=mask)
+    streams = residual_streams(model, tokens_BT, mask)
     return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, mask=mask,
                             query_mask_BT=query_mask_BT, **call.options())
-            for call in model.attention_calls(tokens_BT, mask=mask)]
+            | hidden_state_stats(x_BTD, query_mask_BT)
+            for call, x_BTD in zip(calls, streams)]
 
   stats = jax.device_get(run(tokens_BT, mask, query_mask_BT))
   return [{**{k: float(v) for k, v in layer.items() if k != "heads"},
@@ -115,8 +170,10 @@ def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
     batch: a batch of the task's; None = `next(task.eval_batches())`.
 
   Returns:
-    Per layer, {"output_std", "entropy", "max_logit", "sink_rate"} as floats and
-    "heads": {"entropy", "max_logit", "sink_rate"}, a list per head.
+    Per layer, {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
+    "max_act", "median_act", "act_ratio", "kurtosis"} as floats (the last four of
+    the residual stream the layer's block writes) and "heads": {"entropy",
+    "max_logit", "sink_rate"}, a list per head.
   """
   if batch is None:
     batch = next(iter(task.eval_batches()))

@@ -130,10 +130,15 @@ def format_summary(result: dict, config: ml_collections.ConfigDict | None = None
   config = load_config(result["workdir"]) if config is None else config
   lines = [f"{result['workdir']} @ step {result['step']} ({result['scaling']})"]
   lines += tasks.task_class(config).format_summary(result)
-  lines.append("  layer | attn output std | entropy (nats) | max logit")
+  lines.append("  layer | attn output std | entropy (nats) | max logit | first-key weight | "
+               "sink heads | max/median act | kurtosis")
   for i, layer in enumerate(result["attention"]):
+    # Runs evaluated before the sink and activation measures lack them.
+    extra = (f" | {layer['sink_rate']:16.3f} | {layer['sink_heads']:10.2f} | "
+             f"{layer['act_ratio']:14.1f} | {layer['kurtosis']:8.2f}"
+             if "act_ratio" in layer else "")
     lines.append(f"  {i:5d} | {layer['output_std']:15.3f} | {layer['entropy']:14.3f} | "
-                 f"{layer['max_logit']:9.2f}")
+                 f"{layer['max_logit']:9.2f}{extra}")
   if "lengths" in result:
     lines += length_eval.format_table(result["lengths"])
   return "\n".join(lines)

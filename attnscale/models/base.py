@@ -130,7 +130,7 @@ class AttentionLayer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig):
     self.cfg = cfg
-    # Under mup, inverse_d with muP's multiplier (attnscale/models/mup.py).
+    # Under mup, what the scaling's muP rule makes of it (attnscale/models/mup.py).
     self.scaling = ScalingParams(*mup.attention_scaling(cfg), cfg.scaling_dims)
     self.sink_logit = (nnx.Param(jnp.zeros((cfg.num_heads,), jnp.float32))
                        if cfg.sink == "learned" else None)

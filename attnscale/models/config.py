@@ -140,7 +140,7 @@ class ModelConfig:
   def __post_init__(self):
     if isinstance(self.unit, dict):  # from config.model.to_dict()
       object.__setattr__(self, "unit", UnitConfig(**self.unit))
-    if self.variant in ("unit_scaled",):
+    if ("model.variant", self.variant) in RENAMED_VALUES:
       raise ValueError(f"model.variant={self.variant!r} was renamed "
                        f"{RENAMED_VALUES['model.variant', self.variant]!r}")
     if self.variant not in VARIANTS:
@@ -217,9 +217,11 @@ class ModelConfig:
       reason = mup_refusal(self)
       if reason:
         raise ValueError(f"model.parameterization='mup' cannot apply: {reason}")
-    if self.parameterization == "umup" and (self.variant, self.scaling) != ("unit", "umup"):
+    if self.parameterization == "umup" and not (
+        self.variant == "unit" and scalings.entry(self.scaling).umup):
+      allowed = " or ".join(repr(n) for n in scalings.names() if scalings.entry(n).umup)
       raise ValueError(f"model.parameterization='umup' needs model.variant='unit' and "
-                       f"model.scaling='umup' (u-muP's attention), got {self.variant!r} and "
+                       f"model.scaling={allowed} (u-muP's attention), got {self.variant!r} and "
                        f"{self.scaling!r}")
 
     for name in ("mup_output_mult", "mup_attn_mult"):
@@ -262,20 +264,18 @@ class ModelConfig:
                          head_dim=self.head_dim, train_len=self.block_size)
 
 
-# Scalings mup keeps, with their logit scale made muP's (attnscale/models/mup.py,
-# `attention_scaling`), and the one whose logits need no width rule.
-MUP_NORMALIZED = ("qk_rmsnorm", "qk_layernorm")
-MUP_SCALINGS = ("standard", "inverse_d", "cosine", *MUP_NORMALIZED)
-
-
 def mup_refusal(cfg: ModelConfig) -> str | None:
-  """Why mup does not apply to `cfg`'s attention scaling (one clause), or None."""
-  if cfg.scaling in MUP_SCALINGS:
-    if cfg.scaling == "cosine" and cfg.mup_attn_mult != 1:
-      return ("cosine's logits g cos(q, k) have no width exponent for mup_attn_mult to "
-              "fix (its temperature g is learned): use model.mup_attn_mult=1")
+  """Why mup does not apply to `cfg`'s attention scaling (one clause), or None: the
+  scaling's registration declares its muP rule (`scalings.MupRule`) or why none."""
+  rule = scalings.entry(cfg.scaling).mup
+  if isinstance(rule, scalings.MupRule):
+    if rule.mult is None and cfg.mup_attn_mult != 1:
+      return (f"scaling={cfg.scaling!r} has no width exponent for mup_attn_mult to fix "
+              f"({rule.why}): use model.mup_attn_mult=1")
     return None
-  if cfg.scaling.startswith("key_norm"):
-    return (f"scaling={cfg.scaling!r} divides by data-dependent key norms, and no muP "
-            "rule is defined for that")
-  return (f"scaling={cfg.scaling!r} has no muP rule here (defined: {list(MUP_SCALINGS)})")
+  if rule:
+    return f"scaling={cfg.scaling!r}: {rule}"
+  defined = [n for n in scalings.names() if isinstance(scalings.entry(n).mup, scalings.MupRule)]
+  return (f"scaling={cfg.scaling!r} declares no muP rule (defined: {defined}): register it "
+          f"with mup=scalings.MupRule(...) (the keyword that multiplies its logits) or "
+          f"mup='why none applies'")

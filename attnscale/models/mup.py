@@ -54,25 +54,13 @@ et al. 2023), as EleutherAI's nanoGPT-mup `completep` branch implements it:
 At num_layers == base_depth every factor is exactly 1. With depth_alpha = 0
 (the default) none of these multiplications exists in the program.
 
-Attention under mup, by scaling (`attention_scaling`; d = head_dim, d_base =
-base_width / num_heads; ModelConfig refuses the rest in one line):
-
-    standard, qk_rmsnorm,   logit scale 1/sqrt(d) -> a_attn sqrt(d_base)/d. muP's 1/d is
-      qk_layernorm          about *alignment*: after training q and k have O(1)
-                            coordinates that are correlated, so q.k grows like d, not
-                            sqrt(d). Normalising q and k fixes their RMS (O(1) per
-                            coordinate, as muP already has it) but not their alignment,
-                            so q.k/sqrt(d) still grows like sqrt(d): the normalised
-                            scalings keep their norm and take muP's 1/d (Yang et al.
-                            2022, section J.2.1's argument, unchanged by the norm).
-    inverse_d               already 1/d: its own mult, times a_attn.
-    cosine                  unchanged: g cos(q, k) is bounded by the learned temperature
-                            g whatever the width (cos is O(1) aligned or not), so there
-                            is no width exponent to fix; a_attn must be 1.
-    key_norm_* and the      refused: their logit scale is not a constant but depends on
-      length scalings       the keys' norms or the sequence, and no published muP rule
-                            covers them (muP's exponent for 1/sum ||k_j||^p would depend
-                            on p and on the keys' alignment).
+Attention under mup (`attention_scaling`): each scaling's registration declares its
+rule (`attnscale.core.scalings.MupRule`, beside the scaling with the reason for it):
+the keyword that multiplies its logits becomes mult x a_attn x width(d_base, d), so
+that the logits are a_attn sqrt(d_base)/d times q.k; a scaling whose logits have no
+width exponent (a learned temperature bounds them) is kept, with a_attn = 1; one
+registered with the reason no rule is defined is refused by ModelConfig in one line,
+and so is one that declares nothing.
 
 u-muP (`model.parameterization = "umup"`, the unit variant): Blake et al. 2024,
 "u-muP: The Unit-Scaled Maximal Update Parametrization" (arXiv 2407.17465, Table 2),
@@ -102,8 +90,8 @@ import math
 
 import jax
 
-# The scalings muP is defined for, and why not others: the config's own check.
-from attnscale.models.config import MUP_NORMALIZED, MUP_SCALINGS, ModelConfig, mup_refusal  # noqa: F401
+from attnscale.core import scalings
+from attnscale.models.config import ModelConfig
 
 # The leaves trained at lr / m: the Dense layers' weight matrices (attnscale.numerics.layers).
 HIDDEN_LEAF = "kernel"
@@ -161,21 +149,21 @@ def readout_mult(cfg: ModelConfig) -> float | None:
 
 def attention_scaling(cfg: ModelConfig) -> tuple[str, dict]:
   """(registered name, params) of the attention's scaling: the configured one under sp
-  (and umup); under mup (the module docstring's table) standard becomes `inverse_d`
-  with mult a_attn sqrt(d_base), so s = a_attn sqrt(d_base)/d; qk_rmsnorm and
-  qk_layernorm keep their norm with mult a_attn sqrt(d_base/d) on their 1/sqrt(d);
-  inverse_d's own mult is multiplied by a_attn; cosine is unchanged. Every factor is
-  exactly 1 at the base width with a_attn = 1 (sqrt(1.0) = 1.0)."""
+  (and umup); under mup, the one its `scalings.MupRule` gives (the module docstring):
+  `use`'s scaling if it names one, its `mult` keyword times a_attn times
+  width(d_base, d). Every factor is exactly 1 at the base width with a_attn = 1
+  (sqrt(1.0) = 1.0), so mup equals sp there."""
   params = dict(cfg.scaling_params or {})
-  if cfg.parameterization != MUP or cfg.scaling == "cosine":
+  if cfg.parameterization != MUP:
     return cfg.scaling, params
-  d_base = cfg.base_width / cfg.num_heads
-  if cfg.scaling == "standard":
-    return "inverse_d", {"mult": cfg.mup_attn_mult * math.sqrt(d_base)}
-  if cfg.scaling == "inverse_d":
-    return "inverse_d", params | {"mult": params.get("mult", 1.0) * cfg.mup_attn_mult}
-  # qk_rmsnorm / qk_layernorm: a_attn sqrt(d_base)/d = (a_attn sqrt(d_base/d)) / sqrt(d).
-  return cfg.scaling, params | {"mult": cfg.mup_attn_mult * math.sqrt(d_base / cfg.head_dim)}
+  rule = scalings.entry(cfg.scaling).mup  # a MupRule: ModelConfig refused the rest
+  if rule.mult is None:
+    return cfg.scaling, params
+  name, params = (rule.use, {}) if rule.use else (cfg.scaling, params)
+  mult = params.get(rule.mult, 1.0) * cfg.mup_attn_mult
+  if rule.width is not None:
+    mult *= rule.width(cfg.base_width / cfg.num_heads, cfg.head_dim)
+  return name, params | {rule.mult: mult}
 
 
 def _names(path) -> list[str]:

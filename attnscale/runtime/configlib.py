@@ -18,6 +18,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from attnscale.checks import check_choice, check_positive  # noqa: F401 (configs use them here)
+from attnscale.core import scalings
 from attnscale.models.config import ModelConfig
 from attnscale.runtime.config_imports import import_files, import_modules  # noqa: F401
 
@@ -113,24 +114,27 @@ def model(scaling: str = "standard", *, p: float = 2.0, temperature: float = 0.0
   ModelConfig's defaults plus what the argument selects. A config then overrides
   what differs for it (sizes, dropout, ...).
 
-  `scaling` is a registered name, or "unit_scaled", Graphcore's experiment
-  (docs/science.md, "Unit scaling and the residual rule"): fully scaled attention
-  inside the unit-scaled transformer (`model.variant=unit`), its branch weighted to
-  sqrt(e/n) of the skip. (`--config.model.scaling=umup` instead picks u-muP's 1/d
-  attention.) `p`: key_norm_power's power; `temperature` > 0: cosine's fixed
-  temperature instead of the learned one; `s` > 0: log_n's fixed s instead of the
-  learned one (critical log-n scaling, logits x s log n_i).
+  `scaling` is a registered name, or a preset's (`scalings.presets()`: a scaling in
+  another model variant, with its fields; "unit_scaled", Graphcore's experiment,
+  docs/science.md, "Unit scaling and the residual rule": fully scaled attention
+  inside the unit-scaled transformer, its branch weighted to sqrt(e/n) of the skip).
+  `p`, `temperature`, `s` go to the scaling's params where its registration lists
+  them (`config_args`): key_norm_power's power; cosine's fixed temperature and
+  log_n's fixed s, where > 0 (0 leaves them learned).
   """
   m = model_fields()
   m.scaling = scaling
-  if scaling == "key_norm_power":
-    m.scaling_params = {"p": p}
-  elif scaling == "cosine" and temperature > 0:
-    m.scaling_params = {"temperature": temperature}
-  elif scaling == "log_n" and s > 0:
-    m.scaling_params = {"s": s}
-  if scaling == "unit_scaled":
-    m.variant, m.scaling, m.unit.attn_residual = "unit", "fully_scaled", "relative"
+  if scaling in scalings.presets():
+    m.scaling, preset = scalings.presets()[scaling]
+    m.variant = preset.variant
+    m.update_from_flattened_dict(preset.fields)
+  if m.scaling in scalings.names():  # an unknown name fails in ModelConfig, listing them
+    entry = scalings.entry(m.scaling)
+    given = {"p": p, "temperature": temperature, "s": s}
+    params = {k: given[k] for k in entry.config_args
+              if k not in entry.learned or given[k] > 0}
+    if params:
+      m.scaling_params = params
   return m
 
 
@@ -215,8 +219,8 @@ def migrate(config: dict) -> dict:
   model = config.get("model", {})
   if model.get("variant") == "unit_scaled":
     model["variant"] = "unit"
-  if model.get("scaling") == "unit_scaled":  # the registered u-muP attention
-    model["scaling"] = "umup"
+  if model.get("scaling") in scalings.RENAMED:  # a registered scaling's old name
+    model["scaling"] = scalings.RENAMED[model["scaling"]]
   return config
 
 
@@ -236,10 +240,7 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += "(" + ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}"
                             for k, v in sorted(params.items())) + ")"
   if m.get("variant", "standard") != "standard":
-    if m.scaling == "fully_scaled" and m.unit.attn_residual == "relative":
-      label = "unit_scaled"
-    else:
-      label = f"unit/{m.scaling}"
+    label = scalings.preset_of(m) or f"unit/{m.scaling}"  # "unit_scaled": a preset's name
   if m.get("ln_position", "pre") == "post":  # BERT's block: a different model, same scaling
     label += "+post_ln"
   # model.qk_norm: "+qk_layernorm" as when it was model.qk_layernorm=True.

@@ -1,0 +1,65 @@
+"""The last lines a run prints: what it reached, for a person, read from its own record.
+
+    done: 1000 steps, 3 min 16 s (this start)
+      final training loss 1.6240 (mean of the last 20 steps, step 1000)
+      last validation loss 1.7667 (step 1000, 20 batches of the validation split)
+      run files: runs/char_cpu (metrics.jsonl, TensorBoard events, checkpoints/, config.json)
+      evaluate the whole split: python eval.py --workdir=runs/char_cpu
+
+Read from WORKDIR/metrics.jsonl rather than from the loop's variables, so a run
+that resumes at its last step (nothing to train) or after a kill says the same as
+the start that finished it: the record is the run.
+"""
+
+from __future__ import annotations
+
+from attnscale.runtime import metrics_writer
+
+LOSS_LAST20 = "train/loss_last20"  # Graphcore's final-loss metric (train_state.LAST_LOSSES)
+VAL_LOSS = "val/loss"
+
+
+def _last(rows: list[dict], key: str) -> tuple[int, float] | None:
+  for row in reversed(rows):
+    if key in row:
+      return row["step"], row[key]
+  return None
+
+
+def duration(seconds: float) -> str:
+  """'48 s', '3 min 16 s', '2 h 05 min'."""
+  seconds = round(seconds)
+  if seconds < 60:
+    return f"{seconds} s"
+  if seconds < 3600:
+    return f"{seconds // 60} min {seconds % 60} s"
+  return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def reached(workdir: str) -> dict:
+  """What the run in `workdir` reached, from its metrics.jsonl: {"step": the last
+  step logged, "train": (step, loss_last20) or None, "val": (step, val/loss) or None}."""
+  rows = metrics_writer.read_rows(workdir)
+  return {"step": max((row["step"] for row in rows), default=0),
+          "train": _last(rows, LOSS_LAST20), "val": _last(rows, VAL_LOSS)}
+
+
+def lines(workdir: str, *, wall_s: float, eval_batches: int | None = None) -> list[str]:
+  """The summary of the run in `workdir`, `wall_s` the seconds this start took."""
+  end = reached(workdir)
+  out = [f"done: {end['step']} steps, {duration(wall_s)} (this start)"]
+  train, val = end["train"], end["val"]
+  if train is not None:
+    out.append(f"  final training loss {train[1]:.4f} (mean of the last 20 steps, "
+               f"step {train[0]})")
+  if val is not None:
+    batches = f", {eval_batches} batches of the validation split" if eval_batches else ""
+    out.append(f"  last validation loss {val[1]:.4f} (step {val[0]}{batches})")
+  out.append(f"  run files: {workdir} (metrics.jsonl, TensorBoard events, checkpoints/, "
+             "config.json)")
+  out.append(f"  evaluate the whole split: python eval.py --workdir={_shell_path(workdir)}")
+  return out
+
+
+def _shell_path(path: str) -> str:
+  return path if " " not in path else f"'{path}'"
