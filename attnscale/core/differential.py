@@ -72,7 +72,7 @@ def differential_attention(q1_BTNH: Array, q2_BTNH: Array, k1_BSKH: Array, k2_BS
       twice(v_BSKH, 2), mask=mask, sink=sink, log_forget=log_forget,
       return_stats=return_stats, **options)
   z_BTMH, stats = (out if return_stats else (out, None))
-  lam_N1 = jnp.broadcast_to(lam.astype(jnp.float32), (N,))[:, None]
+  lam_11N1 = jnp.broadcast_to(lam.astype(jnp.float32), (N,)).reshape(1, 1, N, 1)
   z_BTNH = (z_BTMH[:, :, :N].astype(jnp.float32)
-            - lam_N1 * z_BTMH[:, :, N:].astype(jnp.float32)).astype(q1_BTNH.dtype)
+            - lam_11N1 * z_BTMH[:, :, N:].astype(jnp.float32)).astype(q1_BTNH.dtype)
   return (z_BTNH, stats) if return_stats else z_BTNH
