@@ -42,7 +42,10 @@ class AttentionStats(NamedTuple):
     w_i s_ij (w_i = sigmoid(lse_i - b) < 1, s_i the softmax over the keys):
     w_i H(s_i) - w_i log w_i, the sink's own weight left out. Sigmoid: of the
     unnormalised weights sigmoid(l_ij - log n_i) (no distribution, so only
-    comparable between sigmoid runs). 0 for a query that sees no key.
+    comparable between sigmoid runs); softpick, ReLU/L and stick-breaking
+    (`attnscale.core.normalizers`) likewise, of their weights, which sum to at
+    most 1 (ReLU/L: to anything). With FoX's gate, l_ij includes its bias D_ij.
+    0 for a query that sees no key.
   """
 
   max_logit_BTN: Array
