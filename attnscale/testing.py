@@ -401,6 +401,24 @@ def compile_config(preset="nanogpt", scaling="standard", **fields):
   return config
 
 
+def compile_attention_grad(target: str, fn, *shapes, dtype=jnp.bfloat16) -> str:
+  """The compiled HLO of grad(sum(fn(*args))) for `target` (`aot.devices`), args of
+  `shapes` sharded over their batch axis on every device: one attention call's
+  forward and backward, for kernel options no model config names yet."""
+  import numpy as np
+
+  from attnscale.runtime import aot
+  devices = aot.devices(target)
+  # The training mesh's axes (`train_state.make_mesh`), which splash's shard_map names.
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(-1, 1), ("data", "fsdp"))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+  args = [jax.ShapeDtypeStruct(s, dtype, sharding=sharding) for s in shapes]
+  loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    lowered = jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(*args)
+  return lowered.compile().as_text()
+
+
 def check_fsdp_report(report, config, kernel: str) -> None:
   """A compile report of `config` at fsdp=8 (`aot.compile_report`) is FSDP: it fits,
   uses `kernel`, moves no activation, and holds an eighth of every matrix."""

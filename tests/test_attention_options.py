@@ -1,5 +1,5 @@
 """The model options of today's practice: logit soft-cap, sinks, output gates and
-sigmoid attention, in whole models: no future leak, no padding leak, reference ==
+sigmoid, softpick, ReLU/L and stick-breaking attention, in whole models: no future leak, no padding leak, reference ==
 fused (values and gradients), learned parameters that learn, one-line errors.
 (The kernel-level tests of the same options: tests/test_kernel_options.py.)"""
 
@@ -20,6 +20,9 @@ OPTIONS = {
     "gate_headwise": dict(attn_gate="headwise"),
     "gate_elementwise": dict(attn_gate="elementwise"),
     "sigmoid": dict(normalizer="sigmoid"),
+    "softpick": dict(normalizer="softpick"),
+    "relu": dict(normalizer="relu"),
+    "stickbreaking": dict(normalizer="stickbreaking"),
     "depth_complete_p": dict(depth_alpha=1.0, base_depth=1),  # branches x 1/2 (model-level)
     "all": dict(logit_softcap=2.0, sink="learned", attn_gate="headwise", positions="rope"),
 }
@@ -63,7 +66,8 @@ def test_no_future_leak(option, scaling):
   assert np.all(np.asarray(g_BTD[:, t:]) == 0)
 
 
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o != "all"])
+# Stick-breaking is causal only (no order to break the stick in): no encoder.
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o not in ("all", "stickbreaking")])
 def test_encoder_sees_no_padding(option):
   m = model(option, causal=False)
   tokens = np.random.default_rng(1).integers(0, V, (2, 16)).astype(np.int32)

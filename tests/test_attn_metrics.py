@@ -34,6 +34,11 @@ OPTIONS = {
     "sink_learned": {"sink": jnp.array([0.5, -1.0, 2.0, 0.0])},
     "sink_zero": {"sink": 0.0},
     "sigmoid": {"normalizer": "sigmoid"},
+    "softpick": {"normalizer": "softpick"},
+    "relu": {"normalizer": "relu"},
+    "stickbreaking": {"normalizer": "stickbreaking"},
+    "forget": {"log_forget": jax.nn.log_sigmoid(1.0 + jax.random.normal(jax.random.key(4),
+                                                                       (2, 10, 4)))},
 }
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from attnscale.core import scalings
 from attnscale.runtime import aot
-from attnscale.testing import check_fsdp_report, compile_config, installed
+from attnscale.testing import check_fsdp_report, compile_attention_grad, compile_config, installed
 
 pytestmark = [pytest.mark.accelerator,
               pytest.mark.skipif(not installed("libtpu"),
@@ -162,3 +162,38 @@ def test_unknown_target_and_bad_mesh_are_one_line():
   assert result.stderr.strip().splitlines()[-1].startswith("error: --target must be one of")
   with pytest.raises(ValueError, match="config.mesh"):
     aot.compile_report(compile_config("test", **{"mesh.fsdp": 3}), "cpu")
+
+
+NEW_NORMALIZERS = ("softpick", "relu", "stickbreaking")
+
+
+def test_new_normalizers_compile_fsdp_on_the_xla_kernel():
+  """model.normalizer softpick, relu and stick-breaking: the real train and eval steps
+  at fsdp=8 fit, on attnscale's XLA kernel (splash and cuDNN have a softmax only),
+  and move no activation that sigmoid's (the XLA kernel's) steps do not."""
+  def report(normalizer):
+    c = compile_config("test", **{"model.normalizer": normalizer})
+    r = aot.compile_report(c, TARGET)
+    for step in ("train_step", "eval_step"):
+      assert r[step]["kernel"] == "xla" and r[step]["memory"]["fits"], (normalizer, step)
+      assert r[step]["collectives"]["all-to-all"] == 0, (normalizer, step)
+    return {step: sorted(r[step]["activation_collectives"]) for step in ("train_step",
+                                                                          "eval_step")}
+  base = report("sigmoid")
+  for normalizer in NEW_NORMALIZERS:
+    assert report(normalizer) == base, normalizer
+
+
+def test_forget_gate_and_differential_attention_compile():
+  """FoX's log forget gate (every normaliser takes it) and differential attention's
+  two maps, forward and backward, batch-sharded over the 8 devices (no model
+  option names them yet: the kernel call itself)."""
+  import attnscale
+  from attnscale.core.differential import differential_attention
+  q, kv, gate = (8, 256, 8, 64), (8, 256, 4, 64), (8, 256, 8)
+  for normalizer in ("softmax", *NEW_NORMALIZERS):
+    fox = lambda q, k, v, lf, normalizer=normalizer: attnscale.attention(
+        q, k, v, is_causal=True, normalizer=normalizer, log_forget=lf)
+    assert aot.attention_kernel(compile_attention_grad(TARGET, fox, q, kv, kv, gate)) == "xla"
+  diff = lambda q1, q2, k1, k2, v: differential_attention(q1, q2, k1, k2, v, 0.5, is_causal=True)
+  assert aot.attention_kernel(compile_attention_grad(TARGET, diff, q, q, kv, kv, kv)) == "splash"

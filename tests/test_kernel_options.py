@@ -1,6 +1,7 @@
-"""The soft-cap, the attention sink and the sigmoid normaliser on the fused XLA kernel:
-the fused path equals the reference (values and gradients) for every scaling, and
-none of the options lets a query see the future or padding."""
+"""The soft-cap, the attention sink, the sigmoid, softpick, ReLU/L and stick-breaking
+normalisers and FoX's forget gate on the fused XLA kernel: the fused path equals the
+reference (values and gradients) for every scaling, and none of the options lets a
+query see the future or padding. (Each new normaliser written out: tests/test_normalizers.py.)"""
 
 import functools
 
@@ -27,22 +28,40 @@ def two_causal_blocks(monkeypatch):
 TOL = dict(rtol=2e-5, atol=2e-5)
 N, K = 4, 2  # grouped-query attention everywhere: two query heads per key/value head
 SINK_N = jnp.array([0.5, -1.0, 2.0, 0.0])  # one sink logit per query head
-# id: (attention keywords but the sink, the sink: None, a float or "per_head")
+# FoX's log forget gate log f_t, [B, T, N]: log sigmoid of gate logits around +1.
+LOG_FORGET_BTN = jax.nn.log_sigmoid(1.0 + jax.random.normal(jax.random.key(11), (2, 10, N)))
+# id: (attention keywords but the learned input, the learned input: None, a float
+# sink, "per_head" (the sink SINK_N) or "forget" (the gate LOG_FORGET_BTN))
 OPTIONS = {
     "softcap": (dict(logit_softcap=1.5), None),
     "sink_zero": ({}, 0.0),
     "sink_per_head": ({}, "per_head"),
     "sigmoid": (dict(normalizer="sigmoid"), None),
+    "softpick": (dict(normalizer="softpick"), None),
+    "relu": (dict(normalizer="relu"), None),
+    "stickbreaking": (dict(normalizer="stickbreaking"), None),
+    "forget": ({}, "forget"),
+    "forget_softpick": (dict(normalizer="softpick"), "forget"),
 }
+# Stick-breaking needs an order, FoX a causal prefix: no bidirectional calls.
+CAUSAL_ONLY = ("stickbreaking", "forget", "forget_softpick")
 
 
 # The leak tests take the general sink only (0.0 differs from it in value, not in code).
-LEAK_OPTIONS = ["softcap", "sink_per_head", "sigmoid"]
+LEAK_OPTIONS = ["softcap", "sink_per_head", "sigmoid", "softpick", "relu", "stickbreaking",
+                "forget"]
 
 
-def _attend(options, name, q, k, v, sink_N, implementation, **kw):
-  keywords, sink = OPTIONS[options]
-  sink = sink_N if sink == "per_head" else sink
+def _learned(options):
+  """The traced input an option learns (the sink or the gate), else SINK_N (unused)."""
+  return LOG_FORGET_BTN if OPTIONS[options][1] == "forget" else SINK_N
+
+
+def _attend(options, name, q, k, v, learned, implementation, **kw):
+  keywords, extra = OPTIONS[options]
+  sink = learned if extra == "per_head" else None if extra == "forget" else extra
+  if extra == "forget":  # the gate of q's positions (a prefix takes a prefix)
+    keywords = {**keywords, "log_forget": learned[:, :q.shape[1]]}
   return attnscale.attention(q, k, v, scale_fn=scalings.get(name), sink=sink,
                              implementation=implementation, **keywords, **kw)
 
@@ -54,21 +73,29 @@ def test_reference_equals_fused(options, name):
   mask = padding_mask([10, 6], 10)
   w = jax.random.normal(jax.random.key(7), q.shape)  # a cotangent that sees every output
 
-  def loss(implementation, q, k, v, sink_N):
+  def loss(implementation, q, k, v, learned):
     # Causal and bidirectional, both padded, in one loss: one gradient call per path.
-    outs = [_attend(options, name, q, k, v, sink_N, implementation, mask=mask,
-                    is_causal=is_causal) for is_causal in (True, False)]
-    return jnp.sum((outs[0] + 0.5 * outs[1]) * w), outs
+    causal = (True,) if options in CAUSAL_ONLY else (True, False)
+    outs = [_attend(options, name, q, k, v, learned, implementation, mask=mask,
+                    is_causal=is_causal) for is_causal in causal]
+    return jnp.sum((outs[0] + 0.5 * outs[-1]) * w), outs
 
   results = {}
   for impl in ("reference", None):
     (_, outs), grads = jax.value_and_grad(functools.partial(loss, impl), argnums=(0, 1, 2, 3),
-                                          has_aux=True)(q, k, v, SINK_N)
+                                          has_aux=True)(q, k, v, _learned(options))
     results[impl] = (*outs, *grads)
   for i, (got, want) in enumerate(zip(results[None], results["reference"])):
     np.testing.assert_allclose(got, want, **TOL, err_msg=f"output/gradient {i}")
-  if OPTIONS[options][1] == "per_head":
-    assert np.all(np.abs(np.asarray(results[None][-1])) > 1e-6)  # the sink logits learn
+  if OPTIONS[options][1] in ("per_head", "forget"):
+    # The sink logits learn; so does every gate of the unpadded row but the first
+    # position's (D_ij never holds log f_0). (Row 1's gates behind its padding shift
+    # all its visible keys alike, which softmax ignores. Under softpick a query whose
+    # logits are all <= 0 weighs nothing, and its gates get no gradient: most learn.)
+    g = np.asarray(results[None][-1])
+    g = g[0, 1:] if OPTIONS[options][1] == "forget" else g
+    learns = np.abs(g) > 1e-7
+    assert np.mean(learns) > 0.8 if "normalizer" in OPTIONS[options][0] else np.all(learns)
 
 
 def test_causal_tests_run_two_blocks():
@@ -82,7 +109,8 @@ def test_no_future_leak(options, name):
   q, k, v = random_qkv(T=10, S=10, N=N, K=K)
   # Eager, not jitted: every test here shares a few shapes, so eager dispatch
   # reuses the compiled primitives where jit would compile each case anew.
-  attend = lambda q, k, v: _attend(options, name, q, k, v, SINK_N, None, is_causal=True)
+  attend = lambda q, k, v: _attend(options, name, q, k, v, _learned(options), None,
+                                   is_causal=True)
   full = np.asarray(attend(q, k, v))
   # A prefix alone gives the full sequence's outputs there (what generation computes).
   i = 4
@@ -102,11 +130,13 @@ def test_no_future_leak(options, name):
 @pytest.mark.parametrize("is_causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("options", LEAK_OPTIONS)
 def test_no_padding_leak(options, is_causal):
+  if options in CAUSAL_ONLY and not is_causal:
+    pytest.skip(f"{options} is causal only")
   q, k, v = random_qkv(T=10, S=10, N=N, K=K)
   mask = padding_mask([10, 6], 10)
   for name in scalings.names():
-    attend = lambda k, v, name=name: _attend(options, name, q, k, v, SINK_N, None, mask=mask,
-                                             is_causal=is_causal)
+    attend = lambda k, v, name=name: _attend(options, name, q, k, v, _learned(options), None,
+                                             mask=mask, is_causal=is_causal)
     base = np.asarray(attend(k, v))
     for k_pad, v_pad in ((100.0, -50.0), (0.0, 0.0)):
       out = np.asarray(attend(k.at[1, 6:].set(k_pad), v.at[1, 6:].set(v_pad)))
@@ -121,8 +151,9 @@ def test_fully_masked_row_gives_zeros(options):
     for impl in (None, "reference"):
       f = lambda q, k, v, s, name=name, impl=impl: _attend(options, name, q, k, v, s, impl,
                                                            mask=mask, is_causal=True)
-      assert np.all(np.asarray(f(q, k, v, SINK_N)[:, 3]) == 0), (name, impl)
-      grads = jax.grad(lambda *a, f=f: f(*a).sum(), argnums=(0, 1, 2, 3))(q, k, v, SINK_N)
+      learned = _learned(options)
+      assert np.all(np.asarray(f(q, k, v, learned)[:, 3]) == 0), (name, impl)
+      grads = jax.grad(lambda *a, f=f: f(*a).sum(), argnums=(0, 1, 2, 3))(q, k, v, learned)
       assert all(np.all(np.isfinite(g)) for g in grads), (name, impl)
 
 
@@ -231,10 +262,12 @@ def test_gpu_options_run_the_xla_kernel(options):
   # jax.nn's cuDNN call takes none of the options: the default falls back to
   # attnscale's XLA kernel (checked in the compiled program) and agrees.
   q, k, v = (x.astype(jnp.bfloat16) for x in random_qkv(T=128, S=128, N=N, K=K, H=64))
-  f = lambda q, k, v: _attend(options, "standard", q, k, v, SINK_N, None, is_causal=True)
+  learned = (jax.nn.log_sigmoid(jnp.ones((2, 128, N))) if OPTIONS[options][1] == "forget"
+             else SINK_N)
+  f = lambda q, k, v: _attend(options, "standard", q, k, v, learned, None, is_causal=True)
   text = jax.jit(jax.grad(lambda *a: f(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))
                  ).lower(q, k, v).compile().as_text()
   assert "__cudnn$fmha" not in text
-  want = _attend(options, "standard", q, k, v, SINK_N, "reference", is_causal=True)
+  want = _attend(options, "standard", q, k, v, learned, "reference", is_causal=True)
   np.testing.assert_allclose(f(q, k, v).astype(jnp.float32), want.astype(jnp.float32),
                              atol=0.05)

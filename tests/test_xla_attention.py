@@ -232,7 +232,9 @@ def test_softmax_without_options_is_unchanged():
 def test_bad_kernel_options():
   q, k, v = random_qkv()
   with pytest.raises(ValueError, match="normalizer must be one of"):
-    xla_attention.dot_product_attention(q, k, v, normalizer="relu")
+    xla_attention.dot_product_attention(q, k, v, normalizer="softmin")  # relu is one now
+  with pytest.raises(ValueError, match="log_forget_BTN needs causal self-attention"):
+    xla_attention.dot_product_attention(q, k, v, log_forget_BTN=jnp.zeros(q.shape[:3]))
   with pytest.raises(ValueError, match="return_lse needs normalizer='softmax'"):
     xla_attention.dot_product_attention(q, k, v, normalizer="sigmoid", return_lse=True)
 

@@ -4,8 +4,10 @@
 
 where (q', k', s_i, c_i) come from the scaling (`attnscale.scalings`) and only the
 keys visible to query i (mask, causality) take part. cap is the optional logit
-soft-cap c tanh(x / c); the normalizer is softmax (optionally with an attention
-sink: an extra exp(b) in the denominator) or sigmoid(l_ij - log n_i). Two
+soft-cap c tanh(x / c), and FoX's forget gate optionally adds D_ij = sum_{l=j+1}^{i}
+log f_l; the normalizer is softmax (optionally with an attention sink: an extra
+exp(b) in the denominator), sigmoid(l_ij - log n_i), or one of
+`attnscale.core.normalizers` (softpick, ReLU/L, stick-breaking). Two
 implementations:
 
 * "reference": plain einsums, the T x S logits materialised, softmax in float32 (or wider).
@@ -14,7 +16,8 @@ implementations:
   to the output, and one scale-1 kernel call, so one kernel serves every scaling:
   splash attention (`attnscale.core.splash_attention`, Pallas) on a TPU, cuDNN flash attention
   (`jax.nn.dot_product_attention`) on a GPU, `attnscale.core.xla_attention` elsewhere
-  and for what those cannot take (sigmoid everywhere; soft-cap and sink on cuDNN).
+  and for what those cannot take (every normaliser but softmax, and FoX's gate,
+  everywhere; soft-cap and sink on cuDNN).
 
 The kernel follows the platform the program is compiled *for*, not the host's:
 the device kind of the mesh the step is traced under
@@ -32,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from attnscale.core import fused as fused_lib
+from attnscale.core import normalizers as normalizers_lib
 from attnscale.core import scalings as scalings_lib
 from attnscale.core.fused import AttentionStats
 from attnscale.core.visibility import VisibleKeys, upcast
@@ -39,7 +43,7 @@ from attnscale.core.visibility import VisibleKeys, upcast
 Array = jax.Array
 
 IMPLEMENTATIONS = (None, "reference", "xla", "cudnn", "splash")
-NORMALIZERS = ("softmax", "sigmoid")
+NORMALIZERS = ("softmax", "sigmoid", *normalizers_lib.ROW_NORMALIZERS)
 
 
 def attention(q_BTNH: Array,
@@ -53,6 +57,7 @@ def attention(q_BTNH: Array,
               normalizer: str = "softmax",
               logit_softcap: float | None = None,
               sink: float | Array | None = None,
+              log_forget: Array | None = None,
               return_stats: bool = False) -> Array | tuple[Array, AttentionStats]:
   """Multi-head dot-product attention with the scaling `scale_fn`.
 
@@ -78,6 +83,12 @@ def attention(q_BTNH: Array,
       the number of keys query i sees, Ramapuram et al. 2024, "Theory,
       Analysis, and Best Practices for Sigmoid Self-Attention" (arXiv
       2409.04431). No row normalisation; the fused path runs it in the XLA kernel.
+      Or "softpick" (Zuhri et al. 2025, arXiv 2504.20966): relu(e^l_ij - 1) /
+      sum_k |e^l_ik - 1|; "relu" (Wortsman et al. 2023, arXiv 2309.08586):
+      relu(l_ij) / n_i; "stickbreaking" (Tan et al. 2025, arXiv 2410.17980):
+      sigmoid(l_ij) prod_{j<k<=i} (1 - sigmoid(l_ik)), causal only. Their
+      formulas, stable forms and sources: `attnscale.core.normalizers`. The
+      fused path runs them in the XLA kernel; splash and cuDNN have none.
     logit_softcap: c > 0: each scaled logit l -> c * tanh(l / c), so |l| <= c,
       before masking and the normalizer. Gemma Team 2024, "Gemma 2: Improving
       Open Language Models at a Practical Size" (arXiv 2408.00118; c = 50 for
@@ -91,6 +102,13 @@ def attention(q_BTNH: Array,
       sink is not a key: it changes no n_i and no scaling's sums. The fused
       path takes lse_i = log sum_j exp(l_ij) from the XLA kernel and multiplies
       its output by sum_j p_ij = sigmoid(lse_i - b). None = off.
+    log_forget: FoX's forget gate (Lin et al. 2025, "Forgetting Transformer",
+      arXiv 2503.02130): log f_t [batch, q_len, heads] (<= 0; a model computes
+      log sigmoid(w_h . x_t + b_h) per head, traced arrays welcome), for causal
+      self-attention (q_len = kv_len). Adds D_ij = sum_{l=j+1}^{i} log f_l to the
+      logit l_ij after the soft-cap, with any normalizer; only positions
+      j < l <= i enter query i's bias, so no future gate leaks. The fused path
+      builds D per causal block in the XLA kernel. None = off.
     return_stats: also return the `AttentionStats` of the call (each query's
       largest logit and entropy). The fused path takes them from the kernel:
       the XLA kernel's row max, log-sum-exp and weighted logit sum per causal
@@ -104,6 +122,8 @@ def attention(q_BTNH: Array,
   mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, implementation, normalizer)
   logit_softcap, sink = _check_options(q_BTNH.shape[2], implementation, normalizer,
                                        logit_softcap, sink)
+  log_forget = _check_forget(q_BTNH.shape, k_BSKH.shape[1], is_causal, implementation,
+                             normalizer, log_forget)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
@@ -122,11 +142,11 @@ def attention(q_BTNH: Array,
 
   if implementation == "reference":
     z_BTNH, stats = _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink,
-                               return_stats)
+                               return_stats, log_forget)
   else:
     z_BTNH, sink_BTN, stats = fused_lib.fused(q_BTNH_folded, k_BSKH_folded, v_BSKH, keys,
                                               implementation, normalizer, logit_softcap,
-                                              sink, return_stats)
+                                              sink, return_stats, log_forget)
     if sink_BTN is not None:
       out_scale_BTN = sink_BTN if out_scale_BTN is None else sink_BTN * fused_lib.broadcast(
           out_scale_BTN, sink_BTN.shape)
@@ -149,10 +169,11 @@ def attention_weights(q_BTNH: Array,
                       is_causal: bool = False,
                       normalizer: str = "softmax",
                       logit_softcap: float | None = None,
-                      sink: float | Array | None = None) -> tuple[Array, Array]:
+                      sink: float | Array | None = None,
+                      log_forget: Array | None = None) -> tuple[Array, Array]:
   """The reference path's logits and attention weights, for analysis.
 
-  `logit_softcap` and `sink` as in `attention`.
+  `logit_softcap`, `sink` and `log_forget` as in `attention`.
 
   Returns:
     (logits_BNTS, probs_BNTS), float32 (or wider): the scaled (and soft-capped)
@@ -164,19 +185,24 @@ def attention_weights(q_BTNH: Array,
   mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, "reference", normalizer)
   logit_softcap, sink = _check_options(q_BTNH.shape[2], "reference", normalizer,
                                        logit_softcap, sink)
+  log_forget = _check_forget(q_BTNH.shape, k_BSKH.shape[1], is_causal, "reference",
+                             normalizer, log_forget)
   B, T, N, _ = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
   scaled = (scale_fn or scalings_lib.Standard())(q_BTNH, k_BSKH, keys)
-  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink)
+  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink,
+                                            log_forget)
   return logits_BKGTS.reshape(B, N, T, S), p_BKGTS.reshape(B, N, T, S)
 
 
-def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False):
+def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False,
+               log_forget_BTN=None):
   """The definition: materialised logits, float32 normaliser, einsums; (z, stats or None)."""
   B, S, K, H = v_BSKH.shape
   T, N = keys.q_len, keys.num_heads
-  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink)
+  logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink,
+                                            log_forget_BTN)
   z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
   z_BTNH = z_BTKGH.reshape(B, T, N, H)
   if not return_stats:
@@ -188,7 +214,8 @@ def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_sta
                                 to_BTN(-plogp_BKGTS.sum(axis=-1)))
 
 
-def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None):
+def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None,
+                      log_forget_BTN=None):
   T, S, N, K = keys.q_len, keys.kv_len, keys.num_heads, keys.num_kv_heads
   G, H = N // K, scaled.q.shape[-1]
   # Group query heads by their key/value head: n = k * G + g.
@@ -199,6 +226,11 @@ def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None
   logits_BKGTS = logits_BKGTS * s_BKGT1
   if logit_softcap is not None:
     logits_BKGTS = jnp.tanh(logits_BKGTS / logit_softcap) * logit_softcap
+  if log_forget_BTN is not None:
+    # D_ij = c_i - c_j, c_i = sum_{l <= i} log f_l (FoX); the T x S matrix, as the logits.
+    c_BKGT = jnp.cumsum(upcast(log_forget_BTN), axis=1).reshape(-1, T, K, G).transpose(
+        0, 2, 3, 1)
+    logits_BKGTS = logits_BKGTS + (c_BKGT[..., :, None] - c_BKGT[..., None, :])
 
   visible_BNTS = jnp.ones((1, 1, T, S), bool)
   if keys.is_causal:
@@ -223,6 +255,8 @@ def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None
     if sink is not None:
       denom_BKGT1 = denom_BKGT1 + jnp.exp(sink_1KG11 - max_BKGT1)
     p_BKGTS = e_BKGTS / jnp.where(denom_BKGT1 > 0, denom_BKGT1, 1.0)
+  elif normalizer in normalizers_lib.ROW_NORMALIZERS:
+    p_BKGTS = normalizers_lib.weights(normalizer, logits_BKGTS, visible_BKGTS)
   else:
     n_BTN = jnp.broadcast_to(keys.count(), (B, T, N))
     log_n_BKGT1 = jnp.log(jnp.maximum(n_BTN, 1.0)).reshape(B, T, K, G).transpose(0, 2, 3, 1)
@@ -242,15 +276,15 @@ def _check_options(num_heads, implementation, normalizer, logit_softcap, sink):
     if implementation == "cudnn":
       raise ValueError("implementation='cudnn' cannot take logit_softcap (jax.nn's cuDNN "
                        "attention has no soft-cap): use None or 'xla'")
-  if normalizer == "sigmoid" and implementation in ("cudnn", "splash"):
+  if normalizer != "softmax" and implementation in ("cudnn", "splash"):
     kernel = {"cudnn": "cuDNN", "splash": "splash"}[implementation]
-    raise ValueError(f"normalizer='sigmoid' has no {kernel} kernel: implementation "
+    raise ValueError(f"normalizer={normalizer!r} has no {kernel} kernel: implementation "
                      f"must be None, 'xla' or 'reference', got {implementation!r}")
   if sink is None:
     return logit_softcap, None
   if normalizer != "softmax":
     raise ValueError(f"sink needs normalizer='softmax' (it adds exp(sink) to the softmax's "
-                     f"denominator; sigmoid has none), got {normalizer!r}")
+                     f"denominator; {normalizer} has none), got {normalizer!r}")
   sink = upcast(sink)
   if sink.shape not in ((), (num_heads,)):
     raise ValueError(f"sink must be a scalar or have shape [heads] = ({num_heads},), "
@@ -259,6 +293,27 @@ def _check_options(num_heads, implementation, normalizer, logit_softcap, sink):
     raise ValueError("implementation='cudnn' cannot take a sink (jax.nn's cuDNN attention "
                      "returns no log-sum-exp): use None or 'xla'")
   return logit_softcap, sink
+
+
+def _check_forget(q_shape, kv_len, is_causal, implementation, normalizer, log_forget):
+  """Validates FoX's log forget gate and stick-breaking's order; returns the gate or None."""
+  if normalizer in normalizers_lib.CAUSAL_ONLY and not is_causal:
+    raise ValueError(f"normalizer={normalizer!r} needs is_causal=True (it breaks the stick "
+                     f"from the nearest key back: bidirectional attention has no such order)")
+  if log_forget is None:
+    return None
+  B, T, N, _ = q_shape
+  log_forget = jnp.asarray(log_forget)
+  if log_forget.shape not in ((B, T, N), (1, T, N)):
+    raise ValueError(f"log_forget must have shape [batch, q_len, heads] = {[B, T, N]}, "
+                     f"got shape {tuple(log_forget.shape)}")
+  if not (is_causal and kv_len == T):
+    raise ValueError(f"log_forget needs causal self-attention (is_causal=True, q_len = "
+                     f"kv_len), got is_causal={is_causal}, q_len {T}, kv_len {kv_len}")
+  if implementation in ("cudnn", "splash"):
+    raise ValueError(f"implementation={implementation!r} cannot take log_forget (its kernel "
+                     f"takes no per-key bias): use None or 'xla'")
+  return log_forget
 
 
 def _check_inputs(q, k, v, mask, implementation, normalizer):

@@ -42,7 +42,10 @@ class AttentionStats(NamedTuple):
     w_i s_ij (w_i = sigmoid(lse_i - b) < 1, s_i the softmax over the keys):
     w_i H(s_i) - w_i log w_i, the sink's own weight left out. Sigmoid: of the
     unnormalised weights sigmoid(l_ij - log n_i) (no distribution, so only
-    comparable between sigmoid runs). 0 for a query that sees no key.
+    comparable between sigmoid runs); softpick, ReLU/L and stick-breaking
+    (`attnscale.core.normalizers`) likewise, of their weights, which sum to at
+    most 1 (ReLU/L: to anything). With FoX's gate, l_ij includes its bias D_ij.
+    0 for a query that sees no key.
   """
 
   max_logit_BTN: Array
@@ -78,7 +81,7 @@ def fold(scale_fn, q_BTNH, k_BSKH, keys, dtype):
 
 
 def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink,
-           return_stats=False):
+          return_stats=False, log_forget_BTN=None):
   """Calls a fused kernel with scale 1 on the folded q (`fold`); returns (z, sink factor,
   `AttentionStats` or None).
 
@@ -91,11 +94,12 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
   or where the kernel applied the sink itself). Stats (`return_stats`): from
   the XLA kernel itself, or for splash and cuDNN (which return no row max or
   weighted logit sum) from the XLA kernel run with an empty value head dim: its
-  logits and softmax again, no p @ v product, no gradient.
+  logits and softmax again, no p @ v product, no gradient. FoX's log forget
+  gate (`log_forget_BTN`, [B, T, N]) runs the XLA kernel, which builds its bias.
   """
   dtype = v_BSKH.dtype
   kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
-                      normalizer, logit_softcap, sink)
+                      normalizer, logit_softcap, sink, log_forget=log_forget_BTN is not None)
   z_BTNH = None
   if kernel == "splash":
     z_BTNH = _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink)
@@ -106,7 +110,8 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
       if implementation == "cudnn":
         raise
   if z_BTNH is None:
-    return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats)
+    return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats,
+                log_forget_BTN)
   if not return_stats:
     return z_BTNH, None, None
   # The stats-only pass: v with head dim 0 makes the kernel's p @ v empty.
@@ -131,16 +136,19 @@ def target_platform() -> str:
 
 
 def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
-               logit_softcap, sink) -> str:
+               logit_softcap, sink, log_forget: bool = False) -> str:
   """The fused kernel a call runs: "splash", "cudnn" or "xla" (see `fused`).
 
   None picks by `target_platform()`: splash on a TPU unless
   `splash_attention.unsupported_reason` names a reason; cuDNN on a GPU for
   bf16/fp16 softmax with no soft-cap and no sink (jax.nn neither takes a tanh
-  nor returns lse); the XLA kernel otherwise.
+  nor returns lse); the XLA kernel otherwise, and for FoX's forget gate
+  (`log_forget`: neither splash nor jax.nn takes a T x S bias built in the kernel).
   """
   if implementation in ("xla", "splash", "cudnn"):
     return implementation
+  if log_forget:
+    return "xla"
   platform = target_platform()
   # Splash takes a key (padding) mask [B|1, 1, 1, S] as segment ids; not a per-head
   # or per-query one.
@@ -233,7 +241,8 @@ def cpu_batch_chunk(q_shape, k_shape, is_causal: bool) -> int | None:
   return xla_attention.default_batch_chunk(B, N, T, k_shape[1])
 
 
-def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False):
+def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False,
+         log_forget_BTN=None):
   """The XLA kernel; returns (z, sink factor or None, `AttentionStats` or None)."""
   bias_BTN = None
   if normalizer == "sigmoid":
@@ -242,7 +251,8 @@ def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_s
     bias_BTN = -jnp.log(jnp.maximum(n_BTN, 1.0))
   out = xla_attention.dot_product_attention(
       q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
-      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, return_lse=sink is not None,
+      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, log_forget_BTN=log_forget_BTN,
+      return_lse=sink is not None,
       return_stats=return_stats,
       batch_chunk=cpu_batch_chunk(q_BTNH.shape, k_BSKH.shape, keys.is_causal))
   if sink is None and not return_stats:

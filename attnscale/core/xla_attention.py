@@ -35,6 +35,10 @@ Under sigmoid they get weight 0, selected after the sigmoid, so such a row is 0.
 Sigmoid has no row normalisation, so each causal block is complete on its own
 and its backward pass has no row reduction (FlashSigmoid's argument, Ramapuram
 et al. 2024).
+The other normalisers (`attnscale.core.normalizers`: softpick, ReLU/L,
+stick-breaking) normalise each row over its own visible keys, which a causal
+block holds whole, so they run blockwise as softmax does, by autodiff; FoX's
+forget gate (`log_forget_BTN`) adds its bias D_ij = c_i - c_j per block.
 
 The backward pass of plain softmax attention (no soft-cap, bias, lse or stats:
 what every scaling runs by default) is written by hand (`_softmax_attention`,
@@ -63,6 +67,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from attnscale.core import normalizers
+
 Array = jax.Array
 
 # Causal blocks: at least MIN_BLOCK_Q query rows each (2 CPU cores: T=128 ran
@@ -90,7 +96,7 @@ def causal_blocks(T: int, S: int, block_q: int) -> list[tuple[int, int, int]]:
   return [(t0, t1, min(t1, S)) for t0, t1 in zip(edges[:-1], edges[1:]) if t1 > t0]
 
 
-NORMALIZERS = ("softmax", "sigmoid")
+NORMALIZERS = ("softmax", "sigmoid", *normalizers.ROW_NORMALIZERS)
 
 
 def dot_product_attention(q_BTNH: Array,
@@ -103,6 +109,7 @@ def dot_product_attention(q_BTNH: Array,
                           normalizer: str = "softmax",
                           logit_softcap: float | None = None,
                           logit_bias_BTN: Array | None = None,
+                          log_forget_BTN: Array | None = None,
                           return_lse: bool = False,
                           return_stats: bool = False,
                           batch_chunk: int | None = None):
@@ -116,11 +123,17 @@ def dot_product_attention(q_BTNH: Array,
     is_causal: query i sees keys j <= i only.
     block_q: query rows per causal block (None: `default_block_q(T)`).
     normalizer: "softmax", or "sigmoid": p_ij = sigmoid(l_ij), each weight on
-      its own (no row sum), exactly 0 for an invisible key.
+      its own (no row sum), exactly 0 for an invisible key, or one of
+      `normalizers.ROW_NORMALIZERS` ("softpick", "relu", "stickbreaking"), each
+      row's weights from that row's visible logits (complete in every causal block).
     logit_softcap: c > 0: logits -> c * tanh(logits / c) before the bias and
       the mask (Gemma 2); None = off.
     logit_bias_BTN: float, [B|1, T, N]: b_i added to query i's logits (after
       the soft-cap); a softmax cancels it except in lse. None = 0.
+    log_forget_BTN: float, [B|1, T, N], causal self-attention only (T = S):
+      FoX's per-position log forget gate log f_t (Lin et al. 2025); adds
+      D_ij = sum_{l=j+1}^{i} log f_l to l_ij after the bias
+      (`normalizers.forget_bias`). None = off.
     return_lse: softmax only: also return lse_i = log sum_j exp(l_ij) over the
       visible keys, [B, T, N] in float32 (or wider). A query that sees no key
       gets about the dtype's lowest value (its sink factor sigmoid(lse - b) is 0).
@@ -128,7 +141,7 @@ def dot_product_attention(q_BTNH: Array,
       gradient: row_max_i = max_j l_ij over the visible keys (with the bias b_i;
       about the dtype's lowest value for a query that sees no key), and under
       softmax H_i = -sum_j p_ij log p_ij = lse_i - sum_j p_ij l_ij, under
-      sigmoid -sum_j p_ij log p_ij of the unnormalised weights. Both from each
+      any other normaliser -sum_j p_ij log p_ij of its weights. Both from each
       causal block's logits, which exist anyway: no T x S array beyond them.
     batch_chunk: rows of the batch per pass (`in_batch_chunks`: a `lax.map`
       over groups of rows, so one group's logits stay in cache; the CPU default
@@ -146,7 +159,7 @@ def dot_product_attention(q_BTNH: Array,
         dot_product_attention, is_causal=is_causal, block_q=block_q, normalizer=normalizer,
         logit_softcap=logit_softcap, return_lse=return_lse, return_stats=return_stats)
     return in_batch_chunks(kernel, batch_chunk, q_BTNH, k_BSKH, v_BSKH, mask_BNTS=mask_BNTS,
-                           logit_bias_BTN=logit_bias_BTN)
+                           logit_bias_BTN=logit_bias_BTN, log_forget_BTN=log_forget_BTN)
   if return_lse and normalizer != "softmax":
     raise ValueError(f"return_lse needs normalizer='softmax', got {normalizer!r}")
   B, T, N, H = q_BTNH.shape
@@ -155,8 +168,11 @@ def dot_product_attention(q_BTNH: Array,
   dtype = q_BTNH.dtype
   acc = jnp.promote_types(dtype, jnp.float32)  # accumulation and softmax precision
   block_q = block_q or default_block_q(T)
+  if log_forget_BTN is not None and not (is_causal and T == S):
+    raise ValueError(f"log_forget_BTN needs causal self-attention (is_causal=True, q_len = "
+                     f"kv_len), got is_causal={is_causal}, q_len {T}, kv_len {S}")
   if (normalizer == "softmax" and logit_softcap is None and logit_bias_BTN is None
-      and not (return_lse or return_stats)):
+      and log_forget_BTN is None and not (return_lse or return_stats)):
     return _softmax_attention(q_BTNH, k_BSKH, v_BSKH, mask_BNTS, is_causal, block_q)
   q_BKGTH, k_BKSH, v_BKSH, mask_BKGTS = _to_heads(q_BTNH, k_BSKH, v_BSKH, mask_BNTS)
   bias_BKGT1 = None
@@ -164,6 +180,10 @@ def dot_product_attention(q_BTNH: Array,
     bB = logit_bias_BTN.shape[0]
     bias_BKGT1 = (logit_bias_BTN.astype(acc).reshape(bB, T, K, G)
                   .transpose(0, 2, 3, 1)[..., None])
+  log_forget_BKGT = None
+  if log_forget_BTN is not None:
+    fB = log_forget_BTN.shape[0]
+    log_forget_BKGT = log_forget_BTN.reshape(fB, T, K, G).transpose(0, 2, 3, 1)
 
   z_blocks, lse_blocks, max_blocks, entropy_blocks = [], [], [], []
   for t0, t1, s1 in _blocks(T, S, block_q, is_causal):
@@ -172,8 +192,16 @@ def dot_product_attention(q_BTNH: Array,
       logits_BKGtS = jnp.tanh(logits_BKGtS / logit_softcap) * logit_softcap
     if bias_BKGT1 is not None:
       logits_BKGtS = logits_BKGtS + bias_BKGT1[:, :, :, t0:t1]
+    if log_forget_BKGT is not None:
+      logits_BKGtS = logits_BKGtS + normalizers.forget_bias(log_forget_BKGT, t0, t1, s1)
     visible = _block_visible(mask_BKGTS, is_causal, t0, t1, s1)
-    if normalizer == "sigmoid":
+    if normalizer in normalizers.ROW_NORMALIZERS:
+      p_BKGtS = normalizers.weights(normalizer, logits_BKGtS, visible)
+      if return_stats:
+        max_BKGt, entropy_BKGt = normalizers.row_stats(logits_BKGtS, p_BKGtS, visible)
+        max_blocks.append(max_BKGt)
+        entropy_blocks.append(entropy_BKGt)
+    elif normalizer == "sigmoid":
       # No row sum: a block is complete on its own. Invisible keys weigh exactly
       # 0 (selected after the sigmoid, so no "lowest value" can leak through).
       p_BKGtS = jax.nn.sigmoid(logits_BKGtS)
@@ -239,27 +267,29 @@ def _divisor_at_most(B: int, chunk: int) -> int:
 
 
 def in_batch_chunks(kernel, batch_chunk, q_BTNH, k_BSKH, v_BSKH, *, mask_BNTS=None,
-                    logit_bias_BTN=None):
-  """`kernel(q, k, v, mask, logit_bias_BTN=...)` over groups of c batch rows, c the
+                    logit_bias_BTN=None, log_forget_BTN=None):
+  """`kernel(q, k, v, mask, logit_bias_BTN=..., log_forget_BTN=...)` over groups of c
+  batch rows, c the
   largest divisor of B at most `batch_chunk`, one group a step of a `lax.map`;
   the outputs (any pytree of [B, ...] arrays) put back together as [B, ...].
 
   Each row's attention is its own, so this computes what one call computes; only
-  the products' shapes change (XLA may round them differently). A mask or bias
-  with a leading 1 (shared by every row) is passed whole to each group.
+  the products' shapes change (XLA may round them differently). A mask, bias or
+  log forget gate with a leading 1 (shared by every row) is passed whole to each group.
   """
   B = q_BTNH.shape[0]
   c = _divisor_at_most(B, batch_chunk)
   grouped = lambda x: x.reshape(B // c, c, *x.shape[1:])
   per_row = {"q": q_BTNH, "k": k_BSKH, "v": v_BSKH}
-  shared = {"mask": mask_BNTS, "bias": logit_bias_BTN}
-  for name in ("mask", "bias"):
+  shared = {"mask": mask_BNTS, "bias": logit_bias_BTN, "forget": log_forget_BTN}
+  for name in ("mask", "bias", "forget"):
     if shared[name] is not None and shared[name].shape[0] == B:
       per_row[name] = shared.pop(name)
 
   def group(xs):
     x = {**shared, **xs}
-    return kernel(x["q"], x["k"], x["v"], x.get("mask"), logit_bias_BTN=x.get("bias"))
+    return kernel(x["q"], x["k"], x["v"], x.get("mask"), logit_bias_BTN=x.get("bias"),
+                  log_forget_BTN=x.get("forget"))
 
   out = jax.lax.map(group, {name: grouped(x) for name, x in per_row.items()})
   return jax.tree.map(lambda x: x.reshape(B, *x.shape[2:]), out)
