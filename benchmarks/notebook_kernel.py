@@ -116,12 +116,11 @@ def main() -> None:
         workdir = os.path.join(tmp, f"{v.replace(' ', '_')}_{r}")
         results[v].append(run_variant(v, workdir, args))
         print(f"round {r + 1} | {v:16s} | {results[v][-1]:.2f} steps/s", flush=True)
-  cpus = os.cpu_count()
-  load = os.getloadavg() if hasattr(os, "getloadavg") else None
-  print(f"\ncpu preset, {args.steps} steps, {args.rounds} rounds; {platform.processor() or "
-        f"platform.machine()}, {cpus} CPUs; load average at the end "
-        f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}; {time.time() - start:.0f} s\n"
-        if load else "")
+  load = os.getloadavg()
+  where = platform.processor() or platform.machine()
+  print(f"\ncpu preset, {args.steps} steps, {args.rounds} rounds; {where}, {os.cpu_count()} "
+        f"CPUs; load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+        f"{time.time() - start:.0f} s\n")
   print("| " + " | ".join(VARIANTS) + " |")
   print("|" + "---|" * len(VARIANTS))
   print("| " + " | ".join(f"{statistics.median(results[v]):.2f}" for v in VARIANTS)
