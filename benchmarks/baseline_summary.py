@@ -59,6 +59,8 @@ def main() -> None:
   parser.add_argument("workdirs", nargs="+")
   parser.add_argument("--published", type=float, help="the baseline's published loss")
   parser.add_argument("--csv", help="also write the rows (and the mean row) here")
+  parser.add_argument("--curves", help="also write each run's validation estimates here "
+                      "(run, step, val_loss)")
   args = parser.parse_args()
   runs = [summarise(w) for w in args.workdirs]
   mean = {"run": "mean [95% t-interval]", "seed": "", "steps": "", "best_step": ""}
@@ -80,6 +82,14 @@ def main() -> None:
       writer.writeheader()
       for row in [*runs, mean]:
         writer.writerow({c: _fmt(row[c]) for c in COLUMNS})
+  if args.curves:
+    with open(args.curves, "w", newline="") as f:
+      writer = csv.writer(f)
+      writer.writerow(("run", "step", "val_loss"))
+      for workdir in args.workdirs:
+        name = os.path.basename(os.path.normpath(workdir))
+        writer.writerows((name, r["step"], f"{r['val/loss']:.4f}")
+                         for r in metrics_writer.read_rows(workdir) if "val/loss" in r)
 
 
 if __name__ == "__main__":

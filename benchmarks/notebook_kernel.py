@@ -11,9 +11,13 @@ plain one (`python -m ipykernel_launcher`, what "Python 3" starts) and
 `hostmem.kernel_spec()` (what `python -m attnscale.runtime.hostmem
 install-kernel` installs: the same with GLIBC_TUNABLES in its env), runs the
 same `train_and_evaluate` call in each, and runs train.py with the same config;
-rounds interleave the three. Steps/s: the run's own `train/steps_per_s` rows
-(compilation and evaluation excluded), the first interval dropped (warm-up), the
-mean of the rest; the table prints each round and the median. Needs
+rounds interleave the three. Per run: steps/s, the run's own
+`train/steps_per_s` rows (compilation and evaluation excluded) after the first
+(warm-up) interval, averaged; and the process's CPU time a step, user + system,
+from /proc between the metric rows of the first and the last logged step (the
+tunables save system time: page faults; and a process's own CPU time is far less
+disturbed than its wall time when other jobs share the cores). The table gives
+the median over the rounds. Needs Linux (/proc),
 jupyter_client and ipykernel (the `notebooks` or `test` extra) and the data
 (ATTNSCALE_DATA offline).
 """
@@ -22,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import queue
 import statistics
 import subprocess
 import sys
@@ -54,51 +60,92 @@ def overrides(steps: int, log_every: int) -> dict:
 
 def steps_per_s(workdir: str) -> float:
   """The mean of the run's steps/s rows after the first (warm-up) interval."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
-  speeds = [r["train/steps_per_s"] for r in rows if "train/steps_per_s" in r]
+  speeds = [r["train/steps_per_s"] for r in _rows(workdir) if "train/steps_per_s" in r]
   return statistics.mean(speeds[1:] or speeds)
 
 
-def run_kernel(spec: dict, code: str, timeout: float) -> None:
-  """Starts a Jupyter kernel from `spec` (a kernel.json dict), runs `code`, shuts it down."""
+def _rows(workdir: str) -> list[dict]:
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      return [json.loads(line) for line in f if line.endswith("\n")]
+  except OSError:
+    return []
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+  """(user, system) CPU seconds of process `pid` so far, all its threads (/proc/PID/stat)."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  tick = os.sysconf("SC_CLK_TCK")
+  return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def watch_cpu(pid: int, workdir: str, first: int, last: int, running) -> tuple[float, float]:
+  """CPU ms per step (user, system) of `pid` between the metric rows of steps `first`
+  and `last`: the process's own time, which other jobs on the machine disturb far
+  less than its wall time."""
+  marks = {}
+  while len(marks) < 2 and running():
+    logged = {r["step"] for r in _rows(workdir) if "train/loss" in r}
+    for step in (first, last):
+      if step in logged and step not in marks:
+        marks[step] = cpu_s(pid)
+    time.sleep(0.05)
+  if len(marks) < 2:
+    return math.nan, math.nan
+  return tuple(1e3 * (b - a) / (last - first) for a, b in zip(marks[first], marks[last]))
+
+
+def run_variant(variant: str, workdir: str, args) -> tuple[float, float, float]:
+  """(steps/s, user ms a step, system ms a step) of one run of `variant`."""
+  over = overrides(args.steps, args.log_every)
+  first, last = args.log_every, args.steps  # the first interval is warm-up
+  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}  # each sets its own
+  if variant == "train.py":
+    flags = [f"--config.{k}={v}" for k, v in over.items()]
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "--config=configs/shakespeare_char.py:preset=cpu",
+         f"--workdir={workdir}", *flags], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    user, system = watch_cpu(proc.pid, workdir, first, last, lambda: proc.poll() is None)
+    if proc.wait(args.timeout) != 0:
+      raise RuntimeError(f"train.py failed in {workdir}")
+    return steps_per_s(workdir), user, system
   from jupyter_client import KernelManager
   from jupyter_client.kernelspec import KernelSpecManager
+  spec = hostmem.kernel_spec() if variant == "attnscale kernel" else {
+      **hostmem.kernel_spec(), "env": {}}
   with tempfile.TemporaryDirectory() as kernels:
     os.makedirs(os.path.join(kernels, "bench"))
     with open(os.path.join(kernels, "bench", "kernel.json"), "w") as f:
       json.dump(spec, f)
     km = KernelManager(kernel_name="bench",
                        kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernels]))
-    # The kernel inherits this process's environment: drop the tunables it re-executed
-    # with, so that only the kernelspec's env decides.
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    km.start_kernel(env=env)
+    km.start_kernel(env=env, stderr=subprocess.DEVNULL)  # its start-up warnings
     try:
       kc = km.client()
       kc.start_channels()
       kc.wait_for_ready(timeout=120)
-      reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda msg: None)
+      msg_id = kc.execute(CELL.format(root=ROOT, overrides=over, workdir=workdir))
+      pid = km.provisioner.process.pid
+      replies = []
+
+      def running():
+        try:
+          replies.append(kc.get_shell_msg(timeout=0.01))
+        except queue.Empty:
+          pass
+        return not any(r["parent_header"].get("msg_id") == msg_id for r in replies)
+
+      user, system = watch_cpu(pid, workdir, first, last, running)
+      while running():
+        pass
+      reply = next(r for r in replies if r["parent_header"].get("msg_id") == msg_id)
       if reply["content"]["status"] != "ok":
         raise RuntimeError(f"the cell failed: {reply['content'].get('evalue')}")
       kc.stop_channels()
     finally:
       km.shutdown_kernel(now=True)
-
-
-def run_variant(variant: str, workdir: str, args) -> float:
-  over = overrides(args.steps, args.log_every)
-  if variant == "train.py":
-    flags = [f"--config.{k}={v}" for k, v in over.items()]
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}  # it sets its own
-    subprocess.run([sys.executable, "train.py", "--config=configs/shakespeare_char.py:preset=cpu",
-                    f"--workdir={workdir}", *flags], cwd=ROOT, env=env, check=True,
-                   stdout=subprocess.DEVNULL, timeout=args.timeout)
-  else:
-    spec = hostmem.kernel_spec() if variant == "attnscale kernel" else {
-        **hostmem.kernel_spec(), "env": {}}
-    run_kernel(spec, CELL.format(root=ROOT, overrides=over, workdir=workdir), args.timeout)
-  return steps_per_s(workdir)
+  return steps_per_s(workdir), user, system
 
 
 def main() -> None:
@@ -115,18 +162,21 @@ def main() -> None:
       for v in VARIANTS:
         workdir = os.path.join(tmp, f"{v.replace(' ', '_')}_{r}")
         results[v].append(run_variant(v, workdir, args))
-        print(f"round {r + 1} | {v:16s} | {results[v][-1]:.2f} steps/s", flush=True)
+        speed, user, system = results[v][-1]
+        print(f"round {r + 1} | {v:16s} | {speed:.2f} steps/s | CPU {user:.0f} + {system:.0f} "
+              "ms a step (user + sys)", flush=True)
   load = os.getloadavg()
   where = platform.processor() or platform.machine()
-  print(f"\ncpu preset, {args.steps} steps, {args.rounds} rounds; {where}, {os.cpu_count()} "
-        f"CPUs; load average at the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
-        f"{time.time() - start:.0f} s\n")
-  print("| " + " | ".join(VARIANTS) + " |")
-  print("|" + "---|" * len(VARIANTS))
-  print("| " + " | ".join(f"{statistics.median(results[v]):.2f}" for v in VARIANTS)
-        + " |  (steps/s, median of the rounds)")
-  print("| " + " | ".join(" ".join(f"{x:.2f}" for x in results[v]) for v in VARIANTS)
-        + " |  (each round)")
+  print(f"\ncpu preset, {args.steps} steps (the rows after step {args.log_every}), "
+        f"{args.rounds} rounds interleaved; {where}, {os.cpu_count()} CPUs; load average at "
+        f"the end {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; {time.time() - start:.0f} s\n")
+  print("| median of the rounds | " + " | ".join(VARIANTS) + " |")
+  print("|---|" + "---:|" * len(VARIANTS))
+  print("| steps/s (wall) | " + " | ".join(
+      f"{statistics.median(x[0] for x in results[v]):.2f}" for v in VARIANTS) + " |")
+  print("| CPU ms a step, user + sys | " + " | ".join(
+      f"{statistics.median(x[1] for x in results[v]):.0f} + "
+      f"{statistics.median(x[2] for x in results[v]):.0f}" for v in VARIANTS) + " |")
 
 
 if __name__ == "__main__":

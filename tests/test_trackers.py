@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from attnscale import testing
-from attnscale.runtime import configlib, trackers
+from attnscale.runtime import configlib, packing, trackers
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -223,3 +223,26 @@ def test_missing_or_failing_tracker_costs_one_warning_line_each(tfds_dir, tmp_pa
              for w in warnings)
   assert "Traceback" not in proc.stderr
   assert len(open(workdir / "metrics.jsonl").readlines()) >= 3  # trained and logged all along
+
+
+@pytest.mark.slow
+def test_a_packed_sweep_gives_each_point_its_own_run_grouped_by_sweep(tfds_dir, tmp_path):
+  pytest.importorskip("wandb")
+  sweep = tmp_path / "my_sweep"
+  runs = [{"config": "configs/shakespeare_char.py:preset=test",
+           "overrides": {"seed": seed, "num_train_steps": 6, "data_dir": tfds_dir,
+                         "loggers": "tensorboard,jsonl,wandb"},
+           "workdir": str(sweep / f"seed{seed}")} for seed in (0, 1)]
+  proc = subprocess.run(packing.command(runs, sys.executable), cwd=ROOT, capture_output=True,
+                        text=True, timeout=600,
+                        env=testing.subprocess_env(JAX_PLATFORMS="cpu", WANDB_MODE="offline",
+                                                   WANDB_SILENT="true"))
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  assert "warning: tracker" not in proc.stderr, proc.stderr
+  ids = [json.loads((sweep / f"seed{s}" / trackers.IDS_FILE).read_text())["wandb"]
+         for s in (0, 1)]
+  assert ids[0] != ids[1]
+  for seed, run_id in zip((0, 1), ids):
+    (piece,) = glob.glob(str(sweep / f"seed{seed}" / "wandb" / f"offline-run-*-{run_id}"))
+    data = open(os.path.join(piece, f"run-{run_id}.wandb"), "rb").read()
+    assert b"my_sweep" in data and f"seed{seed}".encode() in data and b"train/loss" in data
