@@ -55,6 +55,7 @@ from typing import Any
 BUILTIN = ("tensorboard", "jsonl")  # MetricsWriter's own sinks
 DEFAULT = "tensorboard,jsonl"
 IDS_FILE = "tracker_ids.json"
+EXTRAS = ("wandb", "trackio")  # trackers with a pyproject.toml extra of their name
 CLOSE_TIMEOUT_S = 60.0  # at the end of training: how long the last rows may take
 
 _REGISTRY: dict[str, type[Tracker]] = {}
@@ -225,8 +226,10 @@ class Sink:
                                             name=name, group=group, config=config)
         running[tracker_name] = tracker
       except Exception as e:  # ImportError, no login, no network, ...
+        hint = (f"; pip install -e '.[{tracker_name}]'"
+                if isinstance(e, ImportError) and tracker_name in EXTRAS else "")
         warn(f"tracker {tracker_name} could not start ({type(e).__name__}: "
-             f"{_one_line(e)}); training goes on without it")
+             f"{_one_line(e)}{hint}); training goes on without it")
     if running:
       with open(ids_path + ".tmp", "w") as f:
         json.dump(ids, f, indent=2)
