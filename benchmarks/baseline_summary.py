@@ -9,7 +9,8 @@ run: the final validation estimate (the last `val/loss` row: nanoGPT's
 estimate_loss, config.eval_batches random batches), the best one (nanoGPT
 prints each and keeps the best checkpoint), the whole validation split
 (eval.py), the sink rate (mean attention weight on the first key, averaged over
-layers; per layer in eval.json), and the training wall time (train/elapsed_s at
+layers; per layer in eval.json) and, where eval.py gives it, the share of sink
+heads (Gu et al.: first-key weight above 0.3), and the training wall time (train/elapsed_s at
 the end: compilation, evaluations and checkpoints included). Then the mean of
 each over the runs with its two-sided Student-t 95% interval
 (attnscale/experiments/stats.py).
@@ -42,10 +43,13 @@ def summarise(workdir: str) -> dict:
   with open(os.path.join(workdir, "config.json")) as f:
     seed = json.load(f)["seed"]
   sinks = [layer["sink_rate"] for layer in ev.get("attention", []) if "sink_rate" in layer]
+  # Gu et al.'s share of sink heads (first-key weight > 0.3), where eval.py gives it.
+  heads = [layer["sink_heads"] for layer in ev.get("attention", []) if "sink_heads" in layer]
   return {"run": os.path.basename(os.path.normpath(workdir)), "seed": seed,
           "steps": vals[-1][0], "val_estimate_final": vals[-1][1], "val_estimate_best": best,
           "best_step": best_step, "val_whole_split": ev["val_loss"],
           "sink_rate": sum(sinks) / len(sinks) if sinks else math.nan,
+          **({"sink_heads": sum(heads) / len(heads)} if heads else {}),
           "train_wall_s": elapsed[-1] if elapsed else math.nan}
 
 
@@ -63,25 +67,26 @@ def main() -> None:
                       "(run, step, val_loss)")
   args = parser.parse_args()
   runs = [summarise(w) for w in args.workdirs]
+  columns = COLUMNS + (("sink_heads",) if all("sink_heads" in r for r in runs) else ())
   mean = {"run": "mean [95% t-interval]", "seed": "", "steps": "", "best_step": ""}
   for key in ("val_estimate_final", "val_estimate_best", "val_whole_split", "sink_rate",
-              "train_wall_s"):
+              "train_wall_s", *columns[len(COLUMNS):]):
     iv = stats.mean_interval([r[key] for r in runs])
     mean[key] = (f"{_fmt(iv.mean)} [{_fmt(iv.lo)}, {_fmt(iv.hi)}]" if iv.n > 1
                  else _fmt(iv.mean))
-  print("| " + " | ".join(COLUMNS) + " |")
-  print("|" + "---|" * len(COLUMNS))
+  print("| " + " | ".join(columns) + " |")
+  print("|" + "---|" * len(columns))
   for row in [*runs, mean]:
-    print("| " + " | ".join(_fmt(row[c]) for c in COLUMNS) + " |")
+    print("| " + " | ".join(_fmt(row[c]) for c in columns) + " |")
   if args.published is not None:
-    print(f"| published | | | {args.published} | | | | | |")
+    print(f"| published | | | {args.published} |" + " |" * (len(columns) - 4))
   if args.csv:
     os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
     with open(args.csv, "w", newline="") as f:
-      writer = csv.DictWriter(f, COLUMNS)
+      writer = csv.DictWriter(f, columns)
       writer.writeheader()
       for row in [*runs, mean]:
-        writer.writerow({c: _fmt(row[c]) for c in COLUMNS})
+        writer.writerow({c: _fmt(row[c]) for c in columns})
   if args.curves:
     with open(args.curves, "w", newline="") as f:
       writer = csv.writer(f)
