@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # The checks only a GPU can make, in one short call (a lent machine's minutes are few):
+#   0. (`nanogpt`, first in the queue) the nanogpt preset, nanoGPT's shakespeare_char
+#      (one A100: best validation loss 1.4697), in bfloat16 as nanoGPT trains on a GPU and
+#      with its 200-batch estimate (eval_iters=200), then eval.py (whole split, sink rate)
+#      and benchmarks/baseline_summary.py's row beside 1.4697; $OUT/nanogpt/ keeps
+#      metrics.jsonl, config.json and eval.json (docs/getting-started.md's table);
 #   1. the attention and kernel tests on the GPU (cuDNN for every scaling, fused ==
 #      reference, causality, kernel options, precision, packing);
 #   2. benchmarks/attention.py in bfloat16: which kernel each scaling compiles to, time
@@ -90,6 +95,12 @@ run() {  # run STEP: one of the steps below
       tests/test_scalings.py tests/test_xla_attention.py tests/test_attention_options.py \
       tests/test_temperature_scalings.py tests/test_mixed_precision.py tests/test_precision.py \
       tests/test_packed.py ;;
+  nanogpt) rm -rf /tmp/nanogpt && mkdir -p "$OUT/nanogpt" && step $1 480 bash -c "$PY train.py \
+      --config=configs/shakespeare_char.py:preset=nanogpt --workdir=/tmp/nanogpt \
+      --config.model.dtype=bfloat16 --config.eval_batches=200 \
+      && $PY eval.py --workdir=/tmp/nanogpt \
+      && $PY benchmarks/baseline_summary.py --published 1.4697 /tmp/nanogpt"
+    cp /tmp/nanogpt/{metrics.jsonl,config.json,eval.json} "$OUT/nanogpt/" 2>/dev/null ;;
   attention) step $1 90 $PY benchmarks/attention.py --dtype bfloat16 --seq 1024,4096 --iters 5 ;;
   train) step $1 240 $PY benchmarks/train_throughput.py --sizes "${SIZES:-gpt2,nanogpt,cpu}" \
       --frameworks jax --dtype bfloat16 --rounds 3 --steps 10 ;;
@@ -111,10 +122,11 @@ run() {  # run STEP: one of the steps below
       && tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$OUT/raw" ;;
   sweep) step $1 150 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs "${PACKS:-1,8,32}" \
       --packs_jobs2= --steps 100 ;;
-  *) echo "unknown step $1 (tests_attention, tests_more, attention, train, dropout, sweep, finish)"; exit 2 ;;
+  *) echo "unknown step $1 (nanogpt, tests_attention, tests_more, attention, train, dropout, sweep, finish)"; exit 2 ;;
   esac
 }
-# The default order puts first what the 2026-11-26 session could not finish in its minutes.
-for s in "${@:-train sweep tests_attention tests_more attention}"; do
+# The default order puts first what has never run on a GPU (nanogpt, #64), then what the
+# 2026-11-26 session could not finish in its minutes.
+for s in "${@:-nanogpt train sweep tests_attention tests_more attention}"; do
   for one in $s; do run "$one"; done
 done

@@ -1,5 +1,7 @@
-"""hostmem: which glibc malloc tunables train.py re-executes with, and that it does."""
+"""hostmem: which glibc malloc tunables train.py re-executes with, and that it does;
+the notebook kernel that starts with them."""
 
+import json
 import os
 import subprocess
 import sys
@@ -89,3 +91,27 @@ def test_trim_hands_a_reused_heaps_free_pages_back():
   proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=120, check=True)
   assert int(proc.stdout.strip().splitlines()[-1]) > 200_000  # kB handed back
+
+
+def test_install_kernel_starts_a_kernel_with_the_tunables(linux_glibc, tmp_path):
+  """The notebook kernel (`python -m attnscale.runtime.hostmem install-kernel`): a
+  kernel Jupyter starts from its kernel.json has train.py's tunables set."""
+  jupyter_client = pytest.importorskip("jupyter_client")
+  from jupyter_client.kernelspec import KernelSpecManager
+  folder = hostmem.install_kernel(prefix=str(tmp_path))
+  reuse = hostmem.tunables_environ("reuse", environ={})["GLIBC_TUNABLES"]
+  with open(os.path.join(folder, "kernel.json")) as f:
+    assert json.load(f)["env"] == {"GLIBC_TUNABLES": reuse}
+  specs = KernelSpecManager(kernel_dirs=[os.path.dirname(folder)])
+  km = jupyter_client.KernelManager(kernel_name=hostmem.KERNEL_NAME, kernel_spec_manager=specs)
+  km.start_kernel()
+  try:
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    reply = kc.execute("import os; tunables = os.environ.get('GLIBC_TUNABLES')",
+                       user_expressions={"t": "tunables"}, reply=True, timeout=60)
+    assert reply["content"]["user_expressions"]["t"]["data"]["text/plain"] == repr(reuse)
+    kc.stop_channels()
+  finally:
+    km.shutdown_kernel(now=True)

@@ -35,7 +35,8 @@ MUON_LR_RULES = ("moonlight", "modded_nanogpt")
 # so changing it would change the finished steps' run (`train_lib.save_config`).
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
-                     "attn_metrics", "grad_accum_steps", "eval_tokens")
+                     "attn_metrics", "grad_accum_steps", "eval_tokens", "loggers",
+                     "profile_steps")
 
 
 def flat_diff(old: dict, new: dict, prefix: str = ""):
@@ -171,7 +172,8 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 # defaults, so an old config.json loads and resumes).
 ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0,
                                 "muon_lr_rule": "moonlight", "grad_accum_steps": 1,
-                                "muon_adam_lr_mult": 1.0, "muon_adam_lr_base_width": 0}
+                                "muon_adam_lr_mult": 1.0, "muon_adam_lr_base_width": 0,
+                                "loggers": "tensorboard,jsonl", "profile_steps": ""}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -294,6 +296,19 @@ def add_devices(c: ml_collections.ConfigDict) -> None:
   # Gradient accumulation: each step's batch_size rows in this many micro-batches run one
   # after another (activation memory / this); the loss and gradient are the one batch's.
   c.grad_accum_steps = 1
+  add_outputs(c)
+
+
+def add_outputs(c: ml_collections.ConfigDict) -> None:
+  """The fields every config shares for what a run writes besides checkpoints:
+  loggers (attnscale/runtime/trackers.py) and profile_steps (runtime/profiling.py)."""
+  # Where metrics go, comma-separated: tensorboard, jsonl (always: the run's record) and
+  # experiment trackers: wandb | trackio (optional extras; offline files, in the workdir or
+  # trackio's store). A tracker that cannot start costs one warning line, never the run.
+  c.loggers = "tensorboard,jsonl"
+  # "START:STOP": a jax.profiler trace of steps START+1..STOP into WORKDIR/tensorboard
+  # (TensorBoard's profile plugin, Perfetto); "" = off.
+  c.profile_steps = ""
 
 
 def add_optimizer(c: ml_collections.ConfigDict, *, learning_rate: float) -> None:
@@ -333,6 +348,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
   """
   # Imported here: configs import configlib without needing the data pipelines.
   from attnscale import tasks
+  from attnscale.runtime import profiling, trackers
   import_modules(config)  # the user's scalings, variants, tasks: before they are checked
   task_cls = tasks.task_class(config)
   check_choice("config.optimizer", config.optimizer, OPTIMIZERS)
@@ -360,6 +376,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
                      f"{num_devices} = {accum * num_devices}): each device's rows are split "
                      "into grad_accum_steps micro-batches")
   task_cls.validate_config(config)
+  trackers.parse(config.get("loggers", trackers.DEFAULT))
+  profiling.parse(config.get("profile_steps", ""), config.num_train_steps)
   cfg = model_config(config)  # every model field: ModelConfig's checks
   if config.optimizer == "muon" and (cfg.variant, cfg.parameterization) != ("standard", "sp"):
     raise ValueError(f"config.optimizer='muon' needs model.variant='standard' and "

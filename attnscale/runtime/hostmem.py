@@ -41,14 +41,26 @@ ATTNSCALE_MALLOC picks the setting:
 Nothing happens off Linux/glibc, when the kernel's THP mode is not "madvise" (with
 "always" pages are huge already; huge pages only: "reuse" still applies its
 other settings), or when GLIBC_TUNABLES is already set (the user's choice wins).
+
+A notebook kernel cannot re-execute itself, so a notebook that trains in its
+kernel runs on glibc's defaults (about 0.7x train.py's speed at `cpu`). This
+installs a Jupyter kernel that starts with the tunables set
+(docs/benchmarks.md, "Notebook kernels"):
+
+  python -m attnscale.runtime.hostmem install-kernel [--user] [--mode=reuse]
+
+then pick "Python (attnscale)" in JupyterLab (Kernel > Change Kernel).
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ctypes.util
+import json
 import os
 import sys
+import tempfile
 
 MODES = {
     "huge": "glibc.malloc.hugetlb=1",
@@ -129,3 +141,55 @@ def trim() -> None:
     _libc().malloc_trim(0)
   except (OSError, AttributeError):
     pass  # not glibc
+
+
+KERNEL_NAME = "attnscale"
+
+
+def kernel_spec(mode: str | None = None) -> dict:
+  """A Jupyter kernelspec (kernel.json) for this interpreter whose environment holds
+  the malloc tunables of `mode` (read when the kernel process starts, as in
+  `reexec_with_tunables`); without tunables to set, a plain ipykernel spec."""
+  spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+          "display_name": "Python (attnscale)", "language": "python",
+          "metadata": {"debugger": True}}
+  environ = tunables_environ(mode, environ={})
+  if environ is not None:
+    spec["env"] = {"GLIBC_TUNABLES": environ["GLIBC_TUNABLES"]}
+  return spec
+
+
+def install_kernel(*, user: bool = False, prefix: str | None = None,
+                   mode: str | None = None) -> str:
+  """Installs `kernel_spec(mode)` as the Jupyter kernel "attnscale"; returns its folder.
+
+  Default: into this environment (sys.prefix/share/jupyter/kernels), where a
+  `jupyter lab` of the same environment finds it; `user`: the user's kernels.
+  """
+  from jupyter_client.kernelspec import KernelSpecManager  # ipykernel's dependency
+  with tempfile.TemporaryDirectory() as folder:
+    with open(os.path.join(folder, "kernel.json"), "w") as f:
+      json.dump(kernel_spec(mode), f, indent=1)
+    return KernelSpecManager().install_kernel_spec(
+        folder, KERNEL_NAME, user=user, prefix=None if user else (prefix or sys.prefix))
+
+
+def main(argv: list[str]) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m attnscale.runtime.hostmem",
+      description="install-kernel: a Jupyter kernel that trains at train.py's speed")
+  parser.add_argument("command", choices=["install-kernel"])
+  parser.add_argument("--user", action="store_true", help="the user's kernels, not this env's")
+  parser.add_argument("--prefix", help="install under PREFIX/share/jupyter/kernels")
+  parser.add_argument("--mode", choices=list(MODES), help="default: ATTNSCALE_MALLOC or reuse")
+  args = parser.parse_args(argv)
+  folder = install_kernel(user=args.user, prefix=args.prefix, mode=args.mode)
+  env = kernel_spec(args.mode).get("env", {})
+  print(f"installed the Jupyter kernel {KERNEL_NAME!r} (\"Python (attnscale)\") in {folder}"
+        + (f" with GLIBC_TUNABLES={env['GLIBC_TUNABLES']}" if env else
+           " (no malloc tunables apply on this machine: a plain kernel)"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

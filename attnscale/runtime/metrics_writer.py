@@ -17,6 +17,8 @@ import time
 
 import jax
 
+from attnscale.runtime import trackers
+
 
 def _import_tensorboardx_without_torch():
   """Imports tensorboardX's record protos without PyTorch.
@@ -126,7 +128,8 @@ def drop_rows_after(path: str, step: int) -> int:
 
 
 class MetricsWriter:
-  """Writes scalars to WORKDIR/tensorboard (event files) and WORKDIR/metrics.jsonl.
+  """Writes scalars to WORKDIR/tensorboard (event files) and WORKDIR/metrics.jsonl,
+  and to the experiment trackers of the run's config.loggers (attnscale/runtime/trackers.py).
 
   Only process 0 writes: the values are global (already averaged over devices).
   Events are written synchronously (tensorboardX's record format, without its
@@ -156,10 +159,12 @@ class MetricsWriter:
       drop_rows_after(jsonl_path, resume_step)
       if glob.glob(os.path.join(tb_dir, "events.out.tfevents.*")):
         purge_step = resume_step + 1
-    os.makedirs(tb_dir, exist_ok=True)
+    loggers = trackers.workdir_loggers(workdir)  # config.loggers, from WORKDIR/config.json
+    self.trackers = trackers.Sink(workdir, loggers)
     # events.out.tfevents.<unix time>.<host>.<pid>: a rerun within the same second
     # gets its own file (the time and host alone would name the killed run's).
-    self.events = EventsWriter(os.path.join(tb_dir, "events"), f".{os.getpid()}")
+    self.events = (EventsWriter(_makedirs(tb_dir, "events"), f".{os.getpid()}")
+                   if "tensorboard" in loggers else _NoEvents())
     if purge_step is not None:
       self.events.write_event(event_pb2.Event(
           wall_time=time.time(), step=purge_step,
@@ -180,6 +185,7 @@ class MetricsWriter:
               tag=name, simple_value=float(value))])))
     self.jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
     self.jsonl.flush()
+    self.trackers.log(step, scalars)  # enqueued: a tracker never holds up the step
 
   def flush(self) -> None:
     """Puts every event and row written so far on disk (fsync), so that a
@@ -194,3 +200,22 @@ class MetricsWriter:
     if self.enabled:
       self.events.close()
       self.jsonl.close()
+      self.trackers.close()  # the summary; waits for the last rows (trackers.CLOSE_TIMEOUT_S)
+
+
+def _makedirs(folder: str, name: str) -> str:
+  os.makedirs(folder, exist_ok=True)
+  return os.path.join(folder, name)
+
+
+class _NoEvents:
+  """The events writer when config.loggers leaves out tensorboard."""
+
+  def write_event(self, event) -> None:
+    pass
+
+  def flush(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass

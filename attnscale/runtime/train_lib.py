@@ -49,6 +49,7 @@ from attnscale.runtime import (
   interrupts,
   metrics_writer,
   optimizers,
+  profiling,  # PROFILER (#64)
   provenance,
   run_lock,
 )
@@ -247,6 +248,7 @@ def _train(config, workdir, task, mesh, batch_sharding, tx, graphdef, state, sha
   try:
     with _Preemption(before_exit=lock.release) as preemption:
       while step < config.num_train_steps:
+        profiling.at_step(config, workdir, step, state)  # PROFILER (#64): config.profile_steps
         batch = global_batch(task.train_batch(step), batch_sharding)
         logged = log_step is not None and _logs(config, step + 1)
         if first_step:  # report compile time (target: < 10 s for the cpu preset)

@@ -1,0 +1,81 @@
+"""`config.profile_steps`: a jax.profiler trace of a few steps of a real run.
+
+  python train.py --config=configs/shakespeare_char.py:preset=cpu --workdir=runs/p \
+      --config.profile_steps=20:25
+
+traces steps 21 to 25 as the progress lines number them (the trace starts once
+START steps are done and stops when step STOP has finished on the device; 0:N
+includes the first step's compilation). The trace goes to
+WORKDIR/tensorboard/plugins/profile/<time>/ (`<host>.xplane.pb`, which
+TensorBoard's profile plugin and XProf read: `tensorboard --logdir
+WORKDIR/tensorboard`, Profile tab, trace viewer) with `<host>.trace.json.gz`
+beside it, a Chrome trace that ui.perfetto.dev opens. (Not jax's
+create_perfetto_trace: converting took two minutes of a `test`-preset run.) How to read it: docs/guides/training.md,
+"Profiling a few steps". "" (the default) traces nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+
+import jax
+
+# STOP < num_train_steps: the trace stops before the step after STOP, so one must follow.
+_FORM = "'START:STOP' with 0 <= START < STOP < config.num_train_steps (e.g. '20:25'), or ''"
+_active: dict[str, tuple[int, int, bool]] = {}  # workdir -> (start, stop, tracing)
+
+
+def parse(value, num_train_steps: int | None = None) -> tuple[int, int] | None:
+  """config.profile_steps as (start, stop), None for "" (off); a one-line
+  ValueError naming the field and the form for anything else."""
+  if value in ("", None):
+    return None
+  match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value) if isinstance(value, str) else None
+  start, stop = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+  if not match or start >= stop or (num_train_steps is not None and stop >= num_train_steps):
+    raise ValueError(f"config.profile_steps must be {_FORM}, got {value!r}")
+  return start, stop
+
+
+def trace_dir(workdir: str) -> str:
+  """Where the traces go: TensorBoard's profile plugin finds them under its logdir."""
+  return os.path.join(workdir, "tensorboard")
+
+
+def at_step(config, workdir: str, step: int, state) -> None:
+  """Called before each step of the training loop with the steps done so far:
+  starts the trace at START, stops it (after `state` is computed) at STOP."""
+  steps = parse(config.get("profile_steps", ""))
+  if steps is None or jax.process_index() != 0:
+    return
+  start, stop = steps
+  _, _, tracing = _active.get(workdir, (start, stop, False))
+  if not tracing and start <= step < stop and workdir not in _active:
+    jax.block_until_ready(state)  # the steps before START stay out of the trace
+    options = jax.profiler.ProfileOptions()
+    # No Python tracer: every Python call of the host loop would be an event (15 MB for
+    # five `test`-preset steps); XLA's ops and the host threads remain.
+    options.python_tracer_level = 0
+    jax.profiler.start_trace(trace_dir(workdir), profiler_options=options)
+    _active[workdir] = (start, stop, True)
+    print(f"profiling steps {step + 1}-{stop} into {trace_dir(workdir)}/plugins/profile",
+          flush=True)
+  elif tracing and step >= stop:
+    jax.block_until_ready(state)  # the traced steps' device work, to the end
+    _stop(workdir)
+
+
+def _stop(workdir: str) -> None:
+  jax.profiler.stop_trace()
+  _active[workdir] = (*_active[workdir][:2], False)
+
+
+@atexit.register
+def _stop_unfinished() -> None:
+  """A run that stopped inside the range (Ctrl-C, SIGTERM, an error): its trace is still
+  written."""
+  for workdir, (_, _, tracing) in list(_active.items()):
+    if tracing:
+      _stop(workdir)
