@@ -23,6 +23,8 @@ OPTIONS = {
     "softpick": dict(normalizer="softpick"),
     "relu": dict(normalizer="relu"),
     "stickbreaking": dict(normalizer="stickbreaking"),
+    "forget_gate": dict(forget_gate=True),  # FoX
+    "forget_gate_relu": dict(forget_gate=True, normalizer="relu"),
     "depth_complete_p": dict(depth_alpha=1.0, base_depth=1),  # branches x 1/2 (model-level)
     "all": dict(logit_softcap=2.0, sink="learned", attn_gate="headwise", positions="rope"),
 }
@@ -66,8 +68,12 @@ def test_no_future_leak(option, scaling):
   assert np.all(np.asarray(g_BTD[:, t:]) == 0)
 
 
-# Stick-breaking is causal only (no order to break the stick in): no encoder.
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o not in ("all", "stickbreaking")])
+# Stick-breaking and FoX are causal only (no order to break the stick in or to decay
+# along): no encoder.
+CAUSAL_ONLY = ("all", "stickbreaking", "forget_gate", "forget_gate_relu")
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o not in CAUSAL_ONLY])
 def test_encoder_sees_no_padding(option):
   m = model(option, causal=False)
   tokens = np.random.default_rng(1).integers(0, V, (2, 16)).astype(np.int32)
@@ -100,6 +106,10 @@ def test_options_change_the_model_and_learned_parameters_get_gradients():
     attn = grads["blocks"][i]["attn"]
     assert np.all(np.asarray(jax.tree.leaves(attn["sink_logit"])[0]) != 0)
     assert np.any(np.asarray(jax.tree.leaves(attn["gate_proj"])[0]) != 0)
+  grads = nnx.grad(lambda m: jnp.mean(m(tokens) ** 2))(model("forget_gate"))
+  for i in range(2):  # FoX's projection and bias both learn
+    assert all(np.any(np.asarray(g) != 0)
+               for g in jax.tree.leaves(grads["blocks"][i]["attn"]["forget_proj"]))
 
 
 def test_softcap_bounds_the_logits_the_diagnostics_see():
@@ -128,3 +138,25 @@ def test_one_line_errors():
   with pytest.raises(ValueError, match="model.attn_gate='headwise' is not available in "
                                        "model.variant='unit'"):
     ModelConfig(variant="unit", scaling="fully_scaled", attn_gate="headwise")
+  with pytest.raises(ValueError, match="model.forget_gate=True needs model.causal=True"):
+    ModelConfig(forget_gate=True, causal=False)
+  with pytest.raises(ValueError, match="model.normalizer='stickbreaking' needs "
+                                       "model.causal=True"):
+    ModelConfig(normalizer="stickbreaking", causal=False)
+  with pytest.raises(ValueError, match="model.forget_gate=True is not available in "
+                                       "model.variant='unit'"):
+    ModelConfig(variant="unit", scaling="fully_scaled", forget_gate=True)
+
+
+def test_the_forget_gate_decays_attention_with_distance():
+  """FoX with the gate's bias pushed far negative (f about 0): every query attends to
+  itself alone, so the logits equal those of a model whose attention is the identity."""
+  m = model("forget_gate")
+  for block in m.blocks:
+    block.attn.forget_proj.bias[...] = jnp.full((2,), -30.0)
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, V, (2, 16)).astype(np.int32))
+  call = m.blocks[0].attention_call(m.embed_tokens(tokens))
+  from attnscale.core.attention import attention_weights
+  _, probs_BNTS = attention_weights(call.q_BTNH, call.k_BSKH, mask=None, **call.options())
+  np.testing.assert_allclose(np.asarray(probs_BNTS), np.broadcast_to(np.eye(16), probs_BNTS.shape),
+                             atol=1e-6)

@@ -49,6 +49,7 @@ class AttentionCall(NamedTuple):
   normalizer: str
   logit_softcap: float | None = None  # c: logits -> c tanh(logits / c)
   sink: Array | float | None = None  # the sink logit b (per head [N], or 0.0 = off-by-one)
+  log_forget: Array | None = None  # FoX's log f_t [B, T, N] (model.forget_gate), else None
 
   def options(self) -> dict[str, Any]:
     """The keyword arguments of `attention` besides q, k, v and the mask (the
@@ -59,6 +60,8 @@ class AttentionCall(NamedTuple):
       options["logit_softcap"] = self.logit_softcap
     if self.sink is not None:
       options["sink"] = self.sink
+    if self.log_forget is not None:
+      options["log_forget"] = self.log_forget
     return options
 
 
@@ -121,8 +124,9 @@ class AttentionLayer(nnx.Module):
   The options every variant shares live here: the scaling's parameters, rotary
   positions, the logit soft-cap and the attention sink (`model.sink`: "zero" is
   the off-by-one softmax, "learned" one sink logit per head, initialised to 0,
-  gpt-oss). An output gate (`model.attn_gate`) needs a projection, so a variant
-  that offers one implements `gate_logits`.
+  gpt-oss). An output gate (`model.attn_gate`) and FoX's forget gate
+  (`model.forget_gate`) need projections, so a variant that offers them implements
+  `gate_logits` and `forget_logits`.
   """
 
   # Set by `attention_stats` on a model merged for one step: sow this layer's stats.
@@ -145,6 +149,24 @@ class AttentionLayer(nnx.Module):
     """Output gate logits [B, T, N, 1] (headwise) or [B, T, N, H] (elementwise):
     z * sigmoid(x W_g) (Qiu et al. 2025). Variants with a gate override this."""
     raise NotImplementedError(f"{type(self).__name__} has no output gate")
+
+  def forget_logits(self, x_BTD: Array) -> Array:
+    """FoX's forget-gate logits [B, T, N], x_t w + b (`model.forget_gate`). Variants
+    with the gate override this."""
+    raise NotImplementedError(f"{type(self).__name__} has no forget gate")
+
+  def log_forget(self, x_BTD: Array) -> Array | None:
+    """log f_t = log sigmoid(x_t w + b) [B, T, N] in float32, or None without the gate.
+
+    The Forgetting Transformer (Lin et al., ICLR 2025, arXiv 2503.02130): query i's
+    logit on key j gains sum_{l=j+1..i} log f_l <= 0, a data-dependent decay with the
+    distance back (the kernel builds it from the cumulative sum,
+    `attnscale.core.attention`). As the authors' layer: a [D, N] projection with a
+    bias, the weights at the hidden init and the bias at 0 (f about 1/2 at init).
+    """
+    if not self.cfg.forget_gate:
+      return None
+    return jax.nn.log_sigmoid(self.forget_logits(x_BTD).astype(jnp.float32))
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
     """q [B, T, N, H], k and v [B, T, K, H]: what the scaling sees."""
@@ -172,7 +194,8 @@ class AttentionLayer(nnx.Module):
       q_BTNH = positions_lib.rope(q_BTNH, positions_T, self.cfg.rope_base)
       k_BTKH = positions_lib.rope(k_BTKH, positions_T, self.cfg.rope_base)
     return AttentionCall(q_BTNH, k_BTKH, v_BTKH, self.scale_fn(), self.cfg.causal,
-                         self.cfg.normalizer, self.cfg.logit_softcap or None, self.sink())
+                         self.cfg.normalizer, self.cfg.logit_softcap or None, self.sink(),
+                         self.log_forget(x_BTD))
 
   def __call__(self, x_BTD: Array, mask: Array | None = None) -> Array:
     B, T, D = x_BTD.shape

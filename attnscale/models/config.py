@@ -128,6 +128,9 @@ class ModelConfig:
       "none", "none | zero (off-by-one softmax) | learned (a sink logit per head)")
   attn_gate: str = field(
       "none", "none | headwise | elementwise: output * sigmoid(x W_g) (gated attention)")
+  forget_gate: bool = field(
+      False, "FoX (Lin et al. 2025): a learned per-head forget gate f_t = sigmoid(x_t w + b); "
+      "logits_ij + sum_{l=j+1..i} log f_l, any normaliser; causal only")
   positions: str = field(
       "learned", "learned (absolute table) | rope (rotary on q, k) | none (NoPE; causal only)")
   rope_base: float = field(10000.0, "rotary frequency base (positions=rope)")
@@ -187,6 +190,12 @@ class ModelConfig:
                        f"adds to the softmax's denominator), got {self.normalizer!r}")
     if self.attn_gate not in GATES:
       raise ValueError(f"model.attn_gate must be one of {list(GATES)}, got {self.attn_gate!r}")
+    if self.forget_gate and not self.causal:
+      raise ValueError("model.forget_gate=True needs model.causal=True: FoX's gate decays "
+                       "with the distance back in time, which a bidirectional encoder has not")
+    if self.normalizer == "stickbreaking" and not self.causal:
+      raise ValueError("model.normalizer='stickbreaking' needs model.causal=True: the stick "
+                       "breaks from the nearest earlier key back, an order an encoder has not")
     if self.positions not in POSITIONS:
       raise ValueError(f"model.positions must be one of {list(POSITIONS)}, "
                        f"got {self.positions!r}")

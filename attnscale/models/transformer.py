@@ -76,6 +76,10 @@ class Attention(base.AttentionLayer):
     # The output gate's projection: one logit per head or per output element.
     gate_out = {"none": 0, "headwise": N, "elementwise": N * H}[cfg.attn_gate]
     self.gate_proj = dense(gate_out, std) if gate_out else None
+    # FoX's forget gate: one logit per head, with a bias (at 0, as the authors' layer).
+    self.forget_proj = (layers.Dense(D, N, use_bias=True, kernel_init=_normal(std),
+                                     dtype=jnp.float32, rngs=rngs)
+                        if cfg.forget_gate else None)
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
     """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm)."""
@@ -97,6 +101,9 @@ class Attention(base.AttentionLayer):
   def gate_logits(self, x_BTD: Array) -> Array:
     B, T, _ = x_BTD.shape
     return self.gate_proj(x_BTD).reshape(B, T, self.cfg.num_heads, -1)
+
+  def forget_logits(self, x_BTD: Array) -> Array:
+    return self.forget_proj(x_BTD.astype(jnp.float32))  # [B, T, N]
 
 
 class MLP(nnx.Module):

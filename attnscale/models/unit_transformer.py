@@ -285,6 +285,10 @@ class UnitScaledTransformer(base.Model):
       raise ValueError(f"model.attn_gate={cfg.attn_gate!r} is not available in "
                        "model.variant='unit' (a sigmoid gate halves the unit-scale output "
                        "and has no unit-scaling rule here yet): use model.attn_gate='none'")
+    if cfg.forget_gate:
+      raise ValueError("model.forget_gate=True is not available in model.variant='unit' "
+                       "(its decay shrinks the unit-scale output and has no unit-scaling "
+                       "rule here yet): use model.variant='standard'")
     if cfg.unit.residual_rule not in RESIDUAL_RULES:
       raise ValueError(f"model.unit.residual_rule must be one of {list(RESIDUAL_RULES)}, "
                        f"got {cfg.unit.residual_rule!r}")

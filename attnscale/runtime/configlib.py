@@ -261,6 +261,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += f"+sink_{m.sink}"
   if m.get("attn_gate", "none") != "none":
     label += f"+gate_{m.attn_gate}"
+  if m.get("forget_gate", False):
+    label += "+fox"
   if m.get("parameterization", "sp") != "sp":
     label += f"+{m.parameterization}"
   for name in ("mup_output_mult", "mup_attn_mult"):  # muP's base multipliers
