@@ -44,13 +44,13 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(holders.multihost)  # before anything starts JAX's backend
-  from attnscale.runtime import train_lib
+  from attnscale.runtime import interrupts, loop, train_lib
   try:
     train_lib.train_and_evaluate(holders.config.value, holders.workdir.value,
                                  force_lock=holders.force_lock.value)
-  except (ValueError, FileNotFoundError, train_lib.NonFiniteLossError) as e:
+  except (ValueError, FileNotFoundError, loop.NonFiniteLossError) as e:
     cli.fail(str(e))
-  except train_lib.Interrupted:  # Ctrl-C: saved, and said where
+  except interrupts.Interrupted:  # Ctrl-C: saved, and said where
     sys.exit(130)
   except KeyboardInterrupt:  # Ctrl-C outside the loop's handler (start-up, the last save)
     cli.stop_after_early_ctrl_c("from the last checkpoint on disk")

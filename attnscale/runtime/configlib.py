@@ -306,8 +306,9 @@ def add_attention_health(c: ml_collections.ConfigDict) -> None:
   c.qk_clip = 0.0
 
 
-def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
-  """Checks the fields train.py relies on; raises a one-line ValueError.
+def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> ModelConfig:
+  """Checks the fields train.py relies on; raises a one-line ValueError. Returns
+  `model_config(config)`, which the checks build (`run_config.read` keeps it).
 
   First imports `config.imports` (`import_modules`). The generic fields here; the
   task's own (its dataset names, the masked LM's rates, ...) in its
@@ -373,6 +374,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
                      f"({config.model.block_size}), the training context length (and "
                      "the learned position table's)")
+  return cfg
 
 
 def mesh_shape(config: ml_collections.ConfigDict | None, num_devices: int) -> tuple[int, int]:
