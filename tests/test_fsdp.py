@@ -108,7 +108,7 @@ def run(name, **overrides):
 def restore(workdir, step, **overrides):
   c = config(**overrides)
   _, state, shardings = ts.create_state(c, ts.make_mesh(c))
-  checkpoints = ts.Checkpoints(workdir, c.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(workdir, c.keep_checkpoints)
   try:
     return jax.tree.map(np.asarray, jax.device_get(checkpoints.restore(state, shardings, step)))
   finally:

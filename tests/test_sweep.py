@@ -331,7 +331,6 @@ def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
   """configs/bert_small_sweeps.py: each point of both sweeps' first stage, and of
   the band stage once stage 1 has run, is a config train.py accepts."""
   from attnscale.runtime import configlib
-  from attnscale.runtime import train_state as ts
   from configs import bert_small, bert_small_sweeps
   assert bert_small_sweeps.CONFIG == "bert_small.py"
   assert list(bert_small_sweeps.SWEEPS) == ["bert", "bert_test"]
@@ -341,7 +340,7 @@ def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
       config = bert_small.get_config(point.arg)
       config.update_from_flattened_dict(dict(point.overrides))
       configlib.validate(config)
-      ts.model_config(config)
+      configlib.model_config(config)
 
   points = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert")
   check(points)

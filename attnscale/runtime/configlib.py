@@ -31,7 +31,7 @@ MUON_LR_RULES = ("moonlight", "modded_nanogpt")
 # modules live; "grad_accum_steps": the same batch in other micro-batches, so the
 # same losses within float rounding, dropout masks aside). num_train_steps joins
 # them only under a constant learning rate: it is the length of the cosine decay,
-# so changing it would change the finished steps' run (`train_lib.save_config`).
+# so changing it would change the finished steps' run (`rundir.save_config`).
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
                      "attn_metrics", "grad_accum_steps", "eval_tokens")
