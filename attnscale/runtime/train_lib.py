@@ -34,6 +34,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import ml_collections
 
@@ -101,6 +103,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   # Before the workdir: a parameter that config.mesh.fsdp cannot split fails here.
   graphdef, state, shardings = ts.create_state(run, mesh)
   slot = loop.Slot(run, workdir, task)
+  os.makedirs(workdir, exist_ok=True)
   with rundir.workdir_lock(workdir, force_lock) as lock:
     rundir.save_config(config, workdir)
     try:
