@@ -54,13 +54,12 @@ def learning_rate_schedule(config, hparams) -> optax.Schedule:
 MOONLIGHT_RMS = 0.2
 
 
-def build(run: run_config.RunConfig, hparams=None) -> Optimizer:
+def build(run: run_config.RunConfig, hparams) -> Optimizer:
   """The run's optimizer: Adam, AdamW or Muon on the schedule, clipping, muP's multipliers.
 
-  `hparams`: the traced fields' values (default `run.hparams`, the config's numbers;
-  a packed step passes its arrays, and its optimizer state has the same layout).
+  `hparams`: the traced fields' values: `run.hparams` (the config's numbers), or a
+  packed step's arrays (its optimizer state has the same layout).
   """
-  hparams = run.hparams if hparams is None else hparams
   config, cfg = run.config, run.model
   schedule = learning_rate_schedule(config, hparams)
   # optax's default epsilon; the depth rule scales it (mup.adam_eps_mult, 1 otherwise).
@@ -81,9 +80,10 @@ def build(run: run_config.RunConfig, hparams=None) -> Optimizer:
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """`build(run_config.of(config)).tx`: the transformation alone, for callers that
-  hold a ConfigDict (a test, a benchmark) or need only the optimizer state's layout."""
-  return build(run_config.of(config)).tx
+  """The transformation alone, at the config's own numbers, for callers that hold a
+  ConfigDict (a test, a benchmark) or need only the optimizer state's layout."""
+  run = run_config.of(config)
+  return build(run, run.hparams).tx
 
 
 def _decay_mask(params):

@@ -247,10 +247,10 @@ def state_shapes(run) -> State:
 def init_fn(run):
   """The function that returns the initial train state (to jit): `init()` from
   the run's seed, `init(seed)` from another (a packed sweep vmaps it over its seeds).
-  The optimizer state is `optimizers.build(run)`'s (its layout does not depend on
-  the traced values)."""
+  The optimizer state is `optimizers.build`'s at the run's own numbers (its layout
+  does not depend on the traced values)."""
   run = run_config.of(run)
-  tx = optimizers.build(run).tx
+  tx = optimizers.build(run, run.hparams).tx
 
   def init(seed=None):
     graphdef, params = nnx.split(init_model(run, seed), nnx.Param)
