@@ -1,7 +1,8 @@
 r"""Packed training: K runs that share every shape, trained in one vmapped program.
 
     train_packed(configs, workdirs, pack_size=K)
-    python -m attnscale.runtime.packed --pack_size=K --runs='[{"config": "configs/shakespeare_char.py:preset=test",
+    python -m attnscale.runtime.packed --pack_size=K \
+        --runs='[{"config": "configs/shakespeare_char.py:preset=test",
         "overrides": {"learning_rate": 0.004, "seed": 1}, "workdir": "runs/a"}, ...]'
 
 (the command `sweep.py --pack=K` starts for each pack: `packing.command`).

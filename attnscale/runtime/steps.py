@@ -6,8 +6,8 @@
     global_batch(local_batch, sharding)
     evaluate_sums(eval_step, params, batches, sharding) / evaluate(...)
 
-The training loop's programs (`train_lib`, `packed`) and evaluation (`eval_lib`) build on this
-module, so evaluating a checkpoint never imports the loop. A step is a pure
+The training loop's programs (`train_lib`, `packed`) and evaluation (`eval_lib`)
+build on this module, so evaluating a checkpoint never imports the loop. A step is a pure
 function of (state, batch): dropout randomness is a function of (seed, step)
 (`dropout_key`) and the data of `step` comes from the task, so a restored state
 continues exactly where the saved one stopped.

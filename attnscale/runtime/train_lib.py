@@ -116,9 +116,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
       processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
       fsdp = f", fsdp {mesh.shape['fsdp']}" if mesh.shape["fsdp"] > 1 else ""
-      rundir.log(f"{config.task} | {configlib.run_label(config)} | {num_params / 1e6:.2f}M params | "
-                 f"{jax.device_count()} devices{processes} ({jax.devices()[0].platform}{fsdp}) | "
-                 f"workdir {workdir}")
+      rundir.log(f"{config.task} | {configlib.run_label(config)} | "
+                 f"{num_params / 1e6:.2f}M params | {jax.device_count()} devices{processes} "
+                 f"({jax.devices()[0].platform}{fsdp}) | workdir {workdir}")
       loop.train(program, [slot], state, release=lock.release)
     finally:
       slot.close()
