@@ -50,10 +50,11 @@ def test_print_commands_gives_one_line_per_point_or_pack(tmp_path):
                     f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.125 "
                     "--config.learning_rate=0.125")
   # By default (configs/sweeps.py: 8 at graphcore_cpu) each scaling's 10 rates
-  # train as a pack of 8 and one of 2.
+  # train as a pack of 8 and one of 2, padded to 8.
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        check=True).stdout.splitlines()
-  assert len(out) == 10 and all("-m attnscale.runtime.packed '--runs=[" in line for line in out)
+  assert len(out) == 10 and all("-m attnscale.runtime.packed --pack_size=8 '--runs=[" in line
+                                for line in out)
   assert not os.listdir(tmp_path)  # printing runs nothing
 
 
