@@ -4,7 +4,7 @@
     python benchmarks/attn_metrics.py --rounds 9 --steps 20
     python benchmarks/attn_metrics.py --preset graphcore_cpu --qk_clip 30
 
-The train step `train.py` runs (`train_lib.make_train_step`), at a preset of
+The train step `train.py` runs (`steps.make_train_step`), at a preset of
 configs/shakespeare_char.py, built three ways: attn_metrics off (the program
 train.py runs on every step it does not log), on (the per-layer max logit and
 entropy from the fused kernel: the program of a logged step), and on with QK-clip

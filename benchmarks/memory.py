@@ -48,15 +48,14 @@ def measure(name: str, fsdp: int) -> dict:
   config = shakespeare_char.get_config(arg)
   config.update_from_flattened_dict({**overrides, "mesh.fsdp": fsdp})
   mesh = ts.make_mesh(config)
-  tx = ts.make_optimizer(config)
-  shapes = ts.state_shapes(config, tx)
+  shapes = ts.state_shapes(config)
   shardings = ts.state_shardings(shapes, mesh)
 
   def device_bytes(tree, tree_shardings):
     return sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
                for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(tree_shardings)))
 
-  compiled = jax.jit(ts.init_fn(config, tx), out_shardings=shardings).lower().compile()
+  compiled = jax.jit(ts.init_fn(config), out_shardings=shardings).lower().compile()
   stats = compiled.memory_analysis()
   rest = {k: v for k, v in shapes.items() if k not in ("params", "opt_state")}
   return {

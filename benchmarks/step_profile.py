@@ -7,7 +7,7 @@
     python benchmarks/step_profile.py --set model.positions=learned --by op
 
 Builds the program `train.py` runs on the steps it does not log
-(`train_lib.make_train_step`, attention metrics off unless QK-clip needs them),
+(`steps.make_train_step`, attention metrics off unless QK-clip needs them),
 runs --steps steps under `jax.profiler.trace`, and reads the trace back
 (`jax.profiler.ProfileData`): every op the executable ran, with its time. Each op
 is mapped to the Python line that made it through the optimized HLO's stack

@@ -9,7 +9,7 @@
 Sizes: `cpu` (the cpu preset: 4 layers, width 128, 4 heads, block 128, batch
 32), `nanogpt` (6 x 384, 6 heads, block 256, batch 64) and `gpt2` (GPT-2 small's
 body: 12 x 768, 12 heads, block 1024, batch 16; for a GPU). The JAX side is the
-train step `train.py` runs (`train_lib.make_train_step`, scaling `standard`,
+train step `train.py` runs (`steps.make_train_step`, scaling `standard`,
 dropout off on both sides; the program of the steps it does not log, so without
 the attention metrics, which the PyTorch twin does not compute either); the PyTorch side is `torch_reference.py` (same
 shapes, init, AdamW and clipping; eager, or torch.compile). Both get the same
@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 from attnscale import tasks
-from attnscale.runtime import hostmem, train_lib  # noqa: E402
+from attnscale.runtime import hostmem, steps  # noqa: E402
 from attnscale.runtime import train_state as ts  # noqa: E402
 from configs import shakespeare_char  # noqa: E402
 
@@ -93,16 +93,15 @@ def unlogged_step(config, batches_np):
   """(step_fn, state, batches): the program train.py runs on the steps it does not
   log, its initial state and the batches on the mesh. With attn_metrics on and
   QK-clip off, the attention statistics (about 10% of a step) only run on logged
-  steps, in a second program (train_lib._train); the PyTorch twin computes none."""
+  steps, in a second program (attnscale/runtime/loop.py); the PyTorch twin computes none."""
   mesh = ts.make_mesh()
   batch_sharding = NamedSharding(mesh, P("data"))
-  tx = ts.make_optimizer(config)  # one optimizer, as train_lib builds it
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
+  graphdef, state, shardings = ts.create_state(config, mesh)
   task = tasks.get_task(config)
-  step_fn = train_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
+  step_fn = steps.make_train_step(graphdef, task, config, shardings, batch_sharding,
                                       attn_metrics=False if config.get("qk_clip", 0.0) == 0
                                       else None)
-  return step_fn, state, [train_lib.global_batch(b, batch_sharding) for b in batches_np]
+  return step_fn, state, [steps.global_batch(b, batch_sharding) for b in batches_np]
 
 
 def jax_runner(config, batches_np):

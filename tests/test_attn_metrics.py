@@ -166,11 +166,9 @@ def test_remat_logs_the_same_stats(remat):
     config = shakespeare_char.get_config("preset=test")
     config.update_from_flattened_dict({"model.dropout": 0.0, "remat": remat})
     mesh = ts.make_mesh(config)
-    tx = ts.make_optimizer(config)
-    graphdef, state, shardings = ts.create_state(config, mesh, tx)
+    graphdef, state, shardings = ts.create_state(config, mesh)
     task = tasks.task_class(config).without_data(config)
-    step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh),
-                                 tx=tx)
+    step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh))
     tokens = jax.random.randint(jax.random.key(1), (8, 33), 0, 65)
     return step(state, {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})[1]
 

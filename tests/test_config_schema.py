@@ -16,7 +16,7 @@ from flax import nnx
 from attnscale import models
 from attnscale.core import scalings
 from attnscale.models import ModelConfig, UnitConfig
-from attnscale.runtime import cli, config_reference, configlib, train_lib
+from attnscale.runtime import cli, config_reference, configlib, rundir
 from configs import bert_small, gpt2, shakespeare_char
 
 
@@ -138,10 +138,10 @@ def test_a_run_saved_with_qk_layernorm_loads_resumes_and_keeps_its_label(tmp_pat
   # Resuming: train.py compares today's config with the saved one.
   with open(tmp_path / "config.json", "w") as f:
     json.dump(old, f)
-  train_lib.save_config(config, str(tmp_path))
+  rundir.save_config(config, str(tmp_path))
   config.model.qk_norm = "rmsnorm"
   with pytest.raises(ValueError, match="model.qk_norm: 'layernorm' -> 'rmsnorm'"):
-    train_lib.save_config(config, str(tmp_path))
+    rundir.save_config(config, str(tmp_path))
 
 
 def test_qk_layernorm_was_renamed_in_one_line():

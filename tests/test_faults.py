@@ -24,8 +24,8 @@ from attnscale import testing
 from attnscale.evaluation import eval_lib
 from attnscale.experiments import sweeps
 from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import metrics_writer, run_lock, train_lib
-from attnscale.runtime import train_state as ts
 from attnscale.runtime.interrupts import SECOND_CTRL_C
 
 # Checkpoints at 100, 200 and 300 (the preset keeps 3); ~100 steps/s with a row each.
@@ -157,14 +157,14 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
 _CTRL_C_WHILE_COMPILING = r"""
 import contextlib, os, runpy, sys, threading, time
 import jax, jax.numpy as jnp
-from attnscale.runtime import train_lib
+from attnscale.runtime import rundir
 
 def long_program(x):
   for i in range(300):
     x = jnp.tanh(x @ x.T) + jnp.sin(x) * i
   return x
 
-the_lock = train_lib._workdir_lock
+the_lock = rundir.workdir_lock
 
 @contextlib.contextmanager
 def compiling_then_ctrl_c(workdir, *args, **kwargs):
@@ -176,7 +176,7 @@ def compiling_then_ctrl_c(workdir, *args, **kwargs):
     raise KeyboardInterrupt
     yield lock  # never reached: it makes this a generator, as contextmanager needs
 
-train_lib._workdir_lock = compiling_then_ctrl_c
+rundir.workdir_lock = compiling_then_ctrl_c
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -235,12 +235,12 @@ def test_damaged_newest_checkpoint_is_set_aside_and_rerun_equals_uninterrupted_r
 
   # train.py: resumes from the previous checkpoint; the damaged one is kept, moved.
   output = finish(start(workdir, log), log)
-  kept = os.path.join(workdir, ts.DAMAGED_DIR, str(NUM_STEPS))
+  kept = os.path.join(workdir, ckpt.DAMAGED_DIR, str(NUM_STEPS))
   assert lines_starting(output, "warning:") == [
       f"warning: checkpoint {NUM_STEPS} in {workdir}/checkpoints cannot be read "
       f"(FAILED_PRECONDITION: Error reading local file \"{newest}/default/_sharding\": "
       f"Invalid JSON); resuming from step {previous}; the damaged files are kept in "
-      f"{workdir}/{ts.DAMAGED_DIR}"]
+      f"{workdir}/{ckpt.DAMAGED_DIR}"]
   assert f"resumed from {workdir} at step {previous}" in output
   assert testing.snapshot(kept) == damaged  # nothing deleted, byte for byte
   assert_same_run(workdir, uninterrupted)

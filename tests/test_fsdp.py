@@ -84,6 +84,7 @@ def test_bad_mesh_is_a_one_line_error_naming_the_field(data, fsdp, message):
 _EIGHT_DEVICES = r"""
 import json, os, shutil, sys
 import jax, numpy as np
+from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import train_lib
 from attnscale.runtime import train_state as ts
 from configs import bert_small, shakespeare_char
@@ -108,7 +109,7 @@ def run(name, **overrides):
 def restore(workdir, step, **overrides):
   c = config(**overrides)
   _, state, shardings = ts.create_state(c, ts.make_mesh(c))
-  checkpoints = ts.Checkpoints(workdir, c.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(workdir, c.keep_checkpoints)
   try:
     return jax.tree.map(np.asarray, jax.device_get(checkpoints.restore(state, shardings, step)))
   finally:

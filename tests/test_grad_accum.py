@@ -19,11 +19,9 @@ def _one_step(accum_steps, batch):
                                      "grad_accum_steps": accum_steps})
   configlib.validate(config, num_devices=jax.device_count())
   mesh = ts.make_mesh(config)
-  tx = ts.make_optimizer(config)
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
+  graphdef, state, shardings = ts.create_state(config, mesh)
   task = tasks.task_class(config).without_data(config)
-  step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh),
-                               tx=tx)
+  step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh))
   state, metrics = step(state, batch)
   return jax.device_get((metrics, state["params"]))
 

@@ -21,7 +21,6 @@ from attnscale.data import mlm, tokenizer
 from attnscale.evaluation import eval_lib
 from attnscale.models import ModelConfig
 from attnscale.runtime import configlib, train_lib
-from attnscale.runtime import train_state as ts
 from attnscale.testing import SCALING_CASES
 from configs import bert_small
 
@@ -271,7 +270,7 @@ def test_presets_validate():
     for scaling in ("standard", "unit_scaled"):
       config = bert_small.get_config(f"preset={preset},scaling={scaling}")
       configlib.validate(config)
-      ts.model_config(config)
+      configlib.model_config(config)
   unit = bert_small.get_config("scaling=unit_scaled").model
   assert (unit.variant, unit.scaling, unit.ln_position, unit.head) == (
       "unit", "fully_scaled", "pre", "lm")
@@ -302,7 +301,7 @@ def test_bad_model_values(overrides, message):
   config = bert_small.get_config("preset=test")
   config.update_from_flattened_dict(overrides)
   with pytest.raises(ValueError, match=re.escape(message)):
-    ts.model_config(config)
+    configlib.model_config(config)
 
 
 def test_bad_config_argument():

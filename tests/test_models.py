@@ -15,6 +15,7 @@ import attnscale
 from attnscale import models
 from attnscale.core import scalings
 from attnscale.core.scalings import Learned, Scaled
+from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import configlib, train_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
@@ -62,7 +63,7 @@ def test_learned_scaling_from_outside_trains_end_to_end(tmp_path, tfds_dir):
   # Every layer got its own per-head parameter, and training moved it.
   graphdef, state, shardings = ts.create_state(config, ts.make_mesh())
   init = nnx.merge(graphdef, state["params"])
-  checkpoints = ts.Checkpoints(str(tmp_path), config.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(str(tmp_path), config.keep_checkpoints)
   trained = nnx.merge(graphdef, checkpoints.restore(state, shardings)["params"])
   checkpoints.close()
   for before, after in zip(init.blocks, trained.blocks):
@@ -185,7 +186,7 @@ def test_threefry_kernel_gives_the_same_initial_state_on_gpu():
   GPT-2 small on an H200); the parameters it draws are the fused lowering's, bit
   for bit."""
   config = shakespeare_char.get_config("preset=test")
-  init = ts.init_fn(config, ts.make_optimizer(config))
+  init = ts.init_fn(config)
   fused = jax.device_get(jax.jit(init)())
   with ts.threefry_kernel_on_gpu():
     kernel = jax.device_get(jax.jit(init)())

@@ -36,6 +36,7 @@ import pytest
 from attnscale import testing
 from attnscale.evaluation import eval_lib
 from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import metrics_writer, provenance, train_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
@@ -391,7 +392,7 @@ process_id, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
 import ml_collections
 from jax.experimental import multihost_utils
-from attnscale.runtime import steps, train_lib, train_state as ts
+from attnscale.runtime import checkpoints as ckpt, interrupts, steps, train_state as ts
 
 # fsdp over all 4 devices of both processes; the batch over them too.
 mesh = ts.make_mesh(ml_collections.ConfigDict({"mesh": {"data": 1, "fsdp": -1}}))
@@ -406,11 +407,11 @@ abstract = {"w": jax.ShapeDtypeStruct((6, 4), jnp.float32),
 shardings = ts.state_shardings(abstract, mesh)
 state = jax.jit(lambda: {"w": jnp.arange(24.0).reshape(6, 4), "g": jnp.ones(6)},
                 out_shardings=shardings)()
-checkpoints = ts.Checkpoints(workdir, keep=1)
+checkpoints = ckpt.Checkpoints(workdir, keep=1)
 checkpoints.save(7, state)
 checkpoints.close()
 
-with train_lib._Preemption() as preemption:
+with interrupts.Preemption() as preemption:
   # Said once the handlers are in place: a signal the test sends on reading it
   # must find them (before, a Ctrl-C was Python's KeyboardInterrupt and process 1
   # died alone, leaving process 0 at its sync point until the test's limit).
@@ -464,7 +465,7 @@ def test_two_processes_rows_checkpoint_and_preemption(tmp_path, signum):
   # Both processes' shards make one checkpoint, which restores here on 1 device.
   mesh = ts.make_mesh()
   template = {"w": jax.numpy.zeros((6, 4)), "g": jax.numpy.zeros(6)}
-  checkpoints = ts.Checkpoints(workdir, keep=1)
+  checkpoints = ckpt.Checkpoints(workdir, keep=1)
   try:
     restored = jax.device_get(checkpoints.restore(
         template, ts.state_shardings(template, mesh)))
@@ -484,23 +485,23 @@ process_id, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cannot = [int(i) for i in sys.argv[4].split(",")]
 jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
 import ml_collections
-from attnscale.runtime import train_state as ts
+from attnscale.runtime import checkpoints as ckpt, train_state as ts
 
 mesh = ts.make_mesh(ml_collections.ConfigDict({"mesh": {"data": 1, "fsdp": -1}}))
 abstract = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
 shardings = ts.state_shardings(abstract, mesh)
-checkpoints = ts.Checkpoints(workdir, keep=2)
+checkpoints = ckpt.Checkpoints(workdir, keep=2)
 for step in (5, 7):
   checkpoints.save(step, jax.jit(lambda s=step: {"w": jnp.full((8, 4), float(s))},
                                  out_shardings=shardings)())
 checkpoints.manager.wait_until_finished()
 if process_id in cannot:
-  restore = ts.Checkpoints.restore
+  restore = ckpt.Checkpoints.restore
   def restore_but_7(self, state, shardings, step=None, **kwargs):
     if step == 7:
-      raise ts.DamagedCheckpointError(self.directory, 7, "simulated")
+      raise ckpt.DamagedCheckpointError(self.directory, 7, "simulated")
     return restore(self, state, shardings, step, **kwargs)
-  ts.Checkpoints.restore = restore_but_7
+  ckpt.Checkpoints.restore = restore_but_7
 try:
   state, step, damaged = checkpoints.restore_newest_intact(abstract, shardings)
   shard = np.asarray(state["w"].addressable_shards[0].data)

@@ -11,7 +11,7 @@ import pytest
 
 from attnscale import tasks, testing
 from attnscale.models import ModelConfig, mup
-from attnscale.runtime import configlib, train_lib
+from attnscale.runtime import configlib, optimizers, train_lib
 from attnscale.runtime import steps as steps_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
@@ -70,9 +70,8 @@ def losses(config, steps):
   task = tasks.get_task(config)
   mesh = ts.make_mesh(config)
   batch_sharding = ts.batch_sharding(mesh)
-  tx = ts.make_optimizer(config)
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
-  step_fn = steps_lib.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
+  graphdef, state, shardings = ts.create_state(config, mesh)
+  step_fn = steps_lib.make_train_step(graphdef, task, config, shardings, batch_sharding,
                                       attn_metrics=False)
   out = []
   for step in range(steps):
@@ -163,7 +162,7 @@ def test_mup_init_and_learning_rates(tfds_dir):
   assert float(np.std(model.blocks[0].attn.out_proj.kernel[...])) == pytest.approx(
       std / 2, rel=0.02)
   assert float(np.std(model.embed.embedding[...])) == pytest.approx(0.02, rel=0.05)
-  tx = ts.make_optimizer(config)
+  tx = optimizers.make_optimizer(config)
   params = {"up": {"kernel": np.ones((2, 2), np.float32)}, "embedding": np.ones((2,), np.float32)}
   grads = jax.tree.map(np.ones_like, params)
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -176,7 +175,7 @@ def test_mup_weight_decay_takes_the_group_learning_rate(tfds_dir):
   config = make_config(tfds_dir, "preset=test", **{"model.parameterization": "mup",
                                                    "model.width": 128, "grad_clip": 0.0,
                                                    "warmup_steps": 0, "lr_schedule": "constant"})
-  tx = ts.make_optimizer(config)
+  tx = optimizers.make_optimizer(config)
   params = {"up": {"kernel": np.ones((2, 2), np.float32)}}
   zero = jax.tree.map(np.zeros_like, params)
   updates, _ = tx.update(zero, tx.init(params), params)  # no gradient: the decay alone
@@ -267,7 +266,7 @@ def test_depth_rule_multiplies_each_branch(tfds_dir):
                              rtol=1e-5, atol=1e-6)
   std = float(np.std(model.blocks[0].mlp.down.kernel[...]))
   assert std == pytest.approx(0.02 / np.sqrt(2), rel=0.05)
-  tx = ts.make_optimizer(config)
+  tx = optimizers.make_optimizer(config)
   params = {"w": np.zeros((1,), np.float32)}
   g = {"w": np.full((1,), 1e-8, np.float32)}  # |g| = eps: Adam's step is lr g / (|g| + eps')
   updates, _ = tx.update(g, tx.init(params), params)

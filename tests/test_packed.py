@@ -23,7 +23,15 @@ from attnscale import testing
 from attnscale.evaluation import eval_lib
 from attnscale.experiments import sweeps
 from attnscale.experiments.sweeps import Point, checkpoint_steps
-from attnscale.runtime import metrics_writer, packing, run_lock, train_lib
+from attnscale.runtime import (
+  metric_keys,
+  metrics_writer,
+  packing,
+  provenance,
+  run_lock,
+  train_lib,
+)
+from attnscale.runtime import packed as packed_lib
 
 CONFIG = os.path.join(testing.ROOT, "configs", "shakespeare_char.py")
 NUM_STEPS, CHECKPOINT_EVERY = 40, 10
@@ -192,8 +200,43 @@ def test_which_runs_pack_together():
 
 def test_print_commands_packs_the_points(tfds_dir, tmp_path):
   lines = sweeps.shell_commands(CONFIG, points(tfds_dir), str(tmp_path), pack=3)
-  assert len(lines) == 2 and "-m attnscale.runtime.packed" in lines[0]
-  runs = json.loads(lines[0].split("--runs=", 1)[1].strip("'"))
+  assert len(lines) == 2 and all("-m attnscale.runtime.packed" in line for line in lines)
+  runs = json.loads(lines[0].split("--runs=", 1)[1].split(" && ")[0].strip("'"))
   assert [r["workdir"] for r in runs] == [os.path.join(str(tmp_path), p.name)
                                           for p in points(tfds_dir)[:3]]
-  assert "train.py" in lines[1]  # a pack of one is an ordinary train.py run
+  # The short last pack trains at the sweep's K too: one run and two padding slots.
+  assert all("--pack_size=3" in line for line in lines)
+  assert "train.py" not in lines[1]
+  assert "train.py" in sweeps.shell_commands(CONFIG, points(tfds_dir), str(tmp_path),
+                                             pack=1)[0]
+
+
+IDENTITY_STEPS = 6
+
+
+@pytest.mark.slow  # two packed compilations: ~40 s on 2 cores
+def test_a_point_is_the_same_run_with_other_pack_mates(tfds_dir, env, tmp_path):
+  """One point in two packs of K = 3, with other pack-mates (the second pack short,
+  padded): bit-identical metrics; each run's provenance records K and its slot."""
+  def config(lr, seed):
+    return packing.load_config(f"{CONFIG}:preset=test,seed={seed}", {
+        "learning_rate": lr, "num_train_steps": IDENTITY_STEPS, "log_every": 1,
+        "eval_every": IDENTITY_STEPS, "checkpoint_every": IDENTITY_STEPS,
+        "data_dir": tfds_dir})
+  point = (2.0**-8, 0)
+  first = [tmp_path / "a" / n for n in ("point", "b", "c")]
+  packed_lib.train_packed([config(*point), config(2.0**-6, 1), config(2.0**-7, 2)],
+                      [str(d) for d in first])
+  second = [tmp_path / "b" / n for n in ("point", "d")]
+  results = packed_lib.train_packed([config(*point), config(2.0**-5, 3)],
+                                [str(d) for d in second], pack_size=3)
+  assert [r["status"] for r in results] == ["done", "done"]
+  timing = (metric_keys.ELAPSED_S, metric_keys.STEPS_PER_S, metric_keys.TOKENS_PER_S)
+  strip = lambda rows: [{k: v for k, v in r.items() if k not in timing} for r in rows]
+  a, b = (strip(metrics_writer.read_rows(str(d))) for d in (first[0], second[0]))
+  assert len(a) == IDENTITY_STEPS + 1 and a == b  # every row equal, to the last bit
+  assert strip(metrics_writer.read_rows(str(first[1]))) != a  # the pack-mates differ
+  records = [provenance.read(str(d))[-1] for d in (*first, *second)]
+  assert [(r["pack_size"], r["slot"]) for r in records] == [(3, 0), (3, 1), (3, 2),
+                                                            (3, 0), (3, 1)]
+  assert records[3]["pack"] == [os.path.abspath(d) for d in second]  # padding is no run

@@ -26,10 +26,9 @@ def _run(config, tau):
   """One train step from the initial state: (state before, state after, metrics, batch)."""
   config.qk_clip = tau
   mesh = ts.make_mesh(config)
-  tx = ts.make_optimizer(config)
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
+  graphdef, state, shardings = ts.create_state(config, mesh)
   task = tasks.task_class(config).without_data(config)
-  step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh), tx=tx)
+  step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh))
   tokens = jax.random.randint(jax.random.key(1), (config.batch_size, config.seq_len + 1), 0, 65)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
   before = jax.tree.map(jnp.copy, state)

@@ -8,18 +8,16 @@ import numpy as np
 import pytest
 
 from attnscale import tasks
-from attnscale.runtime import steps
+from attnscale.runtime import configlib, steps
 from attnscale.runtime import train_state as ts
 from configs import bert_small, shakespeare_char
 
 
 def _one_step(config):
   mesh = ts.make_mesh(config)
-  tx = ts.make_optimizer(config)
-  graphdef, state, shardings = ts.create_state(config, mesh, tx)
+  graphdef, state, shardings = ts.create_state(config, mesh)
   task = tasks.get_task(config)
-  step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh),
-                               tx=tx)
+  step = steps.make_train_step(graphdef, task, config, shardings, ts.batch_sharding(mesh))
   state, metrics = step(state, steps.global_batch(task.train_batch(0),
                                                   ts.batch_sharding(mesh)))
   return jax.device_get((metrics["loss"], metrics["grad_norm"], state["params"]))
@@ -45,4 +43,4 @@ def test_bad_remat_is_one_line():
   config = shakespeare_char.get_config("preset=test")
   config.remat = "some"
   with pytest.raises(ValueError, match=r"config.remat must be one of \['none', 'full', 'dots'\]"):
-    ts.model_config(config)
+    configlib.model_config(config)

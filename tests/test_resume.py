@@ -23,6 +23,7 @@ from tensorboardX.proto import event_pb2
 
 from attnscale import testing
 from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import metrics_writer
 from attnscale.runtime import train_state as ts
 
@@ -240,7 +241,7 @@ def test_checkpoint_from_before_the_loss_window_restores(tmp_path):
   state, shardings = _tiny_state()
   _save_raw(str(tmp_path), 7, {"step": jnp.int32(7), "params": {"w": jnp.ones(3)},
                                "opt_state": {"mu": jnp.full(3, 2.0)}})
-  checkpoints = ts.Checkpoints(str(tmp_path), keep=3)
+  checkpoints = ckpt.Checkpoints(str(tmp_path), keep=3)
   try:
     restored = jax.device_get(checkpoints.restore(state, shardings))
   finally:
@@ -255,7 +256,7 @@ def test_checkpoint_of_another_layout_is_a_one_line_error(tmp_path):
   state, shardings = _tiny_state()
   _save_raw(str(tmp_path), 7, {"step": jnp.int32(7), "params": {"w": jnp.ones(3)},
                                "ema": {"w": jnp.ones(3)}})
-  checkpoints = ts.Checkpoints(str(tmp_path), keep=3)
+  checkpoints = ckpt.Checkpoints(str(tmp_path), keep=3)
   try:
     with pytest.raises(ValueError) as info:
       checkpoints.restore(state, shardings)

@@ -49,11 +49,12 @@ def test_print_commands_gives_one_line_per_point_or_pack(tmp_path):
   assert out[0] == (f"python train.py --config={CONFIG}:preset=graphcore_cpu,scaling=standard,"
                     f"seed=0 --workdir={tmp_path}/graphcore_cpu-standard-0-lr0.125 "
                     "--config.learning_rate=0.125")
-  # By default (configs/shakespeare_char_sweeps.py: 8 at graphcore_cpu) each scaling's 10 rates
-  # train as a pack of 8 and one of 2.
+  # By default (configs/shakespeare_char_sweeps.py: 8 at graphcore_cpu) each scaling's 10
+  # rates train as a pack of 8 and one of 2, padded to 8.
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        check=True).stdout.splitlines()
-  assert len(out) == 10 and all("-m attnscale.runtime.packed '--runs=[" in line for line in out)
+  assert len(out) == 10 and all("-m attnscale.runtime.packed --pack_size=8 '--runs=[" in line
+                                for line in out)
   assert not os.listdir(tmp_path)  # printing runs nothing
 
 
@@ -341,7 +342,6 @@ def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
   """configs/bert_small_sweeps.py: each point of both sweeps' first stage, and of
   the band stage once stage 1 has run, is a config train.py accepts."""
   from attnscale.runtime import configlib
-  from attnscale.runtime import train_state as ts
   from configs import bert_small, bert_small_sweeps
   assert bert_small_sweeps.CONFIG == "bert_small.py"
   assert list(bert_small_sweeps.SWEEPS) == ["bert", "bert_test"]
@@ -351,7 +351,7 @@ def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
       config = bert_small.get_config(point.arg)
       config.update_from_flattened_dict(dict(point.overrides))
       configlib.validate(config)
-      ts.model_config(config)
+      configlib.model_config(config)
 
   points = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert")
   check(points)

@@ -27,8 +27,8 @@ from tensorboardX.proto import event_pb2
 from attnscale import tasks, testing
 from attnscale.core import scalings
 from attnscale.experiments.sweeps import checkpoint_steps
-from attnscale.runtime import train_lib
-from attnscale.runtime import train_state as ts
+from attnscale.runtime import checkpoints as ckpt
+from attnscale.runtime import loop, train_lib
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,7 +163,7 @@ def test_loss_goes_down_and_workdir_holds_outputs(run_a):
   assert tb["val/loss"][20] == pytest.approx(result["val_loss"], rel=1e-6)
 
   assert checkpoint_steps(workdir) == [10, 20]
-  checkpoints = ts.Checkpoints(workdir, config.keep_checkpoints)
+  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints)
   assert checkpoints.latest_step() == 20
   checkpoints.close()
   state = restore(config, workdir)
@@ -448,7 +448,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
   # that save must not happen.
   config = make_config(tfds_dir, learning_rate=1e30, checkpoint_every=2, log_every=5)
   workdir = str(tmp_path)
-  with pytest.raises(train_lib.NonFiniteLossError) as info:
+  with pytest.raises(loop.NonFiniteLossError) as info:
     train_lib.train_and_evaluate(config, workdir)
   message = str(info.value)
   assert "at step 3" in message, message

@@ -36,7 +36,7 @@ LIBRARY_UMUP_LR = {
 
 def test_umup_lr_multipliers_equal_the_library(tfds_dir):
   config = make_config(tfds_dir, "preset=test,scaling=unit_scaled", **UMUP)
-  cfg = ts.model_config(config)
+  cfg = configlib.model_config(config)
   params = ts.state_shapes(config)["params"]
   mults = {ts._dotted(path): m for path, m in jax.tree_util.tree_leaves_with_path(
       mup.lr_multipliers(cfg, params))}
@@ -125,7 +125,7 @@ def test_muon_one_step_is_its_definition(tfds_dir, rule, factor):
   config = make_config(tfds_dir, "preset=test", optimizer="muon", muon_lr_rule=rule,
                        lr_schedule="constant", warmup_steps=0, grad_clip=0.0,
                        weight_decay=0.0)
-  tx = ts.make_optimizer(config)
+  tx = optimizers.make_optimizer(config)
   rng = np.random.default_rng(0)
   params = {"blocks": [{"up": {"kernel": jnp.zeros((4, 8))}}], "embed": jnp.zeros((3, 4)),
             "scale": jnp.zeros((4,))}
@@ -173,7 +173,7 @@ def test_muon_adam_lr_mult_scales_only_the_adam_branch(tfds_dir):
   for mult in (1.0, 0.25):
     config = make_config(tfds_dir, "preset=test", muon_adam_lr_mult=mult, **kwargs)
     configlib.validate(config)
-    tx = ts.make_optimizer(config)
+    tx = optimizers.make_optimizer(config)
     steps[mult] = tx.update(grads, tx.init(params), params)[0]
   np.testing.assert_array_equal(steps[0.25]["blocks"][0]["up"]["kernel"],
                                 steps[1.0]["blocks"][0]["up"]["kernel"])
@@ -196,7 +196,7 @@ def test_muon_adam_lr_base_width_is_adams_one_over_width(tfds_dir):
     config = make_config(tfds_dir, "preset=test", muon_adam_lr_base_width=base, **kwargs)
     configlib.validate(config)
     assert config.model.width == 32
-    tx = ts.make_optimizer(config)
+    tx = optimizers.make_optimizer(config)
     steps[base] = tx.update(grads, tx.init(params), params)[0]
   np.testing.assert_array_equal(steps[64]["blocks"][0]["up"]["kernel"],
                                 steps[0]["blocks"][0]["up"]["kernel"])

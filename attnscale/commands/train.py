@@ -45,20 +45,22 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(holders.multihost)  # before anything starts JAX's backend
-  from attnscale.runtime import run_summary, train_lib
+  from attnscale.runtime import interrupts, loop, run_summary, rundir, train_lib
   start = time.perf_counter()
   try:
     train_lib.train_and_evaluate(holders.config.value, holders.workdir.value,
                                  force_lock=holders.force_lock.value)
-  except (ValueError, FileNotFoundError, train_lib.NonFiniteLossError) as e:
+  except (ValueError, FileNotFoundError, loop.NonFiniteLossError) as e:
     cli.fail(str(e))
-  except train_lib.Interrupted:  # Ctrl-C: saved, and said where
+  except interrupts.Interrupted:  # Ctrl-C: saved, and said where
     sys.exit(130)
   except KeyboardInterrupt:  # Ctrl-C outside the loop's handler (start-up, the last save)
     cli.stop_after_early_ctrl_c("from the last checkpoint on disk")
+  config = holders.config.value
   for line in run_summary.lines(holders.workdir.value, wall_s=time.perf_counter() - start,
-                                eval_batches=holders.config.value.get("eval_batches")):
-    train_lib.log(line)
+                                eval_batches=config.get("eval_batches"),
+                                num_train_steps=config.num_train_steps):
+    rundir.log(line)
 
 
 def run() -> None:

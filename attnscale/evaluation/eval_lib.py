@@ -89,7 +89,7 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
     config.eval_tokens = 0
   task = tasks.get_task(config)
   if lengths:  # a length the model cannot take fails before any work
-    length_eval.check_lengths(ts.model_config(config), task, lengths)
+    length_eval.check_lengths(configlib.model_config(config), task, lengths)
   model, step, mesh = restore(config, workdir, step)
   sharding = ts.batch_sharding(mesh)
   graphdef, params = nnx.split(model, nnx.Param)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from attnscale.runtime import configlib, metrics_writer
+from attnscale.runtime import metric_keys as keys
 
 
 def checkpoint_steps(run_dir: str) -> list[int]:
@@ -67,12 +68,12 @@ def _stopped_non_finite(run_dir: str) -> bool:
   gradient norm (the row a run that diverged writes last)."""
   last = None
   for line in metrics_writer.read_lines(run_dir):
-    if '"train/loss"' in line:
+    if f'"{keys.LOSS}"' in line:
       last = line
   if last is None:
     return False
   row = json.loads(last)
-  return not (math.isfinite(row["train/loss"]) and math.isfinite(row.get("train/grad_norm", 0.0)))
+  return not (math.isfinite(row[keys.LOSS]) and math.isfinite(row.get(keys.GRAD_NORM, 0.0)))
 
 
 # The statuses that are final: trained to the end, or stopped on a NaN (a sweep
@@ -214,17 +215,17 @@ def read_run(run_dir: str) -> dict | None:
   with open(config_path) as f:
     config = configlib.migrate(json.load(f))
   records = metrics_writer.read_rows(run_dir)
-  train = [r for r in records if "train/loss" in r]
-  val = [r["val/loss"] for r in records if "val/loss" in r]
+  train = [r for r in records if keys.LOSS in r]
+  val = [r[keys.VAL_LOSS] for r in records if keys.VAL_LOSS in r]
   wall, previous = 0.0, 0.0
   for r in train:
-    elapsed = r.get("train/elapsed_s", 0.0)
+    elapsed = r.get(keys.ELAPSED_S, 0.0)
     if elapsed < previous:  # a new process (resume) started a new segment
       wall += previous
     previous = elapsed
   state = status(run_dir, read_checkpoint=False)  # the metrics are what a row reads
   last_step = train[-1]["step"] if train else 0
-  logits = [[v for k, v in r.items() if k.startswith("train/attn/max_logit/layer_")]
+  logits = [[v for k, v in r.items() if k.startswith(keys.MAX_LOGIT)]
             for r in train]
   logits = [per_layer for per_layer in logits if per_layer]
   model = config["model"]
@@ -234,13 +235,13 @@ def read_run(run_dir: str) -> dict | None:
       "learning_rate": config["learning_rate"],
       "seed": config["seed"],
       "steps": last_step,
-      "final_train_loss": train[-1].get("train/loss_last20", math.nan) if state == "done"
+      "final_train_loss": train[-1].get(keys.LOSS_LAST20, math.nan) if state == "done"
                           else math.nan,
       "best_val_loss": min(val) if val else math.nan,
       "wall_s": wall + previous,
       "status": state,
       "run": os.path.basename(os.path.normpath(run_dir)),
-      "curve": [(r["step"], r["train/loss"]) for r in train],
+      "curve": [(r["step"], r[keys.LOSS]) for r in train],
       "max_logit": float(max(logits[-1])) if logits else math.nan,
       "commit": provenance.commit_of(run_dir),
       "host": provenance.host_of(run_dir),

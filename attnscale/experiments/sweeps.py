@@ -222,7 +222,9 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
   the time of the two one after another on 2 cores (graphcore_cpu: ~52 s a point
   against ~95 s). Different
   thread counts reorder float sums, so a point is reproducible to seed noise, not
-  bit for bit, across `jobs` settings (nor across `pack` settings: packing.py).
+  bit for bit, across `jobs` settings (nor across `pack` settings: packing.py). With
+  `pack` > 1 every point trains in a program of `pack` slots, a short last pack
+  padded, so a point's numbers do not depend on which points it shared a pack with.
   """
   if not isinstance(jobs, int) or jobs < 1:
     raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
@@ -244,9 +246,10 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
       log(f"{tag}: {verb}" + ("" if len(unit) == 1 else
                               ": " + ", ".join(p.name for p in members)))
       start = time.perf_counter()
-      command = (members[0].command(config_file, workdir) if len(unit) == 1 else
+      # Packed sweeps train every point at their pack size (a short pack padded).
+      command = (members[0].command(config_file, workdir) if pack == 1 else
                  packing.command([p.run_spec(config_file, workdir) for p in members],
-                                 sys.executable))
+                                 sys.executable, pack_size=pack))
       returncode = _call(command, cpus, env)
       log(f"{tag}: exit {returncode} after {time.perf_counter() - start:.0f}s")
     failures = []
@@ -455,8 +458,9 @@ def shell_commands(config_file: str, points: Sequence[Point], workdir: str,
   lines = []
   for unit in pack_units(config_file, points, workdir, pack):
     members = [points[i] for i in unit]
-    train = (members[0].command(config_file, workdir, python="python") if len(unit) == 1 else
-             packing.command([p.run_spec(config_file, workdir) for p in members], "python"))
+    train = (members[0].command(config_file, workdir, python="python") if pack == 1 else
+             packing.command([p.run_spec(config_file, workdir) for p in members], "python",
+                             pack_size=pack))
     evals = [p.eval_command(workdir, python="python") for p in members]
     lines.append(" && ".join(shlex.join(c) for c in [train, *evals] if c))
   return lines

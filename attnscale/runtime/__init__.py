@@ -2,6 +2,8 @@
 
     configlib.py       config helpers: config.model from ModelConfig, the config argument,
                        checks, run_label, renames
+    run_config.py      RunConfig: a run's config read once (the model config, the traced
+                       hyperparameters) and passed down
     config_reference.py  docs/reference/config.md, generated from ModelConfig and the configs
     cli.py             the entry points' flags: one-line errors (imports no JAX)
     config_files.py    which file --config names: a path, or a name in the project's configs/
@@ -9,7 +11,12 @@
     optimizers.py      Adam(W), Muon, the schedule, clipping, muP's rate multipliers
     checkpoints.py     orbax checkpoints; damaged ones set aside, never deleted
     steps.py           the jitted train and eval steps
-    train_lib.py       the training loop (resume, logging, checkpoints, preemption)
+    loop.py            the training loop: one cadence (logs, evaluation, checkpoints,
+                       preemption, the non-finite stop) for one run or a pack
+    train_lib.py       one run (train.py): its one-slot program; rundir.py: a run
+                       directory's lock, config.json and resume
+    packing.py, packed.py  packed sweeps: which runs share a program; the K-slot program
+    metric_keys.py     every key of metrics.jsonl and TensorBoard
     interrupts.py      SIGTERM and Ctrl-C; run_lock.py: one writer per run directory
     metrics_writer.py  metrics.jsonl and TensorBoard; hostmem.py: malloc tunables
     provenance.py      WORKDIR/provenance.json: the commit, versions, devices and command

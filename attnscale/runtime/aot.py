@@ -35,10 +35,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from attnscale import tasks
-from attnscale.runtime import configlib, optimizers, steps
+from attnscale.runtime import checkpoints as ckpt
+from attnscale.runtime import configlib, run_config, steps
 from attnscale.runtime import train_state as ts
 
 # The HLO readers and the report's text, in their own modules; re-exported here.
@@ -222,26 +222,24 @@ def lower_steps(config, target_name: str):
   (on splash and cuDNN, a stats-only XLA pass: docs/guides/training.md).
   """
   devs = devices(target_name)
-  configlib.validate(config, num_devices=len(devs))
-  cfg = ts.model_config(config)
+  run = run_config.read(config, num_devices=len(devs))
   task = tasks.task_class(config).without_data(config)
   mesh = ts.make_mesh(config, devs)
-  tx = optimizers.make_optimizer(config)
-  shapes = ts.state_shapes(config, tx)
+  shapes = ts.state_shapes(run)
   shardings = ts.state_shardings(shapes, mesh)
-  state = ts.abstract_state(shapes, shardings)
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: ts.init_model(config)), nnx.Param)
+  state = ckpt.abstract_state(shapes, shardings)
+  graphdef = ts.graph_def(run)
   batch_sharding = ts.batch_sharding(mesh)
-  train_batch = ts.abstract_state(type(task).batch_spec(config),
-                          {k: batch_sharding for k in type(task).batch_spec(config)})
+  train_batch = ckpt.abstract_state(type(task).batch_spec(config),
+                                    {k: batch_sharding for k in type(task).batch_spec(config)})
   eval_spec = type(task).batch_spec(config, train=False)
-  eval_batch = ts.abstract_state(eval_spec, {k: batch_sharding for k in eval_spec})
-  train_step = steps.make_train_step(graphdef, task, config, shardings, batch_sharding, tx=tx,
+  eval_batch = ckpt.abstract_state(eval_spec, {k: batch_sharding for k in eval_spec})
+  train_step = steps.make_train_step(graphdef, task, run, shardings, batch_sharding,
                                      attn_metrics=False)
   eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)
   lowered = {"train_step": train_step.lower(state, train_batch),
              "eval_step": eval_step.lower(state["params"], eval_batch)}
-  info = {"mesh": dict(mesh.shape), "devices": devs, "model": cfg, "state": state,
+  info = {"mesh": dict(mesh.shape), "devices": devs, "model": run.model, "state": state,
           "train_batch": train_batch, "eval_batch": eval_batch}
   return lowered, info
 

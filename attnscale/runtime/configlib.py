@@ -32,7 +32,7 @@ MUON_LR_RULES = ("moonlight", "modded_nanogpt")
 # modules live; "grad_accum_steps": the same batch in other micro-batches, so the
 # same losses within float rounding, dropout masks aside). num_train_steps joins
 # them only under a constant learning rate: it is the length of the cosine decay,
-# so changing it would change the finished steps' run (`train_lib.save_config`).
+# so changing it would change the finished steps' run (`rundir.save_config`).
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
                      "attn_metrics", "grad_accum_steps", "eval_tokens", "loggers",
@@ -341,8 +341,9 @@ def add_attention_health(c: ml_collections.ConfigDict) -> None:
   c.qk_clip = 0.0
 
 
-def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None:
-  """Checks the fields train.py relies on; raises a one-line ValueError.
+def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> ModelConfig:
+  """Checks the fields train.py relies on; raises a one-line ValueError. Returns
+  `model_config(config)`, which the checks build (`run_config.read` keeps it).
 
   First imports `config.imports` (`import_modules`). The generic fields here; the
   task's own (its dataset names, the masked LM's rates, ...) in its
@@ -411,6 +412,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> None
     raise ValueError(f"config.seq_len ({config.seq_len}) must be <= model.block_size "
                      f"({config.model.block_size}), the training context length (and "
                      "the learned position table's)")
+  return cfg
 
 
 def mesh_shape(config: ml_collections.ConfigDict | None, num_devices: int) -> tuple[int, int]:

@@ -1,87 +1,89 @@
 """The run's optimizer: Adam, AdamW or Muon on a learning-rate schedule, gradient
 clipping, and muP's per-parameter learning-rate multipliers.
 
-`make_optimizer(config)` is the one place a run's optimizer is built (train.py's
-loop, a packed sweep's traced step, `compile.py`). A packed step passes `hparams`,
-the config's `TRACED_FIELDS` as arrays (attnscale/runtime/packing.py says why), so
-the learning rate, weight decay and clipping threshold may differ between the runs
-of one compiled program while the optimizer state keeps one layout.
+`build(run, hparams)` is the one place a run's optimizer and its schedule are built
+(the train step, `train_state.create_state`'s initial optimizer state, `compile.py`).
+`hparams` are the run's `packing.TRACED_FIELDS`: the config's Python numbers for a
+single run (`RunConfig.hparams`: folded in as constants, as they always were), or
+traced arrays in a packed step (attnscale/runtime/packing.py says why), so the
+learning rate, weight decay and clipping threshold may differ between the runs of
+one compiled program while the optimizer state keeps one layout.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from attnscale.models import ModelConfig, mup
-from attnscale.runtime import configlib, packing
-
-# The fields a packed step takes as arrays (attnscale/runtime/packing.py says why).
-TRACED_FIELDS = packing.TRACED_FIELDS
+from attnscale.runtime import run_config
 
 
-def hparams(config) -> dict[str, np.ndarray]:
-  """`config`'s `TRACED_FIELDS` as numpy scalars (to stack into a pack): the seed as
-  int32 (what `jax.random.key` makes of a Python int), the rest as float32 (what a
-  Python float becomes where it meets a float32 array)."""
-  return {k: np.float32(config.get(k, 0.0)) for k in TRACED_FIELDS if k != "seed"} | {
-      "seed": np.int32(config.seed)}
+class Optimizer(NamedTuple):
+  """A run's optimizer and the learning-rate schedule it runs on (the train step
+  logs `schedule(step)`, the rate the update used)."""
+
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
 
 
-def _value(config, hparams, name):
-  """`hparams[name]` (a traced value of a packed step) if given, else the config's."""
-  return config[name] if hparams is None else hparams[name]
+def learning_rate_schedule(config, hparams) -> optax.Schedule:
+  """Linear warm-up to the learning rate, then constant or cosine decay.
 
-
-def learning_rate_schedule(config, hparams=None) -> optax.Schedule:
-  """Linear warm-up to config.learning_rate, then constant or cosine decay.
-
-  `hparams`: the `TRACED_FIELDS` as arrays (a packed step's), replacing the
-  config's values; the schedule's form (warm-up steps, decay length) is the config's.
+  The rates come from `hparams` (`RunConfig.hparams`, or a packed step's traced
+  arrays); the schedule's form (warm-up steps, decay length) from the ConfigDict
+  `config`.
   """
-  lr = _value(config, hparams, "learning_rate")
+  lr = hparams["learning_rate"]
   warmup = optax.linear_schedule(0.0, lr, max(config.warmup_steps, 1))
   if config.lr_schedule == "constant":
     after = optax.constant_schedule(lr)
   else:  # cosine down to min_learning_rate at num_train_steps (nanoGPT's lr_decay_iters)
     decay_steps = max(config.num_train_steps - config.warmup_steps, 1)
     after = optax.cosine_decay_schedule(
-        lr, decay_steps, alpha=_value(config, hparams, "min_learning_rate") / lr)
+        lr, decay_steps, alpha=hparams["min_learning_rate"] / lr)
   if config.warmup_steps == 0:
     return after
   return optax.join_schedules([warmup, after], [config.warmup_steps])
 
 
-OPTIMIZERS, MUON_LR_RULES = configlib.OPTIMIZERS, configlib.MUON_LR_RULES
 # Moonlight's update RMS: 0.2 matches AdamW's typical update RMS (Liu et al. 2025).
 MOONLIGHT_RMS = 0.2
 
 
-def make_optimizer(config, hparams=None) -> optax.GradientTransformation:
+def build(run: run_config.RunConfig, hparams) -> Optimizer:
   """The run's optimizer: Adam, AdamW or Muon on the schedule, clipping, muP's multipliers.
 
-  `hparams`: as in `learning_rate_schedule` (a packed step builds its optimizer
-  inside the traced step from them; its state has the same layout).
+  `hparams`: the traced fields' values: `run.hparams` (the config's numbers), or a
+  packed step's arrays (its optimizer state has the same layout).
   """
+  config, cfg = run.config, run.model
   schedule = learning_rate_schedule(config, hparams)
-  cfg = configlib.model_config(config)
   # optax's default epsilon; the depth rule scales it (mup.adam_eps_mult, 1 otherwise).
   eps = {} if not cfg.depth_alpha else {"eps": 1e-8 * mup.adam_eps_mult(cfg)}
   if config.optimizer == "adam":
     opt = optax.adam(schedule, b1=config.b1, b2=config.b2, **eps)
   else:
     opt = optax.adamw(schedule, b1=config.b1, b2=config.b2, **eps,
-                      weight_decay=_value(config, hparams, "weight_decay"), mask=_decay_mask)
+                      weight_decay=hparams["weight_decay"], mask=_decay_mask)
   if config.optimizer == "muon":
-    opt = muon(config, schedule, opt, _value(config, hparams, "weight_decay"))
+    opt = muon(run, schedule, opt, hparams["weight_decay"])
   if mup.has_lr_multipliers(cfg):
     # After Adam(W): the whole step, decay included, at the group's lr (MuAdamW's).
     opt = optax.chain(opt, scale_by_lr_multipliers(cfg))
   if config.grad_clip > 0:
-    opt = optax.chain(optax.clip_by_global_norm(_value(config, hparams, "grad_clip")), opt)
-  return opt
+    opt = optax.chain(optax.clip_by_global_norm(hparams["grad_clip"]), opt)
+  return Optimizer(opt, schedule)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """The transformation alone, at the config's own numbers, for callers that hold a
+  ConfigDict (a test, a benchmark) or need only the optimizer state's layout."""
+  run = run_config.of(config)
+  return build(run, run.hparams).tx
 
 
 def _decay_mask(params):
@@ -96,8 +98,8 @@ def is_muon_matrix(path, p) -> bool:
   return mup.is_hidden(path) and p.ndim == 2
 
 
-def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
-         ) -> optax.GradientTransformation:
+def muon(run: run_config.RunConfig, schedule, adamw: optax.GradientTransformation,
+         weight_decay) -> optax.GradientTransformation:
   """Muon on the hidden matrices, `adamw` (the run's Adam(W)) on everything else.
 
   Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks"
@@ -129,6 +131,7 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
   opt_state layout depends on the parameters' shapes only, not on the traced
   learning rate or decay.
   """
+  config = run.config
   rule = config.get("muon_lr_rule", "moonlight")
   consistent_rms = MOONLIGHT_RMS if rule == "moonlight" else None
   matrices = optax.chain(
@@ -140,7 +143,7 @@ def muon(config, schedule, adamw: optax.GradientTransformation, weight_decay
       lambda path, p: "muon" if is_muon_matrix(path, p) else "adam", params)
   adam_mult = config.get("muon_adam_lr_mult", 1.0)
   if config.get("muon_adam_lr_base_width", 0):  # Adam's 1/width, equal at the base
-    adam_mult *= config.muon_adam_lr_base_width / config.model.width
+    adam_mult *= config.muon_adam_lr_base_width / run.model.width
   if adam_mult != 1:  # only then: Muon checkpoints at 1 keep their opt_state layout
     adamw = optax.chain(adamw, optax.scale(adam_mult))
   return optax.partition({"muon": matrices, "adam": adamw}, labels)

@@ -25,7 +25,7 @@ import ml_collections
 
 from attnscale.runtime import configlib
 
-# The fields a packed step takes as arrays (`train_state.hparams`).
+# The fields a packed step takes as arrays (`run_config.RunConfig.hparams`).
 TRACED_FIELDS = ("seed", "learning_rate", "min_learning_rate", "weight_decay", "grad_clip",
                  "qk_clip")
 # TRACED_FIELDS that are also a branch (on when > 0): on in every run of a pack or in none.
@@ -112,7 +112,12 @@ def load_config(config_arg: str, overrides: dict | None = None) -> ml_collection
   return config
 
 
-def command(runs: list[dict], python: str) -> list[str]:
+def command(runs: list[dict], python: str, pack_size: int | None = None) -> list[str]:
   """The argv that trains `runs` ({"config": "FILE:ARG", "overrides": {...},
-  "workdir": DIR}, each as train.py would) packed: `python -m attnscale.runtime.packed`."""
-  return [python, "-m", "attnscale.runtime.packed", "--runs=" + json.dumps(runs)]
+  "workdir": DIR}, each as train.py would) packed: `python -m attnscale.runtime.packed`.
+
+  `pack_size`: the program's K (default: one slot per run). A sweep passes its own,
+  so that a short pack trains its runs as a full one would (a run's numbers depend
+  on K, not on its pack-mates: attnscale/runtime/packed.py)."""
+  size = [] if pack_size is None else [f"--pack_size={pack_size}"]
+  return [python, "-m", "attnscale.runtime.packed", *size, "--runs=" + json.dumps(runs)]

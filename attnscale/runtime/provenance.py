@@ -9,7 +9,8 @@ code change) keeps one record per segment:
       "backend": "cpu", "platform": "Linux-6.8...-x86_64", "cpu": "AMD EPYC",
       "cpu_isa": "avx2", "argv": ["train.py", ...],
       "hostname": "...", "time_utc": "2026-11-25T10:00:00Z", "code": "/path/to/attnscale",
-      "imports": {"my_scalings": "/home/me/work/my_scalings.py"}},
+      "imports": {"my_scalings": "/home/me/work/my_scalings.py"},
+      "pack_size": 1, "slot": 0},
      ...]
 
 The commit is that of the git checkout attnscale was imported from ("unknown"
@@ -30,6 +31,12 @@ config and seed can round differently on another kind of CPU (and then drift as
 another seed would): a sweep whose points ran on two kinds of machine says so
 here. On an accelerator the host CPU only
 feeds it ("device_kind" names the chip).
+
+"pack_size" is how many runs shared the compiled program (1: train.py's own,
+unvmapped program; K: a pack of `sweep.py --pack=K`, its short last pack padded
+to K), "slot" the run's place in it, and "pack" (packed runs) the directories of
+the pack's runs: the same config and seed round differently at another pack size,
+never with other pack-mates at the same one (docs/guides/sweeps.md, "Packing").
 
 "imports" (only in a run whose config has `imports`) maps each entry of
 config.imports to the file it was imported from (`configlib.import_files`), so

@@ -13,10 +13,7 @@ the start that finished it: the record is the run.
 
 from __future__ import annotations
 
-from attnscale.runtime import metrics_writer
-
-LOSS_LAST20 = "train/loss_last20"  # Graphcore's final-loss metric (train_state.LAST_LOSSES)
-VAL_LOSS = "val/loss"
+from attnscale.runtime import metric_keys, metrics_writer
 
 
 def _last(rows: list[dict], key: str) -> tuple[int, float] | None:
@@ -41,13 +38,20 @@ def reached(workdir: str) -> dict:
   step logged, "train": (step, loss_last20) or None, "val": (step, val/loss) or None}."""
   rows = metrics_writer.read_rows(workdir)
   return {"step": max((row["step"] for row in rows), default=0),
-          "train": _last(rows, LOSS_LAST20), "val": _last(rows, VAL_LOSS)}
+          "train": _last(rows, metric_keys.LOSS_LAST20),
+          "val": _last(rows, metric_keys.VAL_LOSS)}
 
 
-def lines(workdir: str, *, wall_s: float, eval_batches: int | None = None) -> list[str]:
-  """The summary of the run in `workdir`, `wall_s` the seconds this start took."""
+def lines(workdir: str, *, wall_s: float, eval_batches: int | None = None,
+          num_train_steps: int | None = None) -> list[str]:
+  """The summary of the run in `workdir`, `wall_s` the seconds this start took; a run
+  stopped before `num_train_steps` (SIGTERM) says so and how to go on."""
   end = reached(workdir)
-  out = [f"done: {end['step']} steps, {duration(wall_s)} (this start)"]
+  if num_train_steps is not None and end["step"] < num_train_steps:
+    out = [f"stopped at step {end['step']} of {num_train_steps}, {duration(wall_s)} (this "
+           "start): the same command resumes it"]
+  else:
+    out = [f"done: {end['step']} steps, {duration(wall_s)} (this start)"]
   train, val = end["train"], end["val"]
   if train is not None:
     out.append(f"  final training loss {train[1]:.4f} (mean of the last 20 steps, "

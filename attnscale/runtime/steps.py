@@ -1,13 +1,13 @@
 """The jitted train and eval steps, and the host helpers that feed them.
 
-    make_train_step(graphdef, task, config, state_shardings, batch_sharding, tx=tx)
-    train_step_fn(graphdef, task, config)      # the same step, unjitted (packed sweeps vmap it)
+    make_train_step(graphdef, task, run, state_shardings, batch_sharding)
+    train_step_fn(graphdef, task, run)         # the same step, unjitted (packed sweeps vmap it)
     make_eval_step(graphdef, task, param_shardings, batch_sharding)
     global_batch(local_batch, sharding)
     evaluate_sums(eval_step, params, batches, sharding) / evaluate(...)
 
-The training loop (`train_lib`) and evaluation (`eval_lib`) both build on this
-module, so evaluating a checkpoint never imports the loop. A step is a pure
+The training loop's programs (`train_lib`, `packed`) and evaluation (`eval_lib`)
+build on this module, so evaluating a checkpoint never imports the loop. A step is a pure
 function of (state, batch): dropout randomness is a function of (seed, step)
 (`dropout_key`) and the data of `step` comes from the task, so a restored state
 continues exactly where the saved one stopped.
@@ -31,7 +31,7 @@ import optax
 from flax import nnx
 
 from attnscale.models import base as models_base
-from attnscale.runtime import optimizers
+from attnscale.runtime import optimizers, run_config
 from attnscale.runtime import train_state as ts
 
 
@@ -40,22 +40,18 @@ def dropout_key(seed: int, step):
   return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
 
 
-def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
-                    tx: optax.GradientTransformation | None = None,
+def make_train_step(graphdef, task, run, state_shardings, batch_sharding, *,
                     attn_metrics: bool | None = None):
-  """The jitted (state, batch) -> (state, metrics) step, state donated.
+  """The jitted (state, batch) -> (state, metrics) step of one run, state donated.
 
   Args:
     graphdef: the model's structure (`train_state.create_state`).
     task: the `attnscale.tasks.Task` whose loss is minimised.
-    config: the run's config (seed, learning-rate schedule).
+    run: the run's `RunConfig` (or a ConfigDict, read by `run_config.of`); its
+      `hparams` (seed, rates, thresholds) are folded in as constants.
     state_shardings, batch_sharding: the layouts jit compiles for.
-    tx: the optimizer the state's opt_state was initialised with: pass the one
-      given to `create_state`, so both come from one object. None builds
-      `optimizers.make_optimizer(config)` (the same transformation) for callers
-      that hold none.
     attn_metrics: whether the step returns the attention metrics; None = the
-      config's `attn_metrics` (train_lib builds both programs and runs the
+      config's `attn_metrics` (the loop builds both programs and runs the
       metrics one only on the steps it logs).
 
   Returns:
@@ -65,40 +61,37 @@ def make_train_step(graphdef, task, config, state_shardings, batch_sharding, *,
     query head, over this step's real queries, `attention_health`); with
     `config.qk_clip` > 0, "attn_clipped_heads" (how many heads QK-clip rescaled).
   """
-  step_fn = train_step_fn(graphdef, task, config, tx=tx, attn_metrics=attn_metrics)
-  train_step = _under_mesh(batch_sharding.mesh)(lambda state, batch: step_fn(state, batch))
+  run = run_config.of(run)
+  step_fn = train_step_fn(graphdef, task, run, attn_metrics=attn_metrics)
+  hparams = run.hparams
+  train_step = under_mesh(batch_sharding.mesh)(lambda state, batch: step_fn(state, batch, hparams))
   return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, None), donate_argnums=0)
 
 
-def train_step_fn(graphdef, task, config, *, tx: optax.GradientTransformation | None = None,
-                  attn_metrics: bool | None = None):
-  """The train step as a plain function (not jitted): `step(state, batch, hparams=None)`.
+def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
+  """The train step as a plain function (not jitted): `step(state, batch, hparams)`.
 
-  `make_train_step` jits it for one run. A packed sweep (`attnscale.runtime.packed`)
-  vmaps it over K runs, passing `hparams`: the config's `train_state.TRACED_FIELDS`
-  as arrays (seed, learning rates, weight decay, clipping thresholds), from which
-  the step builds its schedule, optimizer, dropout key and QK-clip threshold, so
-  runs that differ only in those share one program. Without `hparams` the values
-  are the config's Python numbers and `tx` (or `make_optimizer(config)`) is used,
-  so a single run's program is what it always was. Arguments as `make_train_step`.
+  `hparams`: the run's `packing.TRACED_FIELDS` (seed, learning rates, weight decay,
+  clipping thresholds), from which the step builds its optimizer and schedule
+  (`optimizers.build`, once), dropout key and QK-clip threshold. `make_train_step`
+  passes the config's Python numbers (`RunConfig.hparams`: constants, so a single
+  run's program is what it always was); a packed sweep (`attnscale.runtime.packed`)
+  vmaps the step over K runs with the numbers as arrays, so runs that differ only
+  in those share one program. `run` as `make_train_step`'s.
   """
-  tx = optimizers.make_optimizer(config) if tx is None else tx
+  run = run_config.of(run)
+  config = run.config
   if attn_metrics is None:
     attn_metrics = bool(config.get("attn_metrics", False))
   clip = float(config.get("qk_clip", 0.0)) > 0  # whether, not how much: a branch
   accum_steps = int(config.get("grad_accum_steps", 1))
   with_stats = attn_metrics or clip  # QK-clip reads the stats even when not logged
 
-  def train_step(state, batch, hparams=None):
+  def train_step(state, batch, hparams):
     step = state["step"]
-    if hparams is None:
-      seed, tau = config.seed, float(config.get("qk_clip", 0.0))
-      opt, schedule = tx, optimizers.learning_rate_schedule(config)
-    else:
-      seed, tau = hparams["seed"], hparams["qk_clip"]
-      opt = optimizers.make_optimizer(config, hparams)
-      schedule = optimizers.learning_rate_schedule(config, hparams)
+    seed, tau = hparams["seed"], hparams["qk_clip"]
+    opt, schedule = optimizers.build(run, hparams)
 
     def loss_fn(params, batch, key):
       model = nnx.merge(graphdef, params)
@@ -203,7 +196,7 @@ def attention_health(stats, query_mask_BT) -> dict[str, jax.Array]:
   return {"attn_max_logit": max_LN, "attn_entropy": entropy_LN}
 
 
-def _under_mesh(mesh):
+def under_mesh(mesh):
   """Traces the decorated step under `mesh` (its abstract form: no devices needed)."""
   def wrap(fn):
     def traced(*args):
@@ -219,7 +212,7 @@ def _global_norm(tree):
 
 def make_eval_step(graphdef, task, param_shardings, batch_sharding):
   """The jitted (params, batch) -> the task's loss sums ("loss_sum", "count", ...)."""
-  @_under_mesh(batch_sharding.mesh)
+  @under_mesh(batch_sharding.mesh)
   def eval_step(params, batch):
     _, sums = task.loss(nnx.merge(graphdef, params), batch)
     return sums

@@ -12,8 +12,9 @@ reports the uninterrupted run's value. A checkpoint written before the window
 existed restores with an empty one (`Checkpoints.restore`).
 
 The optimizer is built in `attnscale/runtime/optimizers.py`, checkpoints are read
-and written by `attnscale/runtime/checkpoints.py`; their names stay importable from
-here (`ts.make_optimizer`, `ts.Checkpoints`), as code written before the split uses them.
+and written by `attnscale/runtime/checkpoints.py`. The functions that build a
+model or a state take the run's `RunConfig` (`attnscale.runtime.run_config`), or
+a ConfigDict, which they read with `run_config.of`.
 
 Parallelism: one `jax.sharding.Mesh` over all devices (of all processes) with
 axes `data` x `fsdp` (`config.mesh`; the default puts every device on `data`).
@@ -39,48 +40,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attnscale import models
 from attnscale.core import sharding
-from attnscale.models import ModelConfig
-from attnscale.runtime import configlib
-
-# Re-exported: the optimizer and the checkpoints lived here before their own modules.
-from attnscale.runtime.checkpoints import (  # noqa: F401
-  ADDED_STATE_ENTRIES,
-  DAMAGED_DIR,
-  Checkpoints,
-  DamagedCheckpointError,
-  State,  # the train state dict, defined beside its checkpoints (no import cycle)
-  abstract_state,
-  describe_damaged,
-)
-from attnscale.runtime.optimizers import (  # noqa: F401
-  MOONLIGHT_RMS,
-  MUON_LR_RULES,
-  OPTIMIZERS,
-  TRACED_FIELDS,
-  hparams,
-  is_muon_matrix,
-  learning_rate_schedule,
-  make_optimizer,
-  muon,
-  muon_shape_factor,
-  scale_by_lr_multipliers,
-  scale_by_muon_shape,
-)
+from attnscale.runtime import configlib, optimizers, run_config
+from attnscale.runtime.checkpoints import State
 
 # Graphcore's final training loss is the mean of the last 20 steps' losses.
 LAST_LOSSES = 20
-
-
-def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-  """`config.model` as a `ModelConfig`, with the top-level `config.remat` (default none)."""
-  return configlib.model_config(config)
 
 
 MESH_AXES = sharding.MESH_AXES  # ("data", "fsdp")
@@ -134,11 +104,12 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(MESH_AXES))
 
 
-def init_model(config, seed=None) -> models.Model:
-  """The model `config.model.variant` names (`attnscale.models.VARIANTS`), initialised
-  from `seed` (default config.seed; an array under a packed init's vmap)."""
-  return models.build(model_config(config),
-                      rngs=nnx.Rngs(params=config.seed if seed is None else jax.random.key(seed)))
+def init_model(run, seed=None) -> models.Model:
+  """The model `run.model.variant` names (`attnscale.models.VARIANTS`), initialised
+  from `seed` (default the run's seed; an array under a packed init's vmap)."""
+  run = run_config.of(run)
+  return models.build(run.model,
+                      rngs=nnx.Rngs(params=run.seed if seed is None else jax.random.key(seed)))
 
 
 def init_last_losses() -> dict[str, jax.Array]:
@@ -215,19 +186,15 @@ def _dotted(path) -> str:
   return ".".join(n for n in names if n != "value")
 
 
-def create_state(config, mesh, tx: optax.GradientTransformation | None = None,
-                 ) -> tuple[nnx.GraphDef, State, Any]:
+def create_state(run, mesh) -> tuple[nnx.GraphDef, State, Any]:
   """Initialises the train state directly into its shardings (`state_shardings`).
 
   Shapes first (jax.eval_shape), then shardings, then a jitted init: no
   device ever holds an unsharded copy (big_vision/nanodo style).
 
   Args:
-    config: the run's config.
+    run: the run's `RunConfig` (or a ConfigDict: `run_config.of`).
     mesh: the device mesh (`make_mesh`).
-    tx: the optimizer whose state to initialise; the training loop builds it
-      once and hands the same one to `steps.make_train_step`. None builds
-      `make_optimizer(config)` (enough for restoring a checkpoint's layout).
 
   Returns:
     (graphdef, state, state_shardings).
@@ -236,12 +203,19 @@ def create_state(config, mesh, tx: optax.GradientTransformation | None = None,
     ValueError: mesh.fsdp splits no axis of a parameter matrix (before any
       device work).
   """
-  init = init_fn(config, make_optimizer(config) if tx is None else tx)
+  run = run_config.of(run)
+  init = init_fn(run)
   shardings = state_shardings(jax.eval_shape(init), mesh)
   with threefry_kernel_on_gpu():
     state = jax.jit(init, out_shardings=shardings)()
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: init_model(config)), nnx.Param)
-  return graphdef, state, shardings
+  return graph_def(run), state, shardings
+
+
+def graph_def(run) -> nnx.GraphDef:
+  """The model's structure (what `nnx.merge` rebuilds it from), from shapes alone."""
+  run = run_config.of(run)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: init_model(run)), nnx.Param)
+  return graphdef
 
 
 @contextlib.contextmanager
@@ -265,17 +239,21 @@ def threefry_kernel_on_gpu():
     jax.config.update("jax_threefry_gpu_kernel_lowering", previous)
 
 
-def state_shapes(config, tx: optax.GradientTransformation | None = None) -> State:
+def state_shapes(run) -> State:
   """The train state as jax.ShapeDtypeStructs (`jax.eval_shape`): nothing allocated."""
-  return jax.eval_shape(init_fn(config, make_optimizer(config) if tx is None else tx))
+  return jax.eval_shape(init_fn(run))
 
 
-def init_fn(config, tx: optax.GradientTransformation):
+def init_fn(run):
   """The function that returns the initial train state (to jit): `init()` from
-  config.seed, `init(seed)` from another (a packed sweep vmaps it over its seeds)."""
+  the run's seed, `init(seed)` from another (a packed sweep vmaps it over its seeds).
+  The optimizer state is `optimizers.build`'s at the run's own numbers (its layout
+  does not depend on the traced values)."""
+  run = run_config.of(run)
+  tx = optimizers.build(run, run.hparams).tx
 
   def init(seed=None):
-    graphdef, params = nnx.split(init_model(config, seed), nnx.Param)
+    graphdef, params = nnx.split(init_model(run, seed), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(params), "last_losses": init_last_losses()}
   return init

@@ -44,10 +44,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.experiments import reporting, stats, sweep_results, sweeps
-from attnscale.runtime import configlib, metrics_writer
+from attnscale.runtime import configlib, metric_keys, metrics_writer
 from attnscale.studies import registry
 
-MAX_LOGIT = "train/attn/max_logit/layer_"  # + layer index: metrics.jsonl's keys
+MAX_LOGIT = metric_keys.MAX_LOGIT  # + layer index: metrics.jsonl's keys
 HIGH_RATES = (2.0**-7, 2.0**-5, 2.0**-3)  # the logit figure's panels
 TRAINED = 0.2  # nats: a rate "still trains" when its loss is within this of the best
 

@@ -1,0 +1,109 @@
+"""A run's directory: its lock, its config.json, resuming from its checkpoints.
+
+    with workdir_lock(workdir, force) as lock: save_config(config, workdir); ...
+    state = resume(checkpoints, state, shardings, workdir)
+
+What `train_lib` (one run) and `packed` (K runs, each in its own directory) do to
+a run directory before the loop (`attnscale.runtime.loop`) trains in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from attnscale.runtime import checkpoints as ckpt
+from attnscale.runtime import configlib, run_lock
+
+
+def log(msg: str) -> None:
+  """Prints `msg` from process 0 only (the values it reports are global)."""
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes WORKDIR/config.json; refuses to resume a run with another experiment.
+
+  Raises:
+    ValueError: the workdir holds a run whose config differs in a field that is
+      not bookkeeping (the message lists them). Nothing in WORKDIR is touched.
+  """
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(config.to_json())
+  if os.path.exists(path):
+    with open(path) as f:
+      old = configlib.migrate(json.load(f))  # a run saved before a rename or a new field
+    resumable = configlib.RESUMABLE_CHANGES + (
+        ("num_train_steps",) if config.lr_schedule == "constant" else ())
+    diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in configlib.flat_diff(old, new)
+             if k.split(".")[0] not in resumable]
+    if diffs:
+      raise ValueError(f"--workdir {workdir} holds a run with a different config "
+                       f"({'; '.join(diffs)}): use a new --workdir to start another run")
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(new, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str, force: bool):
+  """Holds WORKDIR/LOCK for the run (`attnscale.runtime.run_lock`); yields the lock.
+
+  Process 0 takes it for all; if it cannot, every process stops (the others
+  with a line pointing to process 0's error).
+
+  Raises:
+    run_lock.LockedError: another run holds the lock (one line, naming it).
+  """
+  lock, error = run_lock.RunLock(workdir, force=force, note=log), None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except run_lock.LockedError as e:
+      error = e
+  if jax.process_count() > 1:
+    taken = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+    if not taken and error is None:
+      error = run_lock.LockedError(f"process 0 could not lock --workdir {workdir} "
+                                   "(its error says why)")
+  if error is not None:
+    raise error
+  try:
+    yield lock
+  finally:
+    lock.release()
+
+
+def provenance_imports(config) -> dict:
+  """The "imports" field of a run's provenance record ({} without config.imports)."""
+  files = configlib.import_files(config)
+  return {"imports": files} if files else {}
+
+
+def resume(checkpoints: ckpt.Checkpoints, state: ckpt.State, shardings, workdir: str):
+  """`state` from the newest checkpoint that can be read (unchanged if none).
+
+  Newer ones that cannot be read are set aside (`Checkpoints.set_aside`: moved
+  to WORKDIR/damaged_checkpoints, not deleted), with one warning line.
+  """
+  if checkpoints.latest_step() is None:
+    return state
+  state, step, damaged = checkpoints.restore_newest_intact(state, shardings)
+  for error in damaged:
+    checkpoints.set_aside(error.step)
+  if damaged:
+    log(f"warning: {ckpt.describe_damaged(damaged)}; resuming from step {step}; the "
+        f"damaged files are kept in {os.path.join(workdir, ckpt.DAMAGED_DIR)}")
+  log(f"resumed from {workdir} at step {step}")
+  if int(state["last_losses"]["count"]) == 0:
+    log("  (the checkpoint predates the saved loss window: loss_last20 averages "
+        "only the steps from here on)")
+  return state
