@@ -78,7 +78,7 @@ def fold(scale_fn, q_BTNH, k_BSKH, keys, dtype):
 
 
 def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink,
-           return_stats=False):
+           return_stats=False, logit_mod=None):
   """Calls a fused kernel with scale 1 on the folded q (`fold`); returns (z, sink factor,
   `AttentionStats` or None).
 
@@ -91,11 +91,13 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
   or where the kernel applied the sink itself). Stats (`return_stats`): from
   the XLA kernel itself, or for splash and cuDNN (which return no row max or
   weighted logit sum) from the XLA kernel run with an empty value head dim: its
-  logits and softmax again, no p @ v product, no gradient.
+  logits and softmax again, no p @ v product, no gradient. `logit_mod`: the
+  scaling's per-pair logit transform (`ScaleInvariant.logit_mod`), which only the
+  XLA kernel takes.
   """
   dtype = v_BSKH.dtype
   kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
-                      normalizer, logit_softcap, sink)
+                      normalizer, logit_softcap, sink, logit_mod=logit_mod)
   z_BTNH = None
   if kernel == "splash":
     z_BTNH = _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink)
@@ -106,7 +108,8 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
       if implementation == "cudnn":
         raise
   if z_BTNH is None:
-    return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats)
+    return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats,
+                logit_mod)
   if not return_stats:
     return z_BTNH, None, None
   # The stats-only pass: v with head dim 0 makes the kernel's p @ v empty.
@@ -131,14 +134,20 @@ def target_platform() -> str:
 
 
 def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
-               logit_softcap, sink) -> str:
+               logit_softcap, sink, *, logit_mod=None) -> str:
   """The fused kernel a call runs: "splash", "cudnn" or "xla" (see `fused`).
 
   None picks by `target_platform()`: splash on a TPU unless
   `splash_attention.unsupported_reason` names a reason; cuDNN on a GPU for
   bf16/fp16 softmax with no soft-cap and no sink (jax.nn neither takes a tanh
-  nor returns lse); the XLA kernel otherwise.
+  nor returns lse); the XLA kernel otherwise, and always for a scaling with a
+  per-pair logit transform (`logit_mod`: neither splash nor cuDNN takes one).
   """
+  if logit_mod is not None:
+    if implementation in ("splash", "cudnn"):
+      raise ValueError(f"implementation={implementation!r} cannot take this scaling's per-pair "
+                       "logit transform (scale_invariant): use None, 'xla' or 'reference'")
+    return "xla"
   if implementation in ("xla", "splash", "cudnn"):
     return implementation
   platform = target_platform()
@@ -233,7 +242,8 @@ def cpu_batch_chunk(q_shape, k_shape, is_causal: bool) -> int | None:
   return xla_attention.default_batch_chunk(B, N, T, k_shape[1])
 
 
-def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False):
+def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False,
+         logit_mod=None):
   """The XLA kernel; returns (z, sink factor or None, `AttentionStats` or None)."""
   bias_BTN = None
   if normalizer == "sigmoid":
@@ -242,7 +252,8 @@ def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_s
     bias_BTN = -jnp.log(jnp.maximum(n_BTN, 1.0))
   out = xla_attention.dot_product_attention(
       q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
-      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, return_lse=sink is not None,
+      logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, logit_mod=logit_mod,
+      return_lse=sink is not None,
       return_stats=return_stats,
       batch_chunk=cpu_batch_chunk(q_BTNH.shape, k_BSKH.shape, keys.is_causal))
   if sink is None and not return_stats:
