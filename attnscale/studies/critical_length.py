@@ -12,7 +12,7 @@ give the selectivity measures
 
 and the critical beta*(n, d) is where the top mass crosses 1/2 (the primary
 criterion) or where the entropy falls to half its maximum, (log n) / 2 (the
-secondary one). Both are exact roots (bisection in log beta: p_max rises and H
+secondary one). Both are exact roots (Newton in log beta inside a bisection bracket: p_max rises and H
 falls monotonically with beta, dH/dbeta = -beta Var_p <q, k>).
 
 Why the top mass: "Scaling limits of long-context transformers" (Bruno,
@@ -132,33 +132,49 @@ def trained_pool(workdir: str, *, layer: int, head: int, max_n: int):
 # Selectivity and the critical beta.
 
 
-def _top_mass(gap, beta):
-  """p_max = 1 / sum_j exp(-beta gap_j), gap_j = max x - x_j >= 0."""
-  return 1.0 / np.exp(-beta * gap).sum()
-
-
-def _entropy(gap, beta):
-  """H = beta E_p[gap] + log sum_j exp(-beta gap_j)."""
+def _moments(gap, beta):
+  """(z, E_p[gap], Var_p[gap]) for p_j = exp(-beta gap_j) / z, gap_j = max x - x_j >= 0:
+  the top mass is 1/z and the entropy beta E_p[gap] + log z."""
   e = np.exp(-beta * gap)
   z = e.sum()
-  return beta * (e @ gap) / z + math.log(z)
+  m1 = e @ gap / z
+  return z, m1, max(e @ (gap * gap) / z - m1 * m1, 0.0)
 
 
-def critical_beta(x, criterion: str, iters: int = 48) -> float:
-  """beta* of the logits' directions x_j = <q, k_j> (float64), by bisection in log beta."""
+def critical_beta(x, criterion: str, guess: float | None = None, tol: float = 1e-9) -> float:
+  """beta* of the logits' directions x_j = <q, k_j> (float64): the root in u = log beta
+  of log z - log 2 (top mass 1/2; d/du = -beta E_p[gap]) or of H - (log n)/2 (d/du =
+  -beta^2 Var_p[gap]), both decreasing in u; Newton's steps kept inside a bisection
+  bracket, from `guess` (e.g. the root at a smaller n) if given. NaN when the bracket
+  holds no crossing (n = 2, ties at the top)."""
   gap = x.max() - x
-  n = len(x)
-  if criterion == "top_half":
-    above = lambda beta: _top_mass(gap, beta) >= 0.5
-  else:
-    above = lambda beta: _entropy(gap, beta) <= 0.5 * math.log(n)
+  half_log_n = 0.5 * math.log(len(x))
+
+  def f(u):  # (value, derivative in u)
+    beta = math.exp(u)
+    z, m1, var = _moments(gap, beta)
+    if criterion == "top_half":
+      return math.log(z) - math.log(2.0), -beta * m1
+    return beta * m1 + math.log(z) - half_log_n, -beta * beta * var
+
   lo, hi = LOG_BETA_RANGE
-  if above(math.exp(lo)) or not above(math.exp(hi)):
-    return math.nan  # no crossing inside the bracket (n = 2, ties)
-  for _ in range(iters):
-    mid = 0.5 * (lo + hi)
-    lo, hi = (lo, mid) if above(math.exp(mid)) else (mid, hi)
-  return math.exp(0.5 * (lo + hi))
+  if f(lo)[0] <= 0 or f(hi)[0] > 0:
+    return math.nan
+  u = math.log(guess) if guess and lo < math.log(guess) < hi else 0.5 * (lo + hi)
+  for _ in range(200):
+    value, slope = f(u)
+    if value > 0:
+      lo = u
+    else:
+      hi = u
+    step = -value / slope if slope < 0 else math.inf
+    nxt = u + step
+    if not lo < nxt < hi:
+      nxt = 0.5 * (lo + hi)
+    if abs(nxt - u) < tol or hi - lo < tol:
+      return math.exp(nxt)
+    u = nxt
+  return math.exp(u)
 
 
 def selectivity(q, k, betas):
@@ -197,7 +213,7 @@ def ns_up_to(max_n: int) -> list[int]:
 
 
 def critical_length(dims=(16, 32, 64, 128), *, dists=("sphere", "gaussian", "planted"),
-                    max_n: int = 65536, seeds: int = 12, seed: int = 0, pool=None,
+                    max_n: int = 65536, seeds: int = 24, seed: int = 0, pool=None,
                     trained_info=None, curve_betas: int = 33) -> CriticalLengthResult:
   """beta*(n) for every distribution, d and seed, and seed 0's selectivity curves.
 
@@ -214,9 +230,10 @@ def critical_length(dims=(16, 32, 64, 128), *, dists=("sphere", "gaussian", "pla
       rng = np.random.default_rng([seed, case_index, s])
       q, k = draw(dist, d, max_n, rng, pool)
       x = (k @ q).astype(np.float64)
+      previous = {}
       for n in ns:
-        raw.append({"dist": dist, "d": d, "seed": s, "n": n,
-                    **{c: critical_beta(x[:n], c) for c in CRITERIA}})
+        previous = {c: critical_beta(x[:n], c, previous.get(c)) for c in CRITERIA}
+        raw.append({"dist": dist, "d": d, "seed": s, "n": n, **previous})
       if s:
         continue
       for n in [n for n in CURVE_NS if n <= max_n] or [max_n]:
@@ -399,7 +416,7 @@ def add_arguments(p) -> None:
                  help="head dims d of the synthetic keys")
   g.add_argument("--critical_max_n", type=int, default=65536,
                  help="the largest n (n = 16, 32, ... up to it)")
-  g.add_argument("--critical_seeds", type=int, default=12, help="seeds (query and keys each)")
+  g.add_argument("--critical_seeds", type=int, default=24, help="seeds (query and keys each)")
   g.add_argument("--critical_dists", nargs="+", default=["sphere", "gaussian", "planted"],
                  choices=DISTRIBUTIONS[:-1], help="synthetic key distributions")
   g.add_argument("--critical_layer", type=int, default=-1,
