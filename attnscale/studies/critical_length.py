@@ -154,8 +154,8 @@ def critical_beta(x, criterion: str, guess: float | None = None, tol: float = 1e
     beta = math.exp(u)
     z, m1, var = _moments(gap, beta)
     if criterion == "top_half":
-      return math.log(z) - math.log(2.0), -beta * m1
-    return beta * m1 + math.log(z) - half_log_n, -beta * beta * var
+      return math.log(z) - math.log(2.0), float(-beta * m1)
+    return float(beta * m1) + math.log(z) - half_log_n, float(-beta * beta * var)
 
   lo, hi = LOG_BETA_RANGE
   if f(lo)[0] <= 0 or f(hi)[0] > 0:
@@ -315,7 +315,7 @@ def beta_rows(raw: list[dict]) -> list[dict]:
 def plot_beta(raw: list[dict], fits: list[dict]):
   """beta* (top mass = 1/2) against n, one panel per distribution, with both fitted laws."""
   dists = list(dict.fromkeys(r["dist"] for r in raw))
-  fig = reporting.new_figure(3.4 * len(dists), 3.2)
+  fig = reporting.new_figure(2.9 * len(dists), 2.8)
   axes = fig.subplots(1, len(dists), squeeze=False)[0]
   table = beta_rows(raw)
   for ax, dist in zip(axes, dists):
@@ -345,14 +345,20 @@ def plot_beta(raw: list[dict], fits: list[dict]):
 
 
 def plot_curves(curves: list[dict]):
-  """Seed 0's top mass, entropy / log n and output distance against beta."""
+  """Seed 0's top mass, entropy / log n, n_eff / n and output distance against beta, at
+  each d's largest n."""
   measures = [("top_mass", "top mass"), ("entropy_over_log_n", "entropy / log n"),
               ("n_eff_over_n", "n_eff / n"), ("distance", "|z - mean v|")]
   dists = list(dict.fromkeys(r["dist"] for r in curves))
-  fig = reporting.new_figure(2.8 * len(measures), 2.3 * len(dists))
+  fig = reporting.new_figure(2.4 * len(measures), 1.9 * len(dists))
   axes = fig.subplots(len(dists), len(measures), squeeze=False)
   for row, dist in zip(axes, dists):
-    cases = list(dict.fromkeys((r["d"], r["n"]) for r in curves if r["dist"] == dist))
+    # The largest n of each d: the curves of smaller n are in the CSV.
+    largest = {}
+    for r in curves:
+      if r["dist"] == dist:
+        largest[r["d"]] = max(largest.get(r["d"], 0), r["n"])
+    cases = list(largest.items())
     for ax, (key, label) in zip(row, measures):
       for i, (d, n) in enumerate(cases):
         rs = [r for r in curves if (r["dist"], r["d"], r["n"]) == (dist, d, n)]
@@ -367,7 +373,7 @@ def plot_curves(curves: list[dict]):
       if key == "top_mass" and ax.get_legend():
         ax.get_legend().set_visible(dist == dists[0])
         if dist == dists[0]:
-          ax.legend(fontsize=5, ncol=2)
+          ax.legend(fontsize=6)
   return fig
 
 
