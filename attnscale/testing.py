@@ -45,6 +45,9 @@ SCALING_CASES = [
     ("log_n_ratio", "log_n_ratio", {"train_len": 4}),  # sharper past 4 keys
     ("temperature_tuning", "temperature_tuning", {"floor_scale": 3, "beta": 0.5}),
     ("yarn", "yarn", {"train_len": 4}),  # sharper past 4 keys
+    ("log_n_power_2", "log_n_power", {"train_len": 4, "p": 2.0, "gamma": 1.5}),
+    ("n_power", "n_power", {"train_len": 4, "a": 0.5}),
+    ("scale_invariant", "scale_invariant", {"tau": 2.0}),  # a_t, m_t move within 10 keys
 ]
 
 

@@ -55,6 +55,8 @@ def test_every_scaling_lowers_to_cudnn():
   cuDNN's partitioned custom call in the lowered program (compiling each is what the
   tests above do for standard; plain softmax, no soft-cap or sink)."""
   for name in [*scalings.names(), "unit_scaled"]:
+    if name != "unit_scaled" and hasattr(scalings.get(name), "logit_mod"):
+      continue  # a per-pair logit transform (scale_invariant): the XLA kernel everywhere
     lowered, _ = aot.lower_steps(compile_config("test", name), TARGET)
     assert "CustomSPMDPartitioning" in lowered["train_step"].as_text(), name
 

@@ -49,6 +49,8 @@ CASES = {
                   "--out", "OUT", "--workdirs", f"{RESULTS}/shared_kv/raw",
                   f"{RESULTS}/shared_kv/raw_cpu"],
     "depth": [*STUDIES.split(), "depth", "--out", "OUT", "--workdirs", f"{RESULTS}/depth/raw"],
+    "critical_length": [*STUDIES.split(), "critical_length", "--out", "OUT", "--critical_raw",
+                        f"{RESULTS}/critical_length/critical_length_raw.csv"],
 }
 
 

@@ -1,10 +1,13 @@
 """Pure functional dot-product attention with a pluggable scaling.
 
-    z_i = c_i * sum_j p_ij v_j,   p_i = normalizer_j(l_ij),   l_ij = cap((q'_i . k'_j) * s_i)
+    z_i = c_i * sum_j p_ij v_j,   p_i = normalizer_j(l_ij),   l_ij = cap(mod_ij((q'_i . k'_j) * s_i))
 
 where (q', k', s_i, c_i) come from the scaling (`attnscale.scalings`) and only the
-keys visible to query i (mask, causality) take part. cap is the optional logit
-soft-cap c tanh(x / c), and FoX's forget gate optionally adds D_ij = sum_{l=j+1}^{i}
+keys visible to query i (mask, causality) take part. mod_ij is the identity
+unless the scaling has a per-pair transform `scale_fn.logit_mod(l, i, j)` of
+positions i, j (scale-invariant attention's; the XLA kernel takes it, so such
+a scaling runs there on every platform). cap is the optional logit soft-cap
+c tanh(x / c), and FoX's forget gate optionally adds D_ij = sum_{l=j+1}^{i}
 log f_l; the normalizer is softmax (optionally with an attention sink: an extra
 exp(b) in the denominator), sigmoid(l_ij - log n_i), or one of
 `attnscale.core.normalizers` (softpick, ReLU/L, stick-breaking). Two
@@ -128,6 +131,7 @@ def attention(q_BTNH: Array,
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
   scale_fn = scale_fn or scalings_lib.Standard()
+  logit_mod = getattr(scale_fn, "logit_mod", None)
   if implementation == "reference":
     scaled = scale_fn(q_BTNH, k_BSKH, keys)
     out_scale_BTN = scaled.output_scale
@@ -142,11 +146,11 @@ def attention(q_BTNH: Array,
 
   if implementation == "reference":
     z_BTNH, stats = _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink,
-                               return_stats, log_forget)
+                               return_stats, log_forget, logit_mod)
   else:
     z_BTNH, sink_BTN, stats = fused_lib.fused(q_BTNH_folded, k_BSKH_folded, v_BSKH, keys,
                                               implementation, normalizer, logit_softcap,
-                                              sink, return_stats, log_forget)
+                                              sink, return_stats, log_forget, logit_mod)
     if sink_BTN is not None:
       out_scale_BTN = sink_BTN if out_scale_BTN is None else sink_BTN * fused_lib.broadcast(
           out_scale_BTN, sink_BTN.shape)
@@ -190,19 +194,20 @@ def attention_weights(q_BTNH: Array,
   B, T, N, _ = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
-  scaled = (scale_fn or scalings_lib.Standard())(q_BTNH, k_BSKH, keys)
+  scale_fn = scale_fn or scalings_lib.Standard()
+  scaled = scale_fn(q_BTNH, k_BSKH, keys)
   logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink,
-                                            log_forget)
+                                            log_forget, getattr(scale_fn, "logit_mod", None))
   return logits_BKGTS.reshape(B, N, T, S), p_BKGTS.reshape(B, N, T, S)
 
 
 def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False,
-               log_forget_BTN=None):
+               log_forget_BTN=None, logit_mod=None):
   """The definition: materialised logits, float32 normaliser, einsums; (z, stats or None)."""
   B, S, K, H = v_BSKH.shape
   T, N = keys.q_len, keys.num_heads
   logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink,
-                                            log_forget_BTN)
+                                            log_forget_BTN, logit_mod)
   z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
   z_BTNH = z_BTKGH.reshape(B, T, N, H)
   if not return_stats:
@@ -215,7 +220,7 @@ def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_sta
 
 
 def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None,
-                      log_forget_BTN=None):
+                      log_forget_BTN=None, logit_mod=None):
   T, S, N, K = keys.q_len, keys.kv_len, keys.num_heads, keys.num_kv_heads
   G, H = N // K, scaled.q.shape[-1]
   # Group query heads by their key/value head: n = k * G + g.
@@ -224,6 +229,9 @@ def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None
   s_BTN = fused_lib.broadcast(scaled.logit_scale, (B, T, N))
   s_BKGT1 = s_BTN.reshape(B, T, K, G).transpose(0, 2, 3, 1)[..., None]
   logits_BKGTS = logits_BKGTS * s_BKGT1
+  if logit_mod is not None:  # a per-pair transform of positions i, j (scale_invariant)
+    logits_BKGTS = logit_mod(logits_BKGTS, jnp.arange(T).reshape(1, 1, 1, T, 1),
+                             jnp.arange(S).reshape(1, 1, 1, 1, S))
   if logit_softcap is not None:
     logits_BKGTS = jnp.tanh(logits_BKGTS / logit_softcap) * logit_softcap
   if log_forget_BTN is not None:

@@ -81,7 +81,7 @@ def fold(scale_fn, q_BTNH, k_BSKH, keys, dtype):
 
 
 def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink,
-          return_stats=False, log_forget_BTN=None):
+          return_stats=False, log_forget_BTN=None, logit_mod=None):
   """Calls a fused kernel with scale 1 on the folded q (`fold`); returns (z, sink factor,
   `AttentionStats` or None).
 
@@ -95,11 +95,14 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
   the XLA kernel itself, or for splash and cuDNN (which return no row max or
   weighted logit sum) from the XLA kernel run with an empty value head dim: its
   logits and softmax again, no p @ v product, no gradient. FoX's log forget
-  gate (`log_forget_BTN`, [B, T, N]) runs the XLA kernel, which builds its bias.
+  gate (`log_forget_BTN`, [B, T, N]) runs the XLA kernel, which builds its bias;
+  so does `logit_mod`, the scaling's per-pair logit transform
+  (`ScaleInvariant.logit_mod`).
   """
   dtype = v_BSKH.dtype
   kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
-                      normalizer, logit_softcap, sink, log_forget=log_forget_BTN is not None)
+                      normalizer, logit_softcap, sink, log_forget=log_forget_BTN is not None,
+                      logit_mod=logit_mod)
   z_BTNH = None
   if kernel == "splash":
     z_BTNH = _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink)
@@ -111,7 +114,7 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
         raise
   if z_BTNH is None:
     return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats,
-                log_forget_BTN)
+                log_forget_BTN, logit_mod)
   if not return_stats:
     return z_BTNH, None, None
   # The stats-only pass: v with head dim 0 makes the kernel's p @ v empty.
@@ -136,15 +139,21 @@ def target_platform() -> str:
 
 
 def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
-               logit_softcap, sink, log_forget: bool = False) -> str:
+               logit_softcap, sink, log_forget: bool = False, *, logit_mod=None) -> str:
   """The fused kernel a call runs: "splash", "cudnn" or "xla" (see `fused`).
 
   None picks by `target_platform()`: splash on a TPU unless
   `splash_attention.unsupported_reason` names a reason; cuDNN on a GPU for
   bf16/fp16 softmax with no soft-cap and no sink (jax.nn neither takes a tanh
-  nor returns lse); the XLA kernel otherwise, and for FoX's forget gate
-  (`log_forget`: neither splash nor jax.nn takes a T x S bias built in the kernel).
+  nor returns lse); the XLA kernel otherwise, for FoX's forget gate (`log_forget`:
+  neither splash nor jax.nn takes a T x S bias built in the kernel), and always for
+  a scaling with a per-pair logit transform (`logit_mod`: neither takes one).
   """
+  if logit_mod is not None:
+    if implementation in ("splash", "cudnn"):
+      raise ValueError(f"implementation={implementation!r} cannot take this scaling's per-pair "
+                       "logit transform (scale_invariant): use None, 'xla' or 'reference'")
+    return "xla"
   if implementation in ("xla", "splash", "cudnn"):
     return implementation
   if log_forget:
@@ -242,7 +251,7 @@ def cpu_batch_chunk(q_shape, k_shape, is_causal: bool) -> int | None:
 
 
 def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False,
-         log_forget_BTN=None):
+         log_forget_BTN=None, logit_mod=None):
   """The XLA kernel; returns (z, sink factor or None, `AttentionStats` or None)."""
   bias_BTN = None
   if normalizer == "sigmoid":
@@ -252,6 +261,7 @@ def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_s
   out = xla_attention.dot_product_attention(
       q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
       logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, log_forget_BTN=log_forget_BTN,
+      logit_mod=logit_mod,
       return_lse=sink is not None,
       return_stats=return_stats,
       batch_chunk=cpu_batch_chunk(q_BTNH.shape, k_BSKH.shape, keys.is_causal))

@@ -5,13 +5,20 @@ n_i or the query's position, so that attention stays sharp past what training sa
     log_n_ratio         Qwen's logn attention: max(1, log_L(n_i)) / sqrt(d)
     temperature_tuning  Llama 4's attention temperature, by query position
     yarn                YaRN's temperature (Peng et al. 2023), by n_i / L
+    log_n_power         gamma (log n_i / log L)^p / sqrt(d): the critical log law, p a field
+    n_power             gamma (n_i / L)^a / sqrt(d): the power law n^(2/(d-1)) of the sphere
+    scale_invariant     Anson et al. 2025: a_t l + m_t by the distance t = i - j (not foldable)
 
-All but log_n are exactly standard attention up to the training length L (a
-model fills L from `model.block_size`, `from_dims`), so they only matter when a
-model runs longer than it was trained: docs/experiments/length.md measures that.
+log_n_ratio, temperature_tuning and yarn are exactly standard attention up to
+the training length L (a model fills L from `model.block_size`, `from_dims`), so
+they only matter when a model runs longer than it was trained:
+docs/experiments/length.md measures that. log_n_power and n_power are standard
+at n_i = L with gamma = 1 (docs/experiments/critical_length.md simulates where
+the critical scale sits).
 Each counts only the keys its query sees (`VisibleKeys.count`, causal prefix and
 no padding), never the total length, so a prefix's outputs are the full
-sequence's there; each folds into q, so the fused kernel serves it.
+sequence's there; each but scale_invariant folds into q, so the fused kernel
+serves it (scale_invariant's per-pair transform runs in the XLA kernel).
 
 They register in scalings.py's registry on import (attnscale/core/__init__.py
 imports this module), so configs name them as any other: `scalings.get("yarn")`.
@@ -172,3 +179,140 @@ register("temperature_tuning", bilinear=True, mup=NO_MUP,
          from_dims={"floor_scale": lambda dims: dims.train_len})(TemperatureTuning)
 register("yarn", bilinear=True, mup=NO_MUP,
          from_dims={"train_len": lambda dims: dims.train_len})(Yarn)
+
+
+# ---------------------------------------------------------------------------
+# The critical-length family (issue #62, docs/experiments/critical_length.md): how
+# the logit scale should grow with n, as a law with an exponent, not a recipe.
+
+
+@dataclasses.dataclass(frozen=True)
+class LogNPower:
+  """s_i = gamma * (log n_i)^p / (log L)^p / sqrt(d): the log law with an exponent.
+
+  The critical scaling of Chen, Lin, Polyanskiy & Rigollet 2025, "Critical
+  attention scaling in long-context transformers" (arXiv 2510.05554, ICLR 2026):
+  logits multiplied by beta_n = gamma log n have a phase transition in gamma,
+  and beta_n ~ log n is the scaling between rank collapse (all tokens to one
+  direction) and attention reducing to the identity; p = 1 is that law, other p
+  test it (p = 0 is standard attention at every n). Dividing by f(L) = (log L)^p,
+  L the training length (`model.block_size`, `from_dims`), keeps the trained
+  scale at n_i = L, so gamma = 1 is standard there (Qwen's log_L(n) is p = 1
+  floored at 1; this one is not floored: shorter prefixes are flatter).
+  `normalise=False` drops the 1/f(L): s_i = gamma (log n_i)^p / sqrt(d).
+
+  Causal rule: n_i counts the keys query i sees (`VisibleKeys.count`), never
+  the total length. (log 1)^p = 0 for p > 0 (one key: weight 1 anyway) and
+  0^0 = 1, so p = 0 is exactly standard. Folds into q: the fused kernel serves it.
+  """
+
+  gamma: float = 1.0
+  p: float = 1.0
+  train_len: int = 2048
+  normalise: bool = True
+
+  def __post_init__(self):
+    if not self.p >= 0:
+      raise ValueError(f"log_n_power's p must be >= 0, got {self.p}")
+    if self.normalise and self.p > 0 and not self.train_len >= 2:
+      raise ValueError(f"log_n_power's train_len must be >= 2 (log L > 0), got {self.train_len}")
+
+  def __call__(self, q, k, keys):
+    log_n_BTN = jnp.log(jnp.maximum(keys.count(), 1.0))
+    f_BTN = jnp.ones_like(log_n_BTN) if self.p == 0 else log_n_BTN ** self.p
+    norm = math.log(self.train_len) ** self.p if self.normalise else 1.0
+    return Scaled(q, k, logit_scale=self.gamma / norm * f_BTN * q.shape[-1] ** -0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class NPower:
+  """s_i = gamma * (n_i / L)^a / sqrt(d): the power law in the key count.
+
+  "Scaling limits of long-context transformers" (arXiv 2605.08505, 2026): for
+  a fixed query and n i.i.d. keys uniform on the sphere S^{d-1}, selectivity
+  emerges at beta_n* ~ n^{2/(d-1)}, set by the local distribution of distances
+  to the query (the mass of a cap of angular radius r scales as r^{d-1}); so
+  a = 2/(d-1) is that law's exponent, and a = 0 is standard attention.
+  Normalised as `LogNPower`: f(n)/f(L) = (n_i/L)^a with L the training length
+  (`from_dims`), gamma = 1 standard at n_i = L; `normalise=False` gives
+  s_i = gamma n_i^a / sqrt(d).
+
+  Causal rule: n_i counts the keys query i sees, never the total length.
+  Folds into q: the fused kernel serves it.
+  """
+
+  gamma: float = 1.0
+  a: float = 0.0
+  train_len: int = 2048
+  normalise: bool = True
+
+  def __post_init__(self):
+    if not math.isfinite(self.a):
+      raise ValueError(f"n_power's a must be a finite number, got {self.a}")
+    if not self.train_len >= 1:
+      raise ValueError(f"n_power's train_len must be >= 1, got {self.train_len}")
+
+  def __call__(self, q, k, keys):
+    n_BTN = jnp.maximum(keys.count(), 1.0)
+    if self.normalise:
+      n_BTN = n_BTN / self.train_len
+    return Scaled(q, k, logit_scale=self.gamma * n_BTN ** self.a * q.shape[-1] ** -0.5)
+
+
+# Two names, one per law, each with its own exponent field (p for the log law, a for
+# the power law): a config then names the law it means and cannot set the other's field.
+register("log_n_power", bilinear=True,
+         from_dims={"train_len": lambda dims: dims.train_len})(LogNPower)
+register("n_power", bilinear=True,
+         from_dims={"train_len": lambda dims: dims.train_len})(NPower)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleInvariant:
+  """l_ij = a_t (q_i . k_j) / sqrt(d) + m_t, t = i - j: scale-invariant attention.
+
+  Anson, Wang & Aitchison 2025, "Scale-invariant attention" (arXiv 2505.17083,
+  NeurIPS 2025): with Gaussian logits, multiplying the logit of a key t tokens
+  back by a_t and adding m_t, where
+
+      a_t = sqrt(2 [log(t / tau + 1) - log alpha + beta / alpha]),
+      m_t = -a_t^2 + beta / alpha,      alpha = beta = e^(1/2)  (a_0 = 1, m_0 = 0),
+
+  i.e. a_t = sqrt(2 log(1 + t/tau) + 1) and m_t = -2 log(1 + t/tau), makes the
+  expected total attention of every range [t, t Delta) of past tokens about
+  constant (scale-invariant total attention) and its entropy grow slower than
+  log t (scale-invariant sparsity). tau (the paper's best is about 10) is the
+  local window that stays standard: a_t ~ 1 and m_t ~ 0 for t << tau.
+
+  How it fits the `Scaled` contract: it does not. Both a_t and m_t depend on the
+  key (through t = i - j), so neither folds into q (a per-query factor) nor
+  drops out of the softmax (a shift constant across a query's keys would).
+  The scaling returns the standard `Scaled` and adds `logit_mod(l, i, j)`, a
+  per-pair transform of the scaled logits that the reference path and the XLA
+  kernel apply to each block of logits before the soft-cap and the mask (no
+  T x S array beyond the blocks the kernel already makes). Splash and cuDNN
+  take no such transform: the default kernel is the XLA one for this scaling
+  everywhere, and implementation="splash" or "cudnn" is an error.
+
+  Causal rule: t depends on positions only, so a prefix's outputs are the full
+  sequence's there. Bidirectional attention (which the paper does not define)
+  takes t = max(i - j, 0): keys ahead of the query are treated as t = 0.
+  """
+
+  tau: float = 10.0
+
+  def __post_init__(self):
+    if not self.tau > 0:
+      raise ValueError(f"scale_invariant's tau must be > 0, got {self.tau}")
+
+  def __call__(self, q, k, keys):
+    return Scaled(q, k, logit_scale=q.shape[-1] ** -0.5)
+
+  def logit_mod(self, logits, i, j):
+    """a_t l + m_t for t = max(i - j, 0); `i`, `j` broadcast against `logits`' last two axes."""
+    log_t = jnp.log1p(jnp.maximum(i - j, 0).astype(logits.dtype) / self.tau)
+    return jnp.sqrt(2.0 * log_t + 1.0) * logits - 2.0 * log_t
+
+
+# Not bilinear (QK-clip refused): m_t does not scale with the q and k projections.
+register("scale_invariant")(ScaleInvariant)

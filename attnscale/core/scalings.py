@@ -96,7 +96,10 @@ class Scaled:
 class ScaleFn(Protocol):
   """A scaling. It may also define `init_logit_scale(head_dim) -> float`, its
   constant s (standard, fully scaled, u-muP): the unit-scaled model sets its q/k
-  gradient scales from it (a scaling without one is treated as s = 1/sqrt(d))."""
+  gradient scales from it (a scaling without one is treated as s = 1/sqrt(d)); and
+  `logit_mod(logits, i, j)`, a per-pair transform of the scaled logits by the query
+  and key positions, which no per-query factor can express (scale_invariant's; the
+  reference path and the XLA kernel apply it, splash and cuDNN refuse it)."""
 
   def __call__(self, q_BTNH: Array, k_BSKH: Array, keys: VisibleKeys) -> Scaled:
     ...

@@ -1,12 +1,13 @@
 """The fused path's XLA kernel: softmax(q k^T) v with causal blocks and matmul-friendly layouts.
 
     z_i = sum_j p_ij v_j,   p_i = softmax_j(l_ij)   over the keys j query i sees,
-    l_ij = cap(q_i . k_j) + b_i
+    l_ij = cap(mod_ij(q_i . k_j)) + b_i
 
 The scale is already folded into q (`attnscale.core.fused`), so this is scaling-free.
 Options `attention` uses: `logit_softcap` c, cap(x) = c tanh(x / c) (Gemma 2),
 applied to the scaled logits before masking; a per-query logit bias b_i
-(`logit_bias_BTN`); normalizer="sigmoid", p_ij = sigmoid(l_ij) with no row
+(`logit_bias_BTN`); a per-pair transform mod_ij (`logit_mod`, scale-invariant
+attention's multiply and shift by the distance i - j); normalizer="sigmoid", p_ij = sigmoid(l_ij) with no row
 normalisation (Ramapuram et al. 2024; `attention` passes b_i = -log n_i), where
 an invisible key's weight is exactly 0; and `return_lse`, which also returns
 lse_i = log sum_j exp(l_ij) over the visible keys, from which `attention`
@@ -110,6 +111,7 @@ def dot_product_attention(q_BTNH: Array,
                           logit_softcap: float | None = None,
                           logit_bias_BTN: Array | None = None,
                           log_forget_BTN: Array | None = None,
+                          logit_mod=None,
                           return_lse: bool = False,
                           return_stats: bool = False,
                           batch_chunk: int | None = None):
@@ -134,6 +136,10 @@ def dot_product_attention(q_BTNH: Array,
       FoX's per-position log forget gate log f_t (Lin et al. 2025); adds
       D_ij = sum_{l=j+1}^{i} log f_l to l_ij after the bias
       (`normalizers.forget_bias`). None = off.
+    logit_mod: `f(logits, i, j)` applied to each block's logits before the
+      soft-cap, i and j the query and key positions (int arrays of the logits'
+      rank, broadcasting against them); a scaling's per-pair transform
+      (`ScaleInvariant.logit_mod`). None = identity.
     return_lse: softmax only: also return lse_i = log sum_j exp(l_ij) over the
       visible keys, [B, T, N] in float32 (or wider). A query that sees no key
       gets about the dtype's lowest value (its sink factor sigmoid(lse - b) is 0).
@@ -157,7 +163,8 @@ def dot_product_attention(q_BTNH: Array,
   if batch_chunk is not None and _divisor_at_most(rows, batch_chunk) < rows:
     kernel = functools.partial(
         dot_product_attention, is_causal=is_causal, block_q=block_q, normalizer=normalizer,
-        logit_softcap=logit_softcap, return_lse=return_lse, return_stats=return_stats)
+        logit_softcap=logit_softcap, logit_mod=logit_mod, return_lse=return_lse,
+        return_stats=return_stats)
     return in_batch_chunks(kernel, batch_chunk, q_BTNH, k_BSKH, v_BSKH, mask_BNTS=mask_BNTS,
                            logit_bias_BTN=logit_bias_BTN, log_forget_BTN=log_forget_BTN)
   if return_lse and normalizer != "softmax":
@@ -172,7 +179,7 @@ def dot_product_attention(q_BTNH: Array,
     raise ValueError(f"log_forget_BTN needs causal self-attention (is_causal=True, q_len = "
                      f"kv_len), got is_causal={is_causal}, q_len {T}, kv_len {S}")
   if (normalizer == "softmax" and logit_softcap is None and logit_bias_BTN is None
-      and log_forget_BTN is None and not (return_lse or return_stats)):
+      and log_forget_BTN is None and logit_mod is None and not (return_lse or return_stats)):
     return _softmax_attention(q_BTNH, k_BSKH, v_BSKH, mask_BNTS, is_causal, block_q)
   q_BKGTH, k_BKSH, v_BKSH, mask_BKGTS = _to_heads(q_BTNH, k_BSKH, v_BSKH, mask_BNTS)
   bias_BKGT1 = None
@@ -188,6 +195,9 @@ def dot_product_attention(q_BTNH: Array,
   z_blocks, lse_blocks, max_blocks, entropy_blocks = [], [], [], []
   for t0, t1, s1 in _blocks(T, S, block_q, is_causal):
     logits_BKGtS = _block_logits(q_BKGTH, k_BKSH, t0, t1, s1)
+    if logit_mod is not None:
+      logits_BKGtS = logit_mod(logits_BKGtS, jnp.arange(t0, t1).reshape(1, 1, 1, -1, 1),
+                               jnp.arange(s1).reshape(1, 1, 1, 1, -1))
     if logit_softcap is not None:
       logits_BKGtS = jnp.tanh(logits_BKGtS / logit_softcap) * logit_softcap
     if bias_BKGT1 is not None:

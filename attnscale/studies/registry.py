@@ -27,6 +27,7 @@ REGISTRY = {
     "coord_check": "attnscale.studies.coord_check:STUDY",
     "bert": "attnscale.studies.bert:STUDY",
     "transfer": "attnscale.studies.transfer:STUDY",
+    "critical_length": "attnscale.studies.critical_length:STUDY",
 }
 
 Runner = Callable[[argparse.Namespace], "tuple[list[str], list[str]]"]
