@@ -339,7 +339,7 @@ BAD_VALUES = {  # id: (config argument, overrides, the field the message must na
     "zero_learning_rate": ("preset=test", {"learning_rate": 0.0}, "config.learning_rate"),
     "unknown_optimizer": ("preset=test", {"optimizer": "sgd"}, "config.optimizer"),
     "heads_not_dividing_width": ("preset=test", {"model.num_heads": 3}, "model.num_heads"),
-    "unknown_normalizer": ("preset=test", {"model.normalizer": "relu"}, "model.normalizer"),
+    "unknown_normalizer": ("preset=test", {"model.normalizer": "softmin"}, "model.normalizer"),
     "unknown_dtype": ("preset=test", {"model.dtype": "float64"}, "model.dtype"),
 }
 LATE_BAD_VALUES = {  # need the data (vocab) or the scaling's factory: still before the workdir
