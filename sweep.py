@@ -5,11 +5,11 @@ r"""Runs a learning-rate x scaling sweep and writes its results table and figure
       --print_commands          # one train.py line per point, for a cluster
   python sweep.py --config=configs/shakespeare_char.py --sweep=graphcore --workdir=runs/gc \
       --collect_only            # tables and figures from whatever has finished
-  python sweep.py ... --archive_to=docs/results/NAME/raw   # records to commit (no weights)
+  python sweep.py ... --archive_to=docs/results/NAME/runs.parquet   # records to commit (no weights)
   python sweep.py ... --jobs=2  # two points at once, each on half the CPUs
   python sweep.py ... --pack=8  # up to 8 points (seeds, rates) in one vmapped program
   python sweep.py ... --print_best_runs   # seed 0 at each scaling's best rate
-  python sweep.py ... --workdir=docs/results/NAME/raw --retrain_best_to=runs/NAME_best
+  python sweep.py ... --workdir=docs/results/NAME/runs.parquet --retrain_best_to=runs/NAME_best
       # those runs trained again (with eval.json) where only their records are kept
   attnscale-sweep --config=shakespeare_char.py ...  # the same, from any folder
 

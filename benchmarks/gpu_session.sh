@@ -15,8 +15,8 @@
 #   5. (by name only: `dropout`) nanogpt's train step with dropout 0.2: does drawing
 #      its masks (XLA's fused threefry) slow the GPU compile, as it did the init's?
 #   6. (by name only: `finish`) finish a CPU sweep here: SWEEP=transfer
-#      RAW=docs/results/transfer/raw bash benchmarks/gpu_session.sh finish copies the
-#      archived records into a workdir, runs the rest of the sweep packed (PACK=32,
+#      RAW=docs/results/transfer/runs.parquet bash benchmarks/gpu_session.sh finish
+#      unpacks the study's results store into a workdir, runs the rest of the sweep packed (PACK=32,
 #      JOBS=6, float32 at full matmul precision, no --evaluate: an eval.py process a
 #      point costs more than its training here; ONLY=width256: only the points whose
 #      name matches, e.g. those that cost a CPU most; SWEEP=transfer_512 ONLY=width512:
@@ -107,14 +107,16 @@ run() {  # run STEP: one of the steps below
   dropout) step $1 150 $PY benchmarks/train_throughput.py --sizes nanogpt --frameworks jax \
       --dtype bfloat16 --rounds 3 --steps 10 --dropout 0.2 ;;  # warm-up vs train's nanogpt row
   finish) rm -rf /tmp/sweep_finish && mkdir -p /tmp/sweep_finish "$OUT/raw" \
-      && cp -r "${RAW:?RAW=the archived records}"/. /tmp/sweep_finish/ \
+      && $PY -m attnscale.experiments.results_store unpack \
+        "${RAW:?RAW=the study's results store, docs/results/<study>/runs.parquet}" /tmp/sweep_finish \
+      && ls /tmp/sweep_finish > /tmp/sweep_finish.had \
       && KILL_AFTER=${KILL_AFTER:-30} JAX_DEFAULT_MATMUL_PRECISION=highest \
       XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}" step $1 420 $PY sweep.py \
       --config="${CONFIG:-configs/shakespeare_char.py}" --sweep="${SWEEP:?SWEEP=a sweep name}" \
       --workdir=/tmp/sweep_finish --pack="${PACK:-32}" --jobs="${JOBS:-6}" \
       --archive_to="$OUT/raw" ${ONLY:+--only="$ONLY"}
     for d in "$OUT"/raw/*/; do  # only what is new comes back
-      [ -d "$RAW/$(basename "$d")" ] && rm -rf "$d"
+      grep -qxF "$(basename "$d")" /tmp/sweep_finish.had && rm -rf "$d"
     done
     # One file: a lent machine returns only a few files from $OUT (the 2026-11-27 call
     # brought back 8 of 84). Unpack at home with tar -xzf raw.tgz.

@@ -2,17 +2,20 @@
 committed run records by the page's own command (issue #38: "every number on a
 study page is recomputed from runs.csv by the page's study command").
 
-Each case is the records-only command its page gives (docs/experiments/*.md), run
-into a temporary folder; every .csv and .md it writes that is also committed in
-docs/results/<study>/ must be identical. A table that no longer matches means a
-page quotes numbers its records no longer give: a study's code changed, or a
-table it reads (bert's char-LM ranking reads the practice sweep's) was rerun,
-without the outputs being regenerated.
+The records are each study's store, docs/results/<study>/runs.parquet
+(attnscale/experiments/results_store.py: every archived run's files, one row a
+run; STORE/FOLDER names one folder of a store of several). Each case is the
+records-only command its page gives (docs/experiments/*.md), run into a temporary
+folder; every .csv and .md it writes that is also committed in docs/results/<study>/
+must be identical. A table that no longer matches means a page quotes numbers its
+records no longer give: a study's code changed, or a table it reads (bert's
+char-LM ranking reads the practice sweep's) was rerun, without the outputs being
+regenerated.
 
-Not here: the transfer study, whose sweep is still running (its committed tables
-are a snapshot the page dates; the archive grows past it), tables that need
-weights (shared_kv's diagnostics, the trained-model studies, precision's
-per-tensor figures), and figures (PNG bytes vary with matplotlib's version).
+Not here: tables that need weights (shared_kv's diagnostics, the trained-model
+studies, precision's per-tensor figures), and figures (PNG bytes vary with
+matplotlib's version and fonts; tests/test_results_store.py checks that one
+figure saved twice gives the same bytes).
 """
 
 import os
@@ -27,42 +30,41 @@ CONFIG = "configs/shakespeare_char.py"
 STUDIES = "-m attnscale.studies"
 
 
-# study folder -> the command (argv after python; OUT: the output folder; an argument
-# ending in /*: its run directories, sorted, as the shell's * gives them).
+STORE = "runs.parquet"
+
+
+def _store(study: str, folder: str = "") -> str:
+  return f"{RESULTS}/{study}/{STORE}" + (f"/{folder}" if folder else "")
+
+
+# study folder -> the command (argv after python; OUT: the output folder).
 CASES = {
     "graphcore_cpu": ["sweep.py", f"--config={CONFIG}", "--sweep=graphcore_cpu_protocol",
-                      f"--workdir={RESULTS}/graphcore_cpu/raw", "--collect_only",
+                      f"--workdir={_store('graphcore_cpu')}", "--collect_only",
                       "--results_to=OUT"],
     "practice": ["sweep.py", f"--config={CONFIG}", "--sweep=practice",
-                 f"--workdir={RESULTS}/practice/raw", "--collect_only", "--results_to=OUT"],
+                 f"--workdir={_store('practice')}", "--collect_only", "--results_to=OUT"],
     "precision": [*STUDIES.split(), "precision", "--out", "OUT", "--workdirs",
-                  f"{RESULTS}/precision/raw/*"],
+                  _store("precision")],
     "sensitivity": [*STUDIES.split(), "sensitivity", "--out", "OUT", "--workdirs",
-                    f"{RESULTS}/sensitivity/raw"],
+                    _store("sensitivity")],
     "bert": [*STUDIES.split(), "bert", "--no_eval", "--allow_mixed_code", "--out", "OUT",
-             "--workdirs", f"{RESULTS}/bert/raw"],
-    "length": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs",
-               f"{RESULTS}/length/raw/*"],
+             "--workdirs", _store("bert", "raw")],
+    "length": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs", _store("length")],
     "length_2025": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs",
-                    f"{RESULTS}/length_2025/raw/*"],
+                    _store("length_2025")],
     "shared_kv": [*STUDIES.split(), "shared_kv", "--allow_mixed_code", "--no_diagnostics",
-                  "--out", "OUT", "--workdirs", f"{RESULTS}/shared_kv/raw",
-                  f"{RESULTS}/shared_kv/raw_cpu"],
-    "depth": [*STUDIES.split(), "depth", "--out", "OUT", "--workdirs", f"{RESULTS}/depth/raw"],
+                  "--out", "OUT", "--workdirs", _store("shared_kv", "raw"),
+                  _store("shared_kv", "raw_cpu")],
+    "depth": [*STUDIES.split(), "depth", "--out", "OUT", "--workdirs", _store("depth")],
+    "transfer": [*STUDIES.split(), "transfer", "--out", "OUT", "--allow_mixed_code",
+                 "--workdirs", _store("transfer")],
+    "mup_mults": [*STUDIES.split(), "transfer", "--out", "OUT", "--allow_mixed_code",
+                  "--workdirs", _store("mup_mults"), _store("transfer"),
+                  "--labels", "^mup_adam_standard", "--reference", "mup_adam_standard"],
     "critical_length": [*STUDIES.split(), "critical_length", "--out", "OUT", "--critical_raw",
                         f"{RESULTS}/critical_length/critical_length_raw.csv"],
 }
-
-
-def _argv(command, out):
-  argv = []
-  for arg in command:
-    if arg.endswith("/*"):
-      folder = arg.removesuffix("/*")
-      argv += sorted(os.path.join(folder, d) for d in os.listdir(os.path.join(ROOT, folder)))
-    else:
-      argv.append(arg.replace("OUT", out))
-  return argv
 
 
 @pytest.mark.slow
@@ -71,7 +73,8 @@ def test_committed_tables_come_out_of_the_committed_records(study, tmp_path):
   if not os.path.isdir(os.path.join(ROOT, RESULTS, study)):
     pytest.skip(f"no {RESULTS}/{study} in this checkout")
   out = str(tmp_path / study)
-  done = subprocess.run([sys.executable, *_argv(CASES[study], out)], cwd=ROOT,
+  done = subprocess.run([sys.executable, *(a.replace("OUT", out) for a in CASES[study])],
+                        cwd=ROOT,
                         capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stderr[-2000:]
   compared, differ = [], []

@@ -47,8 +47,8 @@ def define_flags() -> types.SimpleNamespace:
       retrain_best_to=flags.DEFINE_string(
           "retrain_best_to", None, "Train seed 0 at each scaling's best learning rate again "
           "into this directory (then evaluate it: eval.json) and exit: the trained study's "
-          "input where --workdir holds records without weights (a committed archive, "
-          "docs/results/<study>/raw). Same config and seed; a different pack reorders "
+          "input where --workdir holds records without weights (a committed store, "
+          "docs/results/<study>/runs.parquet). Same config and seed; a different pack reorders "
           "float sums, so it prints each run's recorded and retrained loss side by side."),
       only=flags.DEFINE_string(
           "only", None, "Run only the points whose name matches this regular expression "
@@ -58,13 +58,16 @@ def define_flags() -> types.SimpleNamespace:
                                      "Only write the results of finished points."),
       results_to=flags.DEFINE_string(
           "results_to", None, "Write the results (results.md/csv, runs.csv, figures) here "
-          "instead of into --workdir: with --collect_only on a committed archive "
-          "(--workdir=docs/results/<study>/raw), a study page's tables again."),
+          "instead of into --workdir: with --collect_only on a committed store "
+          "(--workdir=docs/results/<study>/runs.parquet), a study page's tables again."),
       archive_to=flags.DEFINE_string(
-          "archive_to", None, "Also copy each finished point's records (config, metrics, "
-          "provenance, eval.json; no weights) to this directory, for committing: copied back "
-          "into a fresh --workdir, they count as done (attnscale/experiments/sweeps.py "
-          "archive); after each stage of a staged sweep and at the end."),
+          "archive_to", None, "Also add each finished point's records (config, metrics, "
+          "provenance, eval.json; no weights) to this results store, for committing "
+          "(docs/results/<study>/runs.parquet, or runs.parquet/FOLDER for one of several "
+          "folders; written whole to a temporary file and renamed: "
+          "attnscale/experiments/results_store.py), or copy them into this directory; "
+          "unpacked into a fresh --workdir, they count as done (run_records.archive); as "
+          "each point finishes, after each stage of a staged sweep and at the end."),
       evaluate=flags.DEFINE_bool(
           "evaluate", False, "Evaluate each finished point on the whole validation split "
           "(eval.py; eval.json) after each stage, before --archive_to copies it: an archived "
@@ -78,7 +81,18 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   del argv
   h = holders
   config, sweep, workdir = h.config.value, h.sweep.value, h.workdir.value
-  cli.check_workdir(workdir)
+  from attnscale.experiments import results_store
+  if results_store.is_store(workdir):  # a committed store: read it unpacked
+    if not (h.collect_only.value or h.print_best_runs.value or h.retrain_best_to.value):
+      cli.fail(f"--workdir={workdir} is a results store, which a sweep reads but does not "
+               "train in: unpack it into a run folder to resume from it (python -m "
+               f"attnscale.experiments.results_store unpack {workdir} runs/NAME)")
+    try:
+      workdir = results_store.workdir(workdir)
+    except (ValueError, FileNotFoundError) as e:
+      cli.fail(f"--workdir: {e}")
+  else:
+    cli.check_workdir(workdir)
   if h.jobs.value < 1:
     cli.fail(f"--jobs must be a positive integer, got {h.jobs.value}")
   if h.pack.value is not None and h.pack.value < 1:
@@ -95,7 +109,8 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     cli.fail(str(e))
   if h.print_best_runs.value:
     rows = sweeps.collect(workdir, points)
-    print(" ".join(os.path.join(workdir, run) for run in sweep_results.best_runs(rows)))
+    print(" ".join(os.path.join(results_store.shown(workdir), run)
+                   for run in sweep_results.best_runs(rows)))
     return
   if h.retrain_best_to.value:
     retrain_best(h, config, points, workdir, pack)

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 
 import ml_collections
@@ -93,12 +94,25 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
   step}); returns the runs copied. A run that diverged is finished too: its
   divergence is a result (a study's "x"), and it stays 'diverged' in the archive.
 
+  `dest` a results store (docs/results/<study>/runs.parquet[/FOLDER]): the same
+  records added to it, replacing a run of the same name (`results_store.add`:
+  the new store written beside the old and renamed over it, under a lock).
+
   What a sweep's results need, small enough to commit (tens of kB a run, no
   checkpoints): `collect` and the studies read an archived run as any other, and
-  a sweep counts it done (`status`), so copying `dest` back into a fresh
-  workdir (`cp -r DEST/. WORKDIR/`) resumes a staged sweep on another machine
-  without rerunning what finished. eval.py needs the weights: evaluate first.
+  a sweep counts it done (`status`), so unpacking the store into a fresh workdir
+  (`python -m attnscale.experiments.results_store unpack STORE WORKDIR`) resumes
+  a staged sweep on another machine without rerunning what finished. eval.py
+  needs the weights: evaluate first.
   """
+  from attnscale.experiments import results_store  # its own module: pandas, pyarrow
+  if results_store.is_store(dest):
+    store, folder = results_store.split(dest)
+    with tempfile.TemporaryDirectory() as staged:
+      copied = archive(workdir, staged, names)
+      if copied:
+        results_store.add(store, [os.path.join(staged, n) for n in copied], folder)
+    return copied
   copied = []
   for name in sorted(os.listdir(workdir) if names is None else names):
     run_dir = os.path.join(workdir, name)

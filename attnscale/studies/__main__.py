@@ -14,6 +14,7 @@ studies and their flags: attnscale/studies/registry.py (one line a study).
   python -m attnscale.studies sensitivity --out out --workdirs runs/sensitivity
   python -m attnscale.studies bert --out docs/results/bert --workdirs runs/bert
   python -m attnscale.studies transfer --out out --workdirs runs/transfer
+  python -m attnscale.studies depth --out out --workdirs docs/results/depth/runs.parquet
   python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \
       --widths=32,64,128,256,512 --steps=4 --out=docs/results/width
   python -m attnscale.studies coord_check --depths=2,4,8,16,32 --steps=4 --out=docs/results/depth
@@ -36,7 +37,8 @@ def parse_args(argv):
   p.add_argument("--out", required=True, help="directory for the PNG, CSV and Markdown files")
   p.add_argument("--seed", type=int, default=0, help="jax.random.key(seed) for every draw")
   p.add_argument("--workdirs", nargs="+", default=[],
-                 help="train.py run directories (or a sweep's directory)")
+                 help="train.py run directories (or a sweep's directory), or a "
+                      "results store (docs/results/<study>/runs.parquet[/FOLDER])")
   p.add_argument("--allow_mixed_code", action="store_true",
                  help="studies of trained runs: compare runs made by different commits "
                       "(their provenance.json), saying so under the table; without it, a "
@@ -72,6 +74,13 @@ def selected(args) -> list[str]:
 
 def main(argv=None):
   args = parse_args(sys.argv[1:] if argv is None else argv)
+  # A committed store (docs/results/<study>/runs.parquet[/FOLDER]) reads as the
+  # folder of runs it was packed from (results_store.workdir: unpacked once here).
+  from attnscale.experiments import results_store
+  try:
+    args.workdirs = results_store.workdirs(args.workdirs)
+  except (ValueError, FileNotFoundError) as e:
+    raise SystemExit(f"error: --workdirs {e}") from None
   for name in selected(args):
     paths, notes = registry.get(name).run(args)
     print("\n  ".join([f"{name}:"] + notes + paths))

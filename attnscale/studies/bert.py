@@ -41,7 +41,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, run_records, stats, sweep_results, sweeps
+from attnscale.experiments import (
+  reporting,
+  results_store,
+  run_records,
+  stats,
+  sweep_results,
+  sweeps,
+)
 from attnscale.studies import registry
 
 BASELINE = "standard"  # BERT's own model: post-LN, 1/sqrt(d)
@@ -293,7 +300,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   table = label_rows(best)
   claims = claim_rows(best)
   attention = attention_rows(best)
-  notes = [f"{len(rows)} runs of the bert sweep ({workdir}); {code}.",
+  notes = [f"{len(rows)} runs of the bert sweep ({results_store.shown(workdir)}); {code}.",
            "Final training MLM loss: mean of the last 20 steps; validation: eval.py over the "
            "whole WikiText-2 validation split; mean [95% t-interval] over the seeds at each "
            "label's best rate (the lowest seed mean among the rates with the most seeds).",

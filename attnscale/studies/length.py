@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, run_records, stats, sweep_results
+from attnscale.experiments import reporting, results_store, run_records, stats, sweep_results
 from attnscale.runtime import configlib, provenance
 from attnscale.studies import registry
 
@@ -224,7 +224,7 @@ def write_runs_csv(r: LengthResult, path: str) -> str:
 
 def run_length(a):
   try:
-    r = length_study(a.workdirs)
+    r = length_study(results_store.run_dirs(a.workdirs))  # a store: each of its runs
   except ValueError as e:
     raise SystemExit(f"error: {e}") from None
   first, last = r.lengths[0], r.lengths[-1]

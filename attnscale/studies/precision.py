@@ -29,7 +29,7 @@ precision_scales_<scaling>.png per scaling (float32, seed 0, at init and trained
 precision_scales.csv/.md (`scale_summary` of each: medians, underflow fractions),
 and precision_page.md: the tables of docs/experiments/precision.md as it shows
 them (`page_tables`).
-Every table also comes from archived runs (`--workdirs docs/results/precision/raw/*`:
+Every table also comes from archived runs (`--workdirs docs/results/precision/runs.parquet`:
 records and scales.json, no weights); the per-tensor figures need the weights.
 """
 
@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, stats, sweep_results
+from attnscale.experiments import reporting, results_store, stats, sweep_results
 from attnscale.numerics import precision, scale_tracking
 from attnscale.studies import registry
 
@@ -420,6 +420,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
 
   from attnscale.evaluation import eval_lib
   from attnscale.experiments import run_records
+  args.workdirs = results_store.run_dirs(args.workdirs)  # a store: each of its runs
   rows = precision_table(args.workdirs)
   failed = [r for r in rows if r["status"] == "diverged"]
   notes = [f"{len(rows)} runs; diverged: "

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, stats, sweep_results, sweeps
+from attnscale.experiments import reporting, results_store, stats, sweep_results, sweeps
 from attnscale.runtime import configlib, metric_keys, metrics_writer
 from attnscale.studies import registry
 
@@ -220,8 +220,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
     raise SystemExit("sensitivity: give --workdirs SWEEP_DIR (the sensitivity sweep's workdir)")
   rows = read_rows(args.workdirs[0])
   if not rows:
-    raise SystemExit(f"sensitivity: no finished runs in {args.workdirs[0]}")
-  notes = [f"{len(rows)} finished runs ({args.workdirs[0]}); final training loss = mean of "
+    raise SystemExit(f"sensitivity: no finished runs in {results_store.shown(args.workdirs[0])}")
+  notes = [f"{len(rows)} finished runs ({results_store.shown(args.workdirs[0])}); final training loss = mean of "
            "the last 20 steps; best_loss: mean over seeds at the best rate.",
            "sensitivity: Wortsman et al.'s mean over rates of min(L, L0) minus the best, "
            "L0 = ln V (diverged = L0), per seed; its mean and 95% t-interval over seeds "

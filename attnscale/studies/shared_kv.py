@@ -1,7 +1,7 @@
 """The shared key/value study: W_K = W_V against separate projections.
 
     python -m attnscale.studies shared_kv --out DIR --workdirs runs/shared_kv [runs/shared_kv_cpu]
-    python -m attnscale.studies shared_kv --out DIR --workdirs docs/results/shared_kv/raw \
+    python -m attnscale.studies shared_kv --out DIR --workdirs docs/results/shared_kv/runs.parquet/raw \
         --weights runs/shared_kv_best   # an archive; sweep.py --retrain_best_to's weights
 
 Reads the `shared_kv` sweep (configs/shakespeare_char_sweeps.py: each scaling with separate and
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, stats, sweep_results, sweeps
+from attnscale.experiments import reporting, results_store, stats, sweep_results, sweeps
 from attnscale.studies import registry
 
 SHARED = "+shared_kv"
@@ -211,7 +211,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   table = comparison_rows(rows, workdir)
   # The diagnostics restore the best runs' weights, which an archive does not keep.
   diag = None if args.no_diagnostics else diagnostic_rows(rows, workdir, args.weights)
-  notes = [f"{len(rows)} runs of the shared_kv sweep ({workdir}); final training loss = mean "
+  notes = [f"{len(rows)} runs of the shared_kv sweep ({results_store.shown(workdir)}); final training loss = mean "
            "of the last 20 steps, mean ± s.e. over seeds at each label's best rate.",
            "vs_separate: minus the same scaling with separate projections; verdict: its "
            "95% t-interval (paired by seed where the two share seeds, else Welch; "
@@ -246,7 +246,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
     paths += reporting.write_tables(
         comparison_rows(cpu, args.workdirs[1]), args.out, "shared_kv_cpu",
         title="Shared keys and values at the cpu preset (width 128, 1000 steps)",
-        notes=[f"{len(cpu)} runs ({args.workdirs[1]}), the preset's learning rate 2e-3 with "
+        notes=[f"{len(cpu)} runs ({results_store.shown(args.workdirs[1])}), the preset's learning rate 2e-3 with "
                "cosine decay; mean ± s.e. over seeds."], **fmt)
   return paths, notes
 

@@ -67,7 +67,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, stats, sweep_results
+from attnscale.experiments import reporting, results_store, stats, sweep_results
 from attnscale.studies import registry, transfer_runs, transfer_sensitivity, transfer_summary
 from attnscale.studies.transfer_runs import (
   TOL,
@@ -344,7 +344,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
     rows = read_workdirs(args.workdirs, labels)
   except re.error as e:
     raise SystemExit(f"transfer: --labels {labels!r} is not a regular expression: {e}") from None
-  workdir = " + ".join(args.workdirs)
+  workdir = " + ".join(map(results_store.shown, args.workdirs))
   if not rows:
     raise SystemExit(f"transfer: no finished runs in --workdirs {workdir}"
                      + (f" with a label matching --labels {labels!r}" if labels else ""))

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, sweep_results, sweeps
+from attnscale.experiments import reporting, results_store, sweep_results, sweeps
 from attnscale.studies import registry, transfer
 
 # The study's axis -> the model field it reads from each run's config.json.
@@ -109,11 +109,12 @@ def run_cli(args, axis: str = "width") -> tuple[list[str], list[str]]:
     raise SystemExit(f"{axis}: give --workdirs SWEEP_DIR (the {axis} sweep's workdir)")
   rows = read_rows(args.workdirs[0], axis)
   if not rows:
-    raise SystemExit(f"{axis}: no finished runs in {args.workdirs[0]}")
+    raise SystemExit(f"{axis}: no finished runs in {results_store.shown(args.workdirs[0])}")
   fits = slopes(rows, axis)
   table = transfer.table_rows(rows, fits, axis)
   code = registry.code_note(rows, args, axis)
-  notes = transfer.table_notes(rows, args.workdirs[0], code, axis, logits=False)
+  notes = transfer.table_notes(rows, results_store.shown(args.workdirs[0]), code, axis,
+                               logits=False)
   formats = {"best_lr": reporting.power_of_two, "transfer_lr": reporting.power_of_two}
   paths = reporting.write_tables(table, args.out, axis, title=f"{axis.capitalize()} study",
                                  notes=notes, floats=".3f", formats=formats)

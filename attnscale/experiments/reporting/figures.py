@@ -4,12 +4,20 @@ Figures are built with `matplotlib.figure.Figure` (the object-oriented API), so
 no GUI backend or pyplot global state is involved; `savefig` renders with Agg.
 A notebook displays them as the value of a cell (after `%matplotlib inline`).
 
+Every PNG is written by `save_figure` (or `write_png`), one place: no text chunk
+(no matplotlib version, no timestamp: PNG has none unless asked), 256 colours
+chosen by median cut without dithering (a plot has few colours; about a third of
+the bytes of the full-colour file, the same look), so the same figure gives the
+same bytes on every run and machine with the same matplotlib and fonts, and a
+committed figure changes only when its data does.
+
 A figure is saved as OUT_DIR/NAME.png, next to the NAME.csv and NAME.md tables
 of the same rows (`attnscale.experiments.reporting.tables`).
 """
 
 from __future__ import annotations
 
+import io
 import os
 
 from matplotlib.axes import Axes
@@ -49,8 +57,20 @@ def label_axes(ax: Axes, *, xlabel: str, ylabel: str, title: str) -> None:
 
 
 def save_figure(fig: Figure, out_dir: str, name: str) -> str:
-  """Writes OUT_DIR/NAME.png (DPI, no version metadata); returns the path."""
+  """Writes OUT_DIR/NAME.png (DPI, no metadata, `write_png`'s palette); returns the path."""
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, f"{name}.png")
-  fig.savefig(path, dpi=DPI, metadata=PNG_METADATA)
+  rendered = io.BytesIO()
+  fig.savefig(rendered, format="png", dpi=DPI, metadata=PNG_METADATA)
+  write_png(rendered, path)
   return path
+
+
+def write_png(source, path: str) -> None:
+  """Writes the PNG `source` (a path or file object) to `path` with 256 colours
+  (median cut, no dither: deterministic) and no text or time chunk."""
+  from PIL import Image  # matplotlib's own dependency
+  with Image.open(source) as image:
+    palette = image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT,
+                                            dither=Image.Dither.NONE)
+  palette.save(path, format="png", optimize=True)
