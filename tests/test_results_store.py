@@ -97,14 +97,14 @@ def test_a_reader_reads_a_store_as_the_folder(runs, tmp_path):
 
 def test_archive_to_a_store_adds_and_replaces_atomically(runs, tmp_path, monkeypatch):
   store = str(tmp_path / "results" / "runs.parquet")
-  assert run_records.archive(str(runs), store, ["a"]) == ["a"]
-  assert run_records.archive(str(runs), store) == ["a", "b"]  # a replaced, b added
+  assert results_store.archive(str(runs), store, ["a"]) == ["a"]
+  assert results_store.archive(str(runs), store) == ["a", "b"]  # a replaced, b added
   assert list(results_store.runs_frame(store)["run"]) == ["a", "b"]
   # A run archived again with other records replaces its row.
   with open(runs / "b" / "archived.json") as f:
     archived = json.load(f)
   (runs / "b" / "eval.json").write_text('{"step": 1}')
-  run_records.archive(str(runs), store, ["b"])
+  results_store.archive(str(runs), store, ["b"])
   rows = pq.read_table(store).to_pylist()
   assert [r["eval.json"] for r in rows] == [None, '{"step": 1}']
   assert json.loads(rows[1]["archived.json"]) == archived
@@ -116,7 +116,7 @@ def test_archive_to_a_store_adds_and_replaces_atomically(runs, tmp_path, monkeyp
 
   monkeypatch.setattr(pq, "write_table", broken)
   with pytest.raises(OSError, match="disk full"):
-    run_records.archive(str(runs), store, ["a"])
+    results_store.archive(str(runs), store, ["a"])
   assert open(store, "rb").read() == before
   assert os.listdir(os.path.dirname(store)) == ["runs.parquet"]
 

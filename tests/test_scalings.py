@@ -154,7 +154,7 @@ def test_bad_mask_and_options():
   with pytest.raises(ValueError, match="implementation must be one of"):
     attnscale.attention(q, k, v, implementation="flash")
   with pytest.raises(ValueError, match="normalizer must be one of"):
-    attnscale.attention(q, k, v, normalizer="relu")
+    attnscale.attention(q, k, v, normalizer="softmin")
   with pytest.raises(ValueError, match="one dtype"):
     attnscale.attention(q, k.astype(jnp.bfloat16), v)
 

@@ -97,7 +97,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     cli.fail(f"--jobs must be a positive integer, got {h.jobs.value}")
   if h.pack.value is not None and h.pack.value < 1:
     cli.fail(f"--pack must be a positive integer, got {h.pack.value}")
-  from attnscale.experiments import run_records, sweep_results, sweeps
+  from attnscale.experiments import sweep_results, sweeps
   try:
     only = re.compile(h.only.value or "")
   except re.error as e:
@@ -129,7 +129,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     # (a kill, not a Ctrl-C) loses nothing that finished. --evaluate's eval.json
     # joins the archive when its stage ends (keep_records).
     archive_one = None if not h.archive_to.value else (
-        lambda point: run_records.archive(workdir, h.archive_to.value, [point.name]))
+        lambda point: results_store.archive(workdir, h.archive_to.value, [point.name]))
     run = lambda pts: sweeps.run_sweep(
         config, [p for p in pts if only.search(p.name)], workdir, jobs=h.jobs.value,
         pack=pack, on_done=archive_one)
@@ -195,12 +195,12 @@ def retrain_best(h: types.SimpleNamespace, config: str, points, workdir: str,
 def keep_records(h: types.SimpleNamespace, workdir: str, *, evaluate: bool = True) -> None:
   """--evaluate (unless `evaluate` is False), then --archive_to, over the finished
   points so far."""
-  from attnscale.experiments import run_records
+  from attnscale.experiments import results_store, run_records
   if evaluate and h.evaluate.value:
     evaluated = run_records.evaluate_finished(workdir)
     print(f"evaluated {len(evaluated)} finished points (eval.json)")
   if h.archive_to.value:
-    copied = run_records.archive(workdir, h.archive_to.value)
+    copied = results_store.archive(workdir, h.archive_to.value)
     print(f"archived {len(copied)} finished points to {h.archive_to.value}")
 
 

@@ -261,9 +261,9 @@ class NPower:
 
 # Two names, one per law, each with its own exponent field (p for the log law, a for
 # the power law): a config then names the law it means and cannot set the other's field.
-register("log_n_power", bilinear=True,
+register("log_n_power", bilinear=True, mup=NO_MUP,
          from_dims={"train_len": lambda dims: dims.train_len})(LogNPower)
-register("n_power", bilinear=True,
+register("n_power", bilinear=True, mup=NO_MUP,
          from_dims={"train_len": lambda dims: dims.train_len})(NPower)
 
 
@@ -315,4 +315,5 @@ class ScaleInvariant:
 
 
 # Not bilinear (QK-clip refused): m_t does not scale with the q and k projections.
-register("scale_invariant")(ScaleInvariant)
+register("scale_invariant", mup="its logits are multiplied and shifted by functions of the "
+         "distance i - j, and no muP rule is defined for that")(ScaleInvariant)

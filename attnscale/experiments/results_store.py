@@ -100,6 +100,22 @@ def split(path: str) -> tuple[str | None, str | None]:
   return None, None
 
 
+def archive(workdir: str, dest: str, names=None) -> list[str]:
+  """`run_records.archive` into `dest`, a folder or a store (STORE[/FOLDER]): a
+  store gets the same records added, replacing runs of the same names (`add`: the
+  new store written beside the old and renamed over it, under a lock). Returns the
+  runs archived."""
+  from attnscale.experiments import run_records  # its JSON readers; no JAX
+  if not is_store(dest):
+    return run_records.archive(workdir, dest, names)
+  store, folder = split(dest)
+  with tempfile.TemporaryDirectory() as staged:
+    copied = run_records.archive(workdir, staged, names)
+    if copied:
+      add(store, [os.path.join(staged, n) for n in copied], folder)
+  return copied
+
+
 # ---- packing ------------------------------------------------------------------
 
 

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 
 import ml_collections
@@ -94,9 +93,8 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
   step}); returns the runs copied. A run that diverged is finished too: its
   divergence is a result (a study's "x"), and it stays 'diverged' in the archive.
 
-  `dest` a results store (docs/results/<study>/runs.parquet[/FOLDER]): the same
-  records added to it, replacing a run of the same name (`results_store.add`:
-  the new store written beside the old and renamed over it, under a lock).
+  A results store as `dest` (docs/results/<study>/runs.parquet[/FOLDER]):
+  `results_store.archive`, which stages the records here and adds them to it.
 
   What a sweep's results need, small enough to commit (tens of kB a run, no
   checkpoints): `collect` and the studies read an archived run as any other, and
@@ -105,14 +103,6 @@ def archive(workdir: str, dest: str, names: Sequence[str] | None = None) -> list
   a staged sweep on another machine without rerunning what finished. eval.py
   needs the weights: evaluate first.
   """
-  from attnscale.experiments import results_store  # its own module: pandas, pyarrow
-  if results_store.is_store(dest):
-    store, folder = results_store.split(dest)
-    with tempfile.TemporaryDirectory() as staged:
-      copied = archive(workdir, staged, names)
-      if copied:
-        results_store.add(store, [os.path.join(staged, n) for n in copied], folder)
-    return copied
   copied = []
   for name in sorted(os.listdir(workdir) if names is None else names):
     run_dir = os.path.join(workdir, name)
