@@ -176,6 +176,11 @@ LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
 LENGTH_2025_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "temperature_tuning": 2.0**-9,
                    "yarn": 2.0**-9, "log_n,s=1": 2.0**-9, "log_n,s=2": 2.0**-9}
 LENGTHS = "--lengths=64,128,256,512,1024"
+# The critical-length comparison (docs/experiments/critical_length.md): the log law's
+# exponents and the length temperatures of practice, every one at standard's rate.
+CRITICAL_LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "yarn": 2.0**-9,
+                       "scale_invariant": 2.0**-9, "log_n_power,p=0.5": 2.0**-9,
+                       "log_n_power,p=1": 2.0**-9, "log_n_power,p=2": 2.0**-9}
 
 # The precision study (docs/experiments/precision.md): every model.dtype with no loss
 # scaling, and fp8 also with per-tensor scaling (the conventional baseline).
@@ -274,6 +279,8 @@ SWEEPS: dict[str, Sweep] = {
     "length_2025": length("graphcore_cpu", LENGTH_2025_LRS, ("rope",), LENGTHS, (0, 1, 2)),
     "length_test": length("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),
                           "--lengths=32,64", (0,)),
+    "critical_length": length("graphcore_cpu", CRITICAL_LENGTH_LRS, ("rope", "none"),
+                              LENGTHS, (0, 1, 2)),
     "precision": precision("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
                            dict.fromkeys((0, 1, 2), tuple(PRECISION_FORMATS)), lrs=LENGTH_LRS),
     # At the cpu preset's own rate.
