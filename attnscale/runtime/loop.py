@@ -181,10 +181,12 @@ def train(program: Program, slots: list[Slot], state, *, release=None):
   # Each slot's speed interval: since its last log row (time, step).
   ticks, tick_steps = [time.perf_counter()] * len(slots), [s.step for s in slots]
   last_batch = [None] * len(slots)  # a stopped slot reuses its last batch
+  # config.profile_steps, parsed once: one run's steps (a pack is not traced).
+  profile = None if many else profiling.parse(slots[0].config.get("profile_steps", ""))
   with interrupts.Preemption(before_exit=release) as preemption:
     while any(s.active for s in slots):
-      if not many:  # config.profile_steps: one run's steps (a pack is not traced)
-        profiling.at_step(slots[0].config, slots[0].workdir, slots[0].step, state)
+      if profile is not None:
+        profiling.at_step(profile, slots[0].workdir, slots[0].step, state)
       active = [s.active for s in slots]
       for k, s in enumerate(slots):
         if s.active or last_batch[k] is None:

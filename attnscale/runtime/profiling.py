@@ -24,8 +24,8 @@ import jax
 
 # STOP < num_train_steps: the trace stops before the step after STOP, so one must follow.
 _FORM = "'START:STOP' with 0 <= START < STOP < config.num_train_steps (e.g. '20:25'), or ''"
-_active: dict[str, tuple[int, int, bool]] = {}  # workdir -> (start, stop, tracing)
-
+_tracing: set[str] = set()  # workdirs whose trace is running in this process
+_traced: set[str] = set()  # workdirs traced (or tracing) in this process: once each
 
 def parse(value, num_train_steps: int | None = None) -> tuple[int, int] | None:
   """config.profile_steps as (start, stop), None for "" (off); a one-line
@@ -44,38 +44,37 @@ def trace_dir(workdir: str) -> str:
   return os.path.join(workdir, "tensorboard")
 
 
-def at_step(config, workdir: str, step: int, state) -> None:
-  """Called before each step of the training loop with the steps done so far:
-  starts the trace at START, stops it (after `state` is computed) at STOP."""
-  steps = parse(config.get("profile_steps", ""))
+def at_step(steps: tuple[int, int] | None, workdir: str, step: int, state) -> None:
+  """Called before each step of the training loop with the steps done so far and
+  `parse`'s (start, stop) (None: off): starts the trace at START, stops it (after
+  `state` is computed) at STOP."""
   if steps is None or jax.process_index() != 0:
     return
   start, stop = steps
-  _, _, tracing = _active.get(workdir, (start, stop, False))
-  if not tracing and start <= step < stop and workdir not in _active:
+  if workdir not in _traced and start <= step < stop:
     jax.block_until_ready(state)  # the steps before START stay out of the trace
     options = jax.profiler.ProfileOptions()
     # No Python tracer: every Python call of the host loop would be an event (15 MB for
     # five `test`-preset steps); XLA's ops and the host threads remain.
     options.python_tracer_level = 0
     jax.profiler.start_trace(trace_dir(workdir), profiler_options=options)
-    _active[workdir] = (start, stop, True)
+    _traced.add(workdir)
+    _tracing.add(workdir)
     print(f"profiling steps {step + 1}-{stop} into {trace_dir(workdir)}/plugins/profile",
           flush=True)
-  elif tracing and step >= stop:
+  elif workdir in _tracing and step >= stop:
     jax.block_until_ready(state)  # the traced steps' device work, to the end
     _stop(workdir)
 
 
 def _stop(workdir: str) -> None:
   jax.profiler.stop_trace()
-  _active[workdir] = (*_active[workdir][:2], False)
+  _tracing.discard(workdir)
 
 
 @atexit.register
 def _stop_unfinished() -> None:
   """A run that stopped inside the range (Ctrl-C, SIGTERM, an error): its trace is still
   written."""
-  for workdir, (_, _, tracing) in list(_active.items()):
-    if tracing:
-      _stop(workdir)
+  for workdir in list(_tracing):
+    _stop(workdir)
