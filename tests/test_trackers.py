@@ -99,7 +99,7 @@ def test_sink_never_waits_for_a_tracker_and_keeps_its_id(tmp_path):
   (workdir / "provenance.json").write_text(json.dumps([{"commit": "old"}, {"commit": "new"}]))
   Recorder.release.clear()
   Recorder.runs.clear()
-  sink = trackers.Sink(str(workdir), trackers.workdir_loggers(str(workdir)))
+  sink = trackers.Sink(str(workdir), trackers.parse("jsonl,recorder"))
   for step in range(1, 101):  # all queued while the tracker is still starting
     sink.log(step, {"train/loss": 1.0 / step, "heads": [step, -step]})
   assert not Recorder.runs

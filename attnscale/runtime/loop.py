@@ -41,7 +41,7 @@ import numpy as np
 
 from attnscale import tasks
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import hostmem, interrupts, metrics_writer, profiling, rundir
+from attnscale.runtime import hostmem, interrupts, metrics_writer, profiling, rundir, trackers
 from attnscale.runtime import metric_keys as keys
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
@@ -106,7 +106,9 @@ class Slot:
     # What a killed process logged after this checkpoint never happened: the
     # writer drops it, and the running time continues from the checkpoint's row.
     elapsed = metrics_writer.value_at(self.workdir, keys.ELAPSED_S, self.step) or 0.0
-    self.writer = MetricsWriter(self.workdir, resume_step=self.step)
+    self.writer = MetricsWriter(self.workdir, resume_step=self.step,
+                                loggers=trackers.parse(self.config.get("loggers",
+                                                                       trackers.DEFAULT)))
     self.start_time = time.perf_counter() - elapsed
     if self.step >= self.config.num_train_steps:
       self.status = "done"

@@ -147,7 +147,8 @@ class MetricsWriter:
       None: append to whatever is there.
   """
 
-  def __init__(self, workdir: str, *, resume_step: int | None = None):
+  def __init__(self, workdir: str, *, resume_step: int | None = None,
+               loggers: tuple[str, ...] = ("tensorboard", "jsonl")):
     self.enabled = jax.process_index() == 0
     if not self.enabled:
       return
@@ -159,7 +160,7 @@ class MetricsWriter:
       drop_rows_after(jsonl_path, resume_step)
       if glob.glob(os.path.join(tb_dir, "events.out.tfevents.*")):
         purge_step = resume_step + 1
-    loggers = trackers.workdir_loggers(workdir)  # config.loggers, from WORKDIR/config.json
+    # `loggers`: config.loggers as `trackers.parse` gives it (the default: no tracker).
     self.trackers = trackers.Sink(workdir, loggers)
     # events.out.tfevents.<unix time>.<host>.<pid>: a rerun within the same second
     # gets its own file (the time and host alone would name the killed run's).

@@ -118,15 +118,6 @@ def new_id() -> str:
   return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
-def workdir_loggers(workdir: str) -> tuple[str, ...]:
-  """The loggers of the run in `workdir` (its config.json's; the default without one)."""
-  config = _read_json(os.path.join(workdir, "config.json")) or {}
-  try:
-    return parse(config.get("loggers", DEFAULT))
-  except ValueError:  # validate() refused it before training; a hand-made workdir here
-    return parse(DEFAULT)
-
-
 def _read_json(path: str) -> Any:
   try:
     with open(path) as f:
