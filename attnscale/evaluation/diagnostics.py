@@ -114,24 +114,15 @@ def hidden_state_stats(x_BTD, query_mask_BT=None) -> dict[str, jax.Array]:
           "act_ratio": max_act / jnp.maximum(median_act, 1e-30), "kurtosis": kurtosis}
 
 
-def residual_streams(model, tokens_BT, mask=None) -> list:
-  """The residual stream after each block [B, T, D], a deterministic forward pass
-  through the `attnscale.models.Model` contract (embed_tokens, then blocks)."""
-  x_BTD = model.embed_tokens(tokens_BT)
-  streams = []
-  for block in model.blocks:
-    x_BTD = block(x_BTD, mask)
-    streams.append(x_BTD)
-  return streams
-
-
 def model_attention_stats(model, tokens_BT, mask=None,
                           query_mask_BT=None) -> list[dict[str, float]]:
-  """`attention_stats` of every layer's attention call, as the model makes it.
+  """`attention_stats` of every layer's attention call, as the model makes it, and
+  `hidden_state_stats` of its block's output.
 
-  Reads each layer's exact inputs from `model.attention_calls` (the
-  `attnscale.models.Model` contract: q, k, v, scaling, causality, normalizer),
-  so every model variant is served without knowing its attributes.
+  Reads each layer's exact inputs and the residual stream its block writes from
+  `model.layer_trace` (the `attnscale.models.Model` contract: q, k, v, scaling,
+  causality, normalizer), one forward pass, so every model variant is served
+  without knowing its attributes. Per layer: `attention_stats` | `hidden_state_stats`.
 
   Args:
     model: an `attnscale.models.Model`.
@@ -142,12 +133,10 @@ def model_attention_stats(model, tokens_BT, mask=None,
 
   @jax.jit
   def run(tokens_BT, mask, query_mask_BT):
-    calls = model.attention_calls(tokens_BT, mask=mask)
-    streams = residual_streams(model, tokens_BT, mask)
     return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, mask=mask,
                             query_mask_BT=query_mask_BT, **call.options())
             | hidden_state_stats(x_BTD, query_mask_BT)
-            for call, x_BTD in zip(calls, streams)]
+            for call, x_BTD in model.layer_trace(tokens_BT, mask=mask)]
 
   stats = jax.device_get(run(tokens_BT, mask, query_mask_BT))
   return [{**{k: float(v) for k, v in layer.items() if k != "heads"},

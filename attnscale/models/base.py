@@ -359,12 +359,19 @@ class Model(nnx.Module):
   def attention_calls(self, tokens_BT: Array, *, mask: Array | None = None
                       ) -> list[AttentionCall]:
     """Every layer's attention inputs in a deterministic forward pass."""
+    return [call for call, _ in self.layer_trace(tokens_BT, mask=mask)]
+
+  def layer_trace(self, tokens_BT: Array, *, mask: Array | None = None
+                  ) -> list[tuple[AttentionCall, Array]]:
+    """Per layer, in one deterministic forward pass: its attention's inputs and the
+    residual stream [B, T, D] its block writes (what diagnostics inspect)."""
     x_BTD = self.embed_tokens(tokens_BT)
-    calls = []
+    trace = []
     for block in self.blocks:
-      calls.append(block.attention_call(x_BTD))
+      call = block.attention_call(x_BTD)
       x_BTD = block(x_BTD, mask)
-    return calls
+      trace.append((call, x_BTD))
+    return trace
 
   def __call__(self, tokens_BT: Array, *, mask: Array | None = None,
                dropout_key: Array | None = None, positions: Array | None = None) -> Array:
