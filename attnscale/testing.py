@@ -422,6 +422,27 @@ def compile_attention_grad(target: str, fn, *shapes, dtype=jnp.bfloat16) -> str:
   return lowered.compile().as_text()
 
 
+def forget_and_differential_kernels(target: str, normalizers) -> dict[str, str]:
+  """The kernel FoX's log forget gate (under each of `normalizers`) and differential
+  attention's two maps compile to on `target`, forward and backward, batch-sharded
+  over its devices (`compile_attention_grad`): {"fox/<normalizer>": kernel,
+  "differential": kernel}."""
+  import attnscale
+  from attnscale.core.differential import differential_attention
+  from attnscale.runtime import aot
+  q, kv, gate = (8, 256, 8, 64), (8, 256, 4, 64), (8, 256, 8)
+  kernels = {}
+  for normalizer in normalizers:
+    fox = lambda q, k, v, lf, normalizer=normalizer: attnscale.attention(
+        q, k, v, is_causal=True, normalizer=normalizer, log_forget=lf)
+    kernels[f"fox/{normalizer}"] = aot.attention_kernel(
+        compile_attention_grad(target, fox, q, kv, kv, gate))
+  diff = lambda q1, q2, k1, k2, v: differential_attention(q1, q2, k1, k2, v, 0.5, is_causal=True)
+  kernels["differential"] = aot.attention_kernel(
+      compile_attention_grad(target, diff, q, q, kv, kv, kv))
+  return kernels
+
+
 def check_fsdp_report(report, config, kernel: str) -> None:
   """A compile report of `config` at fsdp=8 (`aot.compile_report`) is FSDP: it fits,
   uses `kernel`, moves no activation, and holds an eighth of every matrix."""

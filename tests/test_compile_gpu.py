@@ -13,7 +13,13 @@ import pytest
 
 from attnscale.core import scalings
 from attnscale.runtime import aot
-from attnscale.testing import check_fsdp_report, compile_attention_grad, compile_config, installed
+from attnscale.testing import (
+  check_fsdp_report,
+  compile_attention_grad,
+  compile_config,
+  forget_and_differential_kernels,
+  installed,
+)
 
 pytestmark = [pytest.mark.accelerator,
               pytest.mark.skipif(not installed("jax_plugins.xla_cuda12"),
@@ -85,15 +91,11 @@ def test_new_normalizers_forget_gate_and_differential_attention_compile():
   compile for a TPU slice (tests/test_compile_tpu.py), and a GPU compile of a whole
   model costs minutes of this leg's 15 on a 2-core host."""
   import attnscale
-  from attnscale.core.differential import differential_attention
-  q, kv, gate = (8, 256, 8, 64), (8, 256, 4, 64), (8, 256, 8)
+  q, kv = (8, 256, 8, 64), (8, 256, 4, 64)
   for normalizer in NEW_NORMALIZERS:
     plain = lambda q, k, v, normalizer=normalizer: attnscale.attention(
         q, k, v, is_causal=True, normalizer=normalizer)
     assert aot.attention_kernel(compile_attention_grad(TARGET, plain, q, kv, kv)) == "xla"
-  for normalizer in ("softmax", *NEW_NORMALIZERS):
-    fox = lambda q, k, v, lf, normalizer=normalizer: attnscale.attention(
-        q, k, v, is_causal=True, normalizer=normalizer, log_forget=lf)
-    assert aot.attention_kernel(compile_attention_grad(TARGET, fox, q, kv, kv, gate)) == "xla"
-  diff = lambda q1, q2, k1, k2, v: differential_attention(q1, q2, k1, k2, v, 0.5, is_causal=True)
-  assert aot.attention_kernel(compile_attention_grad(TARGET, diff, q, q, kv, kv, kv)) == "cudnn"
+  kernels = forget_and_differential_kernels(TARGET, ("softmax", *NEW_NORMALIZERS))
+  assert kernels.pop("differential") == "cudnn"
+  assert set(kernels.values()) == {"xla"}, kernels

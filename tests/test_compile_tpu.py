@@ -19,7 +19,12 @@ import pytest
 
 from attnscale.core import scalings
 from attnscale.runtime import aot
-from attnscale.testing import check_fsdp_report, compile_attention_grad, compile_config, installed
+from attnscale.testing import (
+  check_fsdp_report,
+  compile_config,
+  forget_and_differential_kernels,
+  installed,
+)
 
 pytestmark = [pytest.mark.accelerator,
               pytest.mark.skipif(not installed("libtpu"),
@@ -188,14 +193,8 @@ def test_new_normalizers_compile_fsdp_on_the_xla_kernel():
 
 def test_forget_gate_and_differential_attention_compile():
   """FoX's log forget gate (every normaliser takes it) and differential attention's
-  two maps, forward and backward, batch-sharded over the 8 devices (no model
-  option names them yet: the kernel call itself)."""
-  import attnscale
-  from attnscale.core.differential import differential_attention
-  q, kv, gate = (8, 256, 8, 64), (8, 256, 4, 64), (8, 256, 8)
-  for normalizer in ("softmax", *NEW_NORMALIZERS):
-    fox = lambda q, k, v, lf, normalizer=normalizer: attnscale.attention(
-        q, k, v, is_causal=True, normalizer=normalizer, log_forget=lf)
-    assert aot.attention_kernel(compile_attention_grad(TARGET, fox, q, kv, kv, gate)) == "xla"
-  diff = lambda q1, q2, k1, k2, v: differential_attention(q1, q2, k1, k2, v, 0.5, is_causal=True)
-  assert aot.attention_kernel(compile_attention_grad(TARGET, diff, q, q, kv, kv, kv)) == "splash"
+  two maps, forward and backward, batch-sharded over the 8 devices: the kernel
+  call itself."""
+  kernels = forget_and_differential_kernels(TARGET, ("softmax", *NEW_NORMALIZERS))
+  assert kernels.pop("differential") == "splash"
+  assert set(kernels.values()) == {"xla"}, kernels
