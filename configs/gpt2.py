@@ -15,7 +15,7 @@ On this machine's CPU, with shards of tiny Shakespeare's bytes (no network neede
   python train.py --config=configs/gpt2.py:preset=cpu --workdir=runs/gpt2_cpu
 
 Config argument keys: preset (small | medium | cpu | test), scaling (any name of
-`attnscale.scalings.names()`, or unit_scaled), p, temperature, s (as
+`attnscale.scalings.names()`, or unit_scaled), p, temperature, s, gamma, a (as
 configs/shakespeare_char.py), seed, tokenizer (gpt2 | bytes; default: gpt2 for
 small and medium, bytes for cpu and test), which sets model.vocab_size (50304:
 GPT-2's 50257 padded to a multiple of 64, as nanoGPT; bytes: 320) and the default
@@ -47,7 +47,7 @@ TOKENIZERS = {"gpt2": (50304, "data/fineweb_edu_10b"), "bytes": (320, "data/shak
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = configlib.parse_arg(arg, preset="small", scaling="standard", p=2.0, temperature=0.0,
-                            s=0.0, seed=0, tokenizer="")
+                            s=0.0, gamma=1.0, a=0.0, seed=0, tokenizer="")
   configlib.check_choice("preset", arg.preset, PRESETS)
   tokenizer = arg.tokenizer or ("gpt2" if arg.preset in ("small", "medium") else "bytes")
   configlib.check_choice("tokenizer", tokenizer, TOKENIZERS)
@@ -94,7 +94,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Model: GPT-2 small (nanoGPT's GPTConfig: tied embedding, learned positions, pre-LN,
   # GELU MLP x4), with the config argument's scaling.
-  c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s)
+  c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s,
+                            gamma=arg.gamma, a=arg.a)
   m = c.model
   m.vocab_size, m.block_size = vocab_size, 1024
   m.num_layers, m.num_heads, m.width, m.dropout = 12, 12, 768, 0.0

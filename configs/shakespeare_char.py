@@ -11,7 +11,8 @@ Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
 Config argument keys: preset (nanogpt | nanogpt_cpu | graphcore | graphcore_cpu | cpu | test), scaling, p (the
 power for scaling=key_norm_power), temperature (scaling=cosine with this fixed temperature
 instead of the learned one; 0 = learned), s (scaling=log_n with this fixed s: critical
-log-n scaling; 0 = learned), seed. scaling=unit_scaled selects the
+log-n scaling; 0 = learned), gamma and a (the length laws: scaling=log_n_power's gamma
+and p, scaling=n_power's gamma and exponent a; docs/experiments/critical_length.md), seed. scaling=unit_scaled selects the
 unit-scaled, residual-weighted transformer (model.variant=unit) with fully scaled
 attention and Graphcore's relative attention weight.
 
@@ -45,7 +46,7 @@ PRESETS = ("nanogpt", "nanogpt_cpu", "graphcore", "graphcore_cpu", "cpu", "test"
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = configlib.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, temperature=0.0,
-                            s=0.0, seed=0)
+                            s=0.0, gamma=1.0, a=0.0, seed=0)
   configlib.check_choice("preset", arg.preset, PRESETS)
 
   c = ml_collections.ConfigDict()
@@ -86,7 +87,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md), whose
   # defaults are nanoGPT's shakespeare_char model (65 characters, 6 layers, 6 heads,
   # width 384, block 256), with the config argument's scaling. What differs here:
-  c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s)
+  c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s,
+                            gamma=arg.gamma, a=arg.a)
   m = c.model
   m.dropout = 0.2  # nanoGPT's shakespeare_char (the smaller presets below set their own)
 

@@ -176,11 +176,18 @@ LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "log_n_ratio": 2.0**-9,
 LENGTH_2025_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "temperature_tuning": 2.0**-9,
                    "yarn": 2.0**-9, "log_n,s=1": 2.0**-9, "log_n,s=2": 2.0**-9}
 LENGTHS = "--lengths=64,128,256,512,1024"
-# The critical-length comparison (docs/experiments/critical_length.md): the log law's
-# exponents and the length temperatures of practice, every one at standard's rate.
-CRITICAL_LENGTH_LRS = {"standard": 2.0**-9, "log_n": 2.0**-9, "yarn": 2.0**-9,
-                       "scale_invariant": 2.0**-9, "log_n_power,p=0.5": 2.0**-9,
-                       "log_n_power,p=1": 2.0**-9, "log_n_power,p=2": 2.0**-9}
+# The critical-length comparison (docs/experiments/critical_length.md): each length
+# law (the log law's exponents p; the power law's a, 2/(d-1) at graphcore_cpu's head
+# dimension d = 16 and the simulation's sphere fit there) at gamma on a grid around 1,
+# beside the length temperatures of practice, every one at standard's rate.
+CRITICAL_LENGTH_LAWS = ("log_n_power,p=0.5", "log_n_power,p=1", "log_n_power,p=2",
+                        "n_power,a=0.133", "n_power,a=0.232")
+CRITICAL_LENGTH_GAMMAS = (0.5, 1, 2)
+CRITICAL_LENGTH_LRS = (
+    dict.fromkeys(("standard", "log_n", "yarn", "scale_invariant"), 2.0**-9)
+    | {f"{law},gamma={g:g}": 2.0**-9 for law in CRITICAL_LENGTH_LAWS
+       for g in CRITICAL_LENGTH_GAMMAS})
+CRITICAL_LENGTHS = "--lengths=64,128,256,512,1024,2048,4096"
 
 # The precision study (docs/experiments/precision.md): every model.dtype with no loss
 # scaling, and fp8 also with per-tensor scaling (the conventional baseline).
@@ -280,7 +287,7 @@ SWEEPS: dict[str, Sweep] = {
     "length_test": length("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),
                           "--lengths=32,64", (0,)),
     "critical_length": length("graphcore_cpu", CRITICAL_LENGTH_LRS, ("rope", "none"),
-                              LENGTHS, (0, 1, 2)),
+                              CRITICAL_LENGTHS, (0, 1, 2)),
     "precision": precision("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
                            dict.fromkeys((0, 1, 2), tuple(PRECISION_FORMATS)), lrs=LENGTH_LRS),
     # At the cpu preset's own rate.

@@ -40,6 +40,14 @@ def test_lengths_in_eval_json(rope_run):
     assert len(r["loss_by_position"]) == int(length)
     assert r["bits_per_char"] == pytest.approx(r["val_loss"] / math.log(2))
     assert np.isfinite(r["loss_by_position"]).all()
+    # Attention entropy by keys seen, per layer: 0 with one key, never above log n.
+    bins = r["keys_bins"]
+    assert bins[0] == [1, 1] and bins[-1][1] == int(length)
+    assert [a for a, _ in bins[1:]] == [b + 1 for _, b in bins[:-1]]  # contiguous
+    assert len(r["entropy_by_keys"]) == config.model.num_layers
+    for entropy in r["entropy_by_keys"]:
+      assert len(entropy) == len(bins) and entropy[0] == pytest.approx(0, abs=1e-6)
+      assert all(0 <= e <= math.log(b) + 1e-5 for e, (_, b) in zip(entropy, bins))
   # At the training length the whole-split number is eval's own.
   assert result["lengths"]["32"]["val_loss"] == pytest.approx(result["val_loss"], rel=1e-5)
   with open(os.path.join(workdir, "eval.json")) as f:

@@ -111,9 +111,19 @@ def test_every_builtin_scaling_declares_its_mup_rule():
 def test_config_args_and_presets_come_from_the_registration(registered):
   registered("test_arg", config_args=("p",))
   registered("test_preset", presets={"test_in_unit": Preset("unit", {"unit.scaled_loss": False})})
-  # The config argument's p (not learned: always passed), and no other.
-  assert configlib.model("test_arg", p=3.0, s=1.0).scaling_params.to_dict() == {"p": 3.0}
-  with pytest.raises(ValueError, match=r"config_args takes keywords of \('p', 'temperature', 's'\)"):
+  # The config argument's p (not learned: always passed), and no other; another
+  # argument set away from its default is an error naming what the scaling takes.
+  assert configlib.model("test_arg", p=3.0).scaling_params.to_dict() == {"p": 3.0}
+  with pytest.raises(ValueError, match=r"s=1 does not apply to scaling=test_arg \(it takes: p\)"):
+    configlib.model("test_arg", p=3.0, s=1.0)
+  with pytest.raises(ValueError, match=r"gamma=2 does not apply to scaling=log_n \(it takes: s\)"):
+    shakespeare_char.get_config("preset=test,scaling=log_n,gamma=2")
+  config = shakespeare_char.get_config("preset=test,scaling=log_n_power,p=0.5,gamma=2")
+  assert configlib.run_label(config) == "log_n_power(gamma=2,p=0.5)"
+  config = shakespeare_char.get_config("preset=test,scaling=n_power,a=0.25")
+  assert dict(config.model.scaling_params) == {"gamma": 1.0, "a": 0.25}
+  with pytest.raises(ValueError, match=r"config_args takes keywords of \('p', 'temperature', 's', "
+                                       r"'gamma', 'a'\)"):
     scalings.register("test_bad_arg", config_args=("q",))
   m = configlib.model("test_in_unit")
   assert (m.scaling, m.variant, m.unit.scaled_loss) == ("test_preset", "unit", False)

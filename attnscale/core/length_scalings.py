@@ -261,9 +261,9 @@ class NPower:
 
 # Two names, one per law, each with its own exponent field (p for the log law, a for
 # the power law): a config then names the law it means and cannot set the other's field.
-register("log_n_power", bilinear=True, mup=NO_MUP, config_args=("p",),
+register("log_n_power", bilinear=True, mup=NO_MUP, config_args=("gamma", "p"),
          from_dims={"train_len": lambda dims: dims.train_len})(LogNPower)
-register("n_power", bilinear=True, mup=NO_MUP,
+register("n_power", bilinear=True, mup=NO_MUP, config_args=("gamma", "a"),
          from_dims={"train_len": lambda dims: dims.train_len})(NPower)
 
 

@@ -221,7 +221,7 @@ _REGISTRY: dict[str, Entry] = {}
 # Scaling names that were renamed: old -> new (the old name is an error saying so).
 RENAMED = {"unit_scaled": "umup"}
 # The config argument's keywords a scaling may take (`register(config_args=...)`).
-CONFIG_ARGS = ("p", "temperature", "s")
+CONFIG_ARGS = ("p", "temperature", "s", "gamma", "a")
 
 
 def register(name: str, *, learned: dict[str, Learned] | None = None,
@@ -251,7 +251,7 @@ def register(name: str, *, learned: dict[str, Learned] | None = None,
     umup: the scaling is u-muP's attention (`model.parameterization="umup"`, in the
       unit variant, needs one).
     config_args: keywords the config argument sets (`get_config("scaling=NAME,p=3")`:
-      p, temperature, s), passed as `model.scaling_params`; a learned one only
+      p, temperature, s, gamma, a), passed as `model.scaling_params`; a learned one only
       when not 0 (0 leaves it learned).
     presets: config-argument names of this scaling inside another model variant,
       name -> `Preset` (`scaling=unit_scaled`: fully_scaled in the unit-scaled

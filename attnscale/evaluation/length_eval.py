@@ -6,7 +6,13 @@ exactly once, with the context available inside its window (positions 0 .. L-1).
 Per length: the mean loss (and bits per character), and the loss by position in
 the window, the curve that shows where a model trained at length L_train stops
 coping (a learned-position model cannot run past its table; a rotary or NoPE
-model can, and its scaling decides what happens at n > L_train).
+model can, and its scaling decides what happens at n > L_train); and each layer's
+attention entropy against the keys a query sees, n = position + 1, in
+powers-of-two bins of n (`position_bins`): log n while attention averages all it
+sees (subcritical), flat or falling once it picks a few keys (supercritical;
+docs/experiments/critical_length.md reads it). Losses by position are rounded to
+5 decimals (1e-5 nats, far below the spread of a position's mean over the
+windows), so a 4096-long curve stays light in a results store.
 
 Cost: each window runs the fused kernel, which never materialises more than one
 causal block's logits ([B, N, rows, L], `attnscale.core.xla_attention`); the batch
@@ -27,12 +33,19 @@ import optax
 from flax import nnx
 
 from attnscale.data import char_lm
-from attnscale.models.base import check_length
+from attnscale.models.base import attention_stats, check_length
 from attnscale.runtime import steps
 from attnscale.runtime import train_state as ts
 from attnscale.tasks.base import this_process_rows
 
 TOKENS_PER_BATCH = 16384
+DECIMALS = 5  # of the losses by position
+
+
+def position_bins(length: int) -> list[tuple[int, int]]:
+  """Positions [0, L) in powers-of-two bins [2^k - 1, 2^(k+1) - 1): 1, 2-3, 4-7, ... keys seen."""
+  edges = [0] + [2**k - 1 for k in range(1, int(math.log2(length)) + 1)] + [length]
+  return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -82,7 +95,10 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
 
   Returns:
     {str(L): {"val_loss", "bits_per_char", "targets", "loss_by_position" (a
-    list of L mean losses, position 0 first)}}, the loss in nats per target.
+    list of L mean losses, position 0 first), "keys_bins" ([[n_lo, n_hi], ...]:
+    the keys seen, inclusive, of each powers-of-two bin) and "entropy_by_keys"
+    (per layer, the attention entropy in nats averaged over the bin's queries
+    and the heads)}}, the loss in nats per target.
   """
   check_lengths(model.cfg, task, lengths)
   sharding = ts.batch_sharding(mesh)  # rows over data x fsdp, as training's
@@ -90,11 +106,13 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
 
   @jax.jit
   def sums(params, batch):
-    logits_BLV = nnx.merge(graphdef, params)(batch["inputs"])
+    logits_BLV, stats = attention_stats(nnx.merge(graphdef, params),
+                                        lambda m: m(batch["inputs"]))
     loss_BL = optax.softmax_cross_entropy_with_integer_labels(
         logits_BLV.astype(jnp.float32), batch["targets"])
     w_BL = batch["weights"]
-    return jnp.sum(loss_BL * w_BL, axis=0), jnp.sum(w_BL, axis=0)
+    entropy_YL = jnp.stack([jnp.sum(s.entropy_BTN.mean(-1) * w_BL, axis=0) for s in stats])
+    return jnp.sum(loss_BL * w_BL, axis=0), jnp.sum(w_BL, axis=0), entropy_YL
 
   devices = jax.device_count()
   results = {}
@@ -103,16 +121,23 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
     B = -(-B // devices) * devices  # whole rows for every device
     loss_L = np.zeros(length)
     count_L = np.zeros(length)
+    entropy_YL = np.zeros((len(model.blocks), length))
     batches = char_lm.eval_batches(task.data.validation, batch_size=B, seq_len=length)
     for batch in this_process_rows(batches, B):
-      loss, count = jax.device_get(sums(params, steps.global_batch(batch, sharding)))
+      loss, count, entropy = jax.device_get(sums(params, steps.global_batch(batch, sharding)))
       loss_L += loss
       count_L += count
+      entropy_YL += entropy
     mean = float(loss_L.sum() / count_L.sum())
+    bins = position_bins(length)
     results[str(length)] = {
         "val_loss": mean, "bits_per_char": mean / math.log(2),
         "targets": int(count_L.sum()),
-        "loss_by_position": [float(x) for x in loss_L / np.maximum(count_L, 1)]}
+        "loss_by_position": [round(float(x), DECIMALS)
+                             for x in loss_L / np.maximum(count_L, 1)],
+        "keys_bins": [[a + 1, b] for a, b in bins],
+        "entropy_by_keys": [[float(e_L[a:b].sum() / max(count_L[a:b].sum(), 1)) for a, b in bins]
+                            for e_L in entropy_YL]}
   return results
 
 

@@ -110,8 +110,9 @@ def model_fields(schema: type = ModelConfig) -> ml_collections.ConfigDict:
 
 
 def model(scaling: str = "standard", *, p: float = 2.0, temperature: float = 0.0,
-          s: float = 0.0) -> ml_collections.ConfigDict:
-  """`config.model` for the config argument's `scaling`, `p`, `temperature` and `s`:
+          s: float = 0.0, gamma: float = 1.0, a: float = 0.0) -> ml_collections.ConfigDict:
+  """`config.model` for the config argument's `scaling`, `p`, `temperature`, `s`,
+  `gamma` and `a`:
   ModelConfig's defaults plus what the argument selects. A config then overrides
   what differs for it (sizes, dropout, ...).
 
@@ -121,7 +122,8 @@ def model(scaling: str = "standard", *, p: float = 2.0, temperature: float = 0.0
   inside the unit-scaled transformer, its branch weighted to sqrt(e/n) of the skip).
   `p`, `temperature`, `s` go to the scaling's params where its registration lists
   them (`config_args`): key_norm_power's power; cosine's fixed temperature and
-  log_n's fixed s, where > 0 (0 leaves them learned).
+  log_n's fixed s, where > 0 (0 leaves them learned); the length laws' gamma and
+  exponents (log_n_power's gamma and p, n_power's gamma and a).
   """
   m = model_fields()
   m.scaling = scaling
@@ -131,7 +133,12 @@ def model(scaling: str = "standard", *, p: float = 2.0, temperature: float = 0.0
     m.update_from_flattened_dict(preset.fields)
   if m.scaling in scalings.names():  # an unknown name fails in ModelConfig, listing them
     entry = scalings.entry(m.scaling)
-    given = {"p": p, "temperature": temperature, "s": s}
+    given = {"p": p, "temperature": temperature, "s": s, "gamma": gamma, "a": a}
+    defaults = {"p": 2.0, "temperature": 0.0, "s": 0.0, "gamma": 1.0, "a": 0.0}
+    stray = [k for k in given if given[k] != defaults[k] and k not in entry.config_args]
+    if stray:  # a typo'd law would otherwise train as standard attention
+      raise ValueError(f"config argument {stray[0]}={given[stray[0]]:g} does not apply to "
+                       f"scaling={m.scaling} (it takes: {', '.join(entry.config_args) or 'none'})")
     params = {k: given[k] for k in entry.config_args
               if k not in entry.learned or given[k] > 0}
     if params:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attnscale.evaluation.length_eval import position_bins
 from attnscale.experiments import reporting, results_store, run_records, stats, sweep_results
 from attnscale.runtime import configlib, provenance
 from attnscale.studies import registry
@@ -160,12 +161,6 @@ def length_study(workdirs: Sequence[str]) -> LengthResult:
   if not workdirs:
     raise ValueError("length: give one or more --workdirs (runs evaluated with eval.py --lengths)")
   return LengthResult([read_run(w) for w in workdirs])
-
-
-def position_bins(length: int) -> list[tuple[int, int]]:
-  """Positions [0, L) in powers-of-two bins [2^k - 1, 2^(k+1) - 1): 1, 2-3, 4-7, ... keys seen."""
-  edges = [0] + [2**k - 1 for k in range(1, int(math.log2(length)) + 1)] + [length]
-  return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
 def plot_length(result: LengthResult):
