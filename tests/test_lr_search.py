@@ -266,3 +266,50 @@ def test_protocol_seeds_a_transfer_rate_that_lands_in_the_band_and_keeps_them():
                           band_seeds=(1, 2), transfer={"small": ["big"]}) == trials
   # The target's own best is unmoved: its search reads only its own rates.
   assert sorted(exponents(trials, "big", seed=1)) == [7, 10, 11, 12]
+
+
+def test_length_search_chooses_each_laws_gamma_on_the_held_out_length(tmp_path):
+  """sweep_builders.length_search: stage 1 is every gamma at seed 0 (and the
+  baselines at every seed); a law's other seeds come once its gammas are all
+  finished, at the gamma with the lowest seed-0 loss at `choose_at` (a diverged
+  run counts as worst)."""
+  import json
+
+  from attnscale.experiments import sweep_builders, sweeps
+
+  sweep = sweep_builders.length_search(
+      "test", ("standard",), ("log_n_power,p=1", "n_power,a=0.1"), (0.5, 1, 2), ("rope",),
+      "--lengths=32,64,128", (0, 1, 2), learning_rate=0.01, choose_at=64)
+
+  def names(points):
+    return [sweeps.Point(p["arg"], tuple(sorted(p["overrides"].items()))).name for p in points]
+
+  first = sweep.points(None)
+  assert len(first) == 1 + 2 * 3 + 2  # seed 0: baseline + 2 laws x 3 gammas; baseline seeds 1, 2
+  assert sweep.points(str(tmp_path)) == first  # nothing finished: nothing more
+  assert all(p["eval"] == ["--lengths=32,64,128", "--length=100"] for p in first)
+
+  def finish(point, loss=None, diverged=False):
+    run_dir = tmp_path / names([point])[0]
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"num_train_steps": 10}))
+    if diverged:
+      (run_dir / "metrics.jsonl").write_text('{"step": 3, "train/loss": NaN}\n')
+      return
+    (run_dir / "eval.json").write_text(json.dumps(
+        {"step": 10, "lengths": {"64": {"val_loss": loss}}}))
+
+  # log_n_power: gamma 2 best at 64; n_power: gamma 0.5 diverged, gamma 1 best.
+  losses = {"log_n_power,p=1": (3.0, 2.5, 2.0), "n_power,a=0.1": (None, 1.5, 1.7)}
+  for p in first:
+    scaling = p["arg"].split("scaling=")[1].rsplit(",seed=", 1)[0]
+    law, _, gamma = scaling.rpartition(",gamma=")
+    if law in losses and p["arg"].endswith("seed=0"):
+      loss = losses[law][(0.5, 1.0, 2.0).index(float(gamma))]
+      finish(p, loss, diverged=loss is None)
+  more = sweep.points(str(tmp_path))[len(first):]
+  assert [p["arg"] for p in more] == [
+      "preset=test,scaling=log_n_power,p=1,gamma=2,seed=1",
+      "preset=test,scaling=log_n_power,p=1,gamma=2,seed=2",
+      "preset=test,scaling=n_power,a=0.1,gamma=1,seed=1",
+      "preset=test,scaling=n_power,a=0.1,gamma=1,seed=2"]

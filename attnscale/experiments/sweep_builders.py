@@ -11,6 +11,7 @@ function of the sweep's workdir) built by one of these:
                   (width, depth), the smallest value's best rate transferred to the rest
     sensitivity   each label from two octaves below its best rate up to a top rate
     length        scaling x positions x seed, then eval.py at longer lengths
+    length_search `length`, with each length law's gamma chosen on a held-out length
     precision     scaling x number format x seed
 
 `attnscale.experiments.sweeps.load_sweep` turns the points into `Point`s.
@@ -19,7 +20,9 @@ function of the sweep's workdir) built by one of these:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 Labels = Mapping[str, tuple[str, dict]]  # label -> (the argument's scaling, field overrides)
@@ -128,6 +131,57 @@ def length(preset: str, lrs: Mapping[str, float], positions: Sequence[str], leng
       point(preset, scaling, seed, {"learning_rate": lr, "model.positions": pos},
             eval=[lengths, "--length=100"])
       for seed in seeds for pos in positions for scaling, lr in lrs.items()])
+
+
+def length_search(preset: str, baselines: Sequence[str], laws: Sequence[str],
+                  gammas: Sequence[float], positions: Sequence[str], lengths: str,
+                  seeds: Sequence[int], *, learning_rate: float, choose_at: int) -> Sweep:
+  """`length` for length laws whose gamma is chosen on a held-out length.
+
+  Stage 1, at seeds[0]: every baseline (a scaling) and every law (a scaling with
+  its exponent, "log_n_power,p=1") at each gamma in `gammas`, per positions type;
+  then the baselines at the other seeds. Stage 2, once a (law, positions) has all
+  its gammas finished: the other seeds at its best gamma, the lowest seeds[0]
+  validation loss at length `choose_at` (eval.json's; a diverged run counts as
+  worst). `choose_at` should be neither the training length nor a length the
+  study reports, so the choice is not fitted to what it is judged on.
+  """
+  def run(scaling, seed, pos):
+    return point(preset, scaling, seed, {"learning_rate": learning_rate,
+                                         "model.positions": pos},
+                 eval=[lengths, "--length=100"])
+
+  def law(name, gamma):
+    return f"{name},gamma={gamma:g}"
+
+  def held_out_loss(workdir, p) -> float | None:
+    from attnscale.experiments import run_records, sweeps  # stage 2 reads results
+    run_dir = os.path.join(workdir, sweeps.Point(
+        p["arg"], tuple(sorted(p["overrides"].items()))).name)
+    if not os.path.exists(os.path.join(run_dir, "config.json")):
+      return None
+    if run_records.status(run_dir, read_checkpoint=False) == "diverged":
+      return math.inf
+    if not run_records.evaluated(run_dir):
+      return None
+    with open(os.path.join(run_dir, "eval.json")) as f:
+      return json.load(f)["lengths"][str(choose_at)]["val_loss"]
+
+  def points(workdir):
+    first = [run(s, seeds[0], pos) for pos in positions
+             for s in [*baselines, *(law(n, g) for n in laws for g in gammas)]]
+    first += [run(s, seed, pos) for seed in seeds[1:] for pos in positions for s in baselines]
+    second = []
+    for pos in positions:
+      for name in laws:
+        losses = [held_out_loss(workdir, run(law(name, g), seeds[0], pos))
+                  if workdir else None for g in gammas]
+        if None in losses:
+          continue
+        best = gammas[losses.index(min(losses))]
+        second += [run(law(name, best), seed, pos) for seed in seeds[1:]]
+    return first + second
+  return Sweep(preset, points)
 
 
 def precision(preset: str, scalings: Sequence[str], formats: Mapping[str, dict],
