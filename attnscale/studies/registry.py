@@ -28,6 +28,7 @@ REGISTRY = {
     "bert": "attnscale.studies.bert:STUDY",
     "transfer": "attnscale.studies.transfer:STUDY",
     "critical_length": "attnscale.studies.critical_length:STUDY",
+    "critical_length_trained": "attnscale.studies.critical_trained:STUDY",
 }
 
 Runner = Callable[[argparse.Namespace], "tuple[list[str], list[str]]"]
