@@ -67,7 +67,11 @@ def attention(q_BTNH: Array,
   Args:
     q_BTNH: queries [batch, q_len, heads, head_dim].
     k_BSKH: keys [batch, kv_len, kv_heads, head_dim], kv_heads dividing heads.
-    v_BSKH: values, same shape as the keys.
+    v_BSKH: values [batch, kv_len, kv_heads, value_dim]: the keys' shape but for
+      the head dim, which may differ (differential attention's values are two
+      head dims wide, `attnscale.core.differential`). Splash and cuDNN take
+      value_dim = head_dim only, so there the fused path runs them once per
+      head_dim-wide slice of v (`fused.fused`).
     scale_fn: a scaling from `attnscale.scalings.get(name, ...)` or any callable
       with the same signature; None means standard (1/sqrt(head_dim)).
     mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = may
@@ -119,7 +123,7 @@ def attention(q_BTNH: Array,
       the XLA kernel (the logits again, no p @ v, no gradient) computes them.
 
   Returns:
-    [batch, q_len, heads, head_dim] in q's dtype. A query that sees no key gets
+    [batch, q_len, heads, value_dim] in q's dtype. A query that sees no key gets
     zeros. With `return_stats`, (that, `AttentionStats`).
   """
   mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, implementation, normalizer)
@@ -332,9 +336,9 @@ def _check_inputs(q, k, v, mask, implementation, normalizer):
                        f"got shape {tuple(x.shape)}")
   if not q.dtype == k.dtype == v.dtype:
     raise ValueError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-  if k.shape != v.shape:
-    raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} "
-                     f"and v {tuple(v.shape)}")
+  if k.shape[:3] != v.shape[:3]:
+    raise ValueError(f"k and v must have the same [batch, kv_len, kv_heads] (v's head dim "
+                     f"may differ), got k {tuple(k.shape)} and v {tuple(v.shape)}")
   if q.shape[0] != k.shape[0]:
     raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} "
                      f"and {k.shape[0]}")

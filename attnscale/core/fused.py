@@ -105,10 +105,12 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
                       logit_mod=logit_mod)
   z_BTNH = None
   if kernel == "splash":
-    z_BTNH = _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink)
+    z_BTNH = by_value_slices(lambda v: _splash(q_BTNH, k_BSKH, v, keys, logit_softcap, sink),
+                             v_BSKH, q_BTNH.shape[-1])
   elif kernel == "cudnn":
     try:
-      z_BTNH = _cudnn(q_BTNH, k_BSKH, v_BSKH, keys)
+      z_BTNH = by_value_slices(lambda v: _cudnn(q_BTNH, k_BSKH, v, keys), v_BSKH,
+                               q_BTNH.shape[-1])
     except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions at trace time
       if implementation == "cudnn":
         raise
@@ -122,6 +124,27 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
   _, _, stats = _xla(*jax.lax.stop_gradient((q_BTNH, k_BSKH, jnp.zeros((B, S, K, 0), dtype))),
                      keys, normalizer, logit_softcap, sink, True)
   return z_BTNH, None, stats
+
+
+def by_value_slices(kernel, v_BSKV: Array, width: int) -> Array:
+  """kernel(v) for a kernel whose values must be `width` (q's head dim) wide:
+  v's head dim V cut into slices of `width` (the last one zero-padded), one call
+  each, outputs concatenated; one plain call when V = width.
+
+  Exact, the output being linear in v (and a sink's factor per query, not per
+  value dim); each slice recomputes the logits, so V = 2 width (differential
+  attention's values) costs splash or cuDNN two calls, as Ye et al.'s
+  multihead_flashdiff_1 runs FlashAttention twice. The XLA kernel and the
+  reference take any V in one call.
+  """
+  V = v_BSKV.shape[-1]
+  if V == width:
+    return kernel(v_BSKV)
+  num = -(-V // width)
+  v_BSKV = jnp.pad(v_BSKV, ((0, 0),) * 3 + ((0, num * width - V),))
+  z_BTNV = jnp.concatenate([kernel(v_BSKV[..., i * width:(i + 1) * width])
+                            for i in range(num)], axis=-1)
+  return z_BTNV[..., :V]
 
 
 def target_platform() -> str:

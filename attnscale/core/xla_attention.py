@@ -120,7 +120,8 @@ def dot_product_attention(q_BTNH: Array,
   Args:
     q_BTNH: queries, already scaled.
     k_BSKH: keys; K divides N (query head n reads key/value head n // G).
-    v_BSKH: values, k's shape.
+    v_BSKH: values, k's shape but for the head dim, which may differ (the
+      output has v's head dim).
     mask_BNTS: boolean, rank 4, broadcastable to [B, N, T, S]; True = visible.
     is_causal: query i sees keys j <= i only.
     block_q: query rows per causal block (None: `default_block_q(T)`).
@@ -402,7 +403,8 @@ def _softmax_attention_bwd(is_causal, block_q, residuals, dz_BTNH):
   S = k_BKSH.shape[2]
   dtype = q_BKGTH.dtype
   acc = z_BKGTH.dtype
-  dz_BKGTH = dz_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)
+  # The value dim may differ from q's (differential attention's values: 2 H).
+  dz_BKGTH = dz_BTNH.reshape(B, T, K, G, dz_BTNH.shape[-1]).transpose(0, 2, 3, 1, 4)
   # D_i = sum_j p_ij dp_ij = dz_i . z_i: a sum over H, not over the keys.
   d_BKGT1 = jnp.sum(dz_BKGTH.astype(acc) * z_BKGTH, axis=-1, keepdims=True)
   dk_BKSH = jnp.zeros(k_BKSH.shape, acc)
