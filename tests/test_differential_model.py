@@ -151,7 +151,9 @@ def _wide_values(seed=0, H=8):
   return q, k, v
 
 
-@pytest.mark.parametrize("implementation", ["xla", "splash"])
+# Splash in Pallas interpret mode: an accelerator path, as tests/test_splash_attention.py.
+@pytest.mark.parametrize("implementation", [
+    "xla", pytest.param("splash", marks=pytest.mark.accelerator)])
 def test_values_wider_than_q_and_k(implementation, monkeypatch):
   monkeypatch.setattr(xla_attention, "MIN_BLOCK_Q", 5)  # T = 10: two causal blocks
   q, k, v = _wide_values()

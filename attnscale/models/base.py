@@ -62,6 +62,7 @@ class AttentionCall(NamedTuple):
   logit_softcap: float | None = None  # c: logits -> c tanh(logits / c)
   sink: Array | float | None = None  # the sink logit b (per head [N], or 0.0 = off-by-one)
   log_forget: Array | None = None  # FoX's log f_t [B, T, N] (model.forget_gate), else None
+  selective: bool = False  # selective attention's -F from head 0 (model.selective)
 
   def options(self) -> dict[str, Any]:
     """The keyword arguments of `attention` besides q, k, v and the mask (the
@@ -74,6 +75,8 @@ class AttentionCall(NamedTuple):
       options["sink"] = self.sink
     if self.log_forget is not None:
       options["log_forget"] = self.log_forget
+    if self.selective:
+      options["selective"] = True
     return options
 
 
@@ -177,9 +180,10 @@ class AttentionLayer(nnx.Module):
   """Self-attention: a variant's projections around the configured scaling.
 
   The options every variant shares live here: the scaling's parameters, rotary
-  positions, the logit soft-cap and the attention sink (`model.sink`: "zero" is
+  positions, the logit soft-cap, the attention sink (`model.sink`: "zero" is
   the off-by-one softmax, "learned" one sink logit per head, initialised to 0,
-  gpt-oss). An output gate (`model.attn_gate`) and FoX's forget gate
+  gpt-oss) and selective attention (`model.selective`: no parameters, the
+  kernel's option, `attnscale.core.selective`). An output gate (`model.attn_gate`) and FoX's forget gate
   (`model.forget_gate`) need projections, so a variant that offers them implements
   `gate_logits` and `forget_logits`. Differential attention (`model.differential`)
   needs its parameters: a variant that offers it sets `differential` to a
@@ -257,7 +261,7 @@ class AttentionLayer(nnx.Module):
       v_BTKH = differential_lib.twice(v_BTKH, axis=2)
     return AttentionCall(q_BTNH, k_BTKH, v_BTKH, self.scale_fn(), self.cfg.causal,
                          self.cfg.normalizer, self.cfg.logit_softcap or None, self.sink(),
-                         self.log_forget(x_BTD))
+                         self.log_forget(x_BTD), self.cfg.selective)
 
   def __call__(self, x_BTD: Array, mask: Array | None = None) -> Array:
     B, T, D = x_BTD.shape

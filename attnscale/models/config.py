@@ -136,6 +136,10 @@ class ModelConfig:
       "(softmax(q1 k1) - lambda softmax(q2 k2)) v with q, k head dim width/num_heads and v "
       "twice as wide, then RMSNorm x (1 - lambda_init); the standard model's projections "
       "(+6 head_dim parameters a layer); needs even num_heads and kv heads")
+  selective: bool = field(
+      False, "selective attention (Leviathan et al. 2024): every head's logits minus "
+      "F_ij = sum_{k<i} relu(head 0's l_kj), first key and diagonal left out; no "
+      "parameters; causal only; the XLA kernel, O(B T^2) memory a layer")
   positions: str = field(
       "learned", "learned (absolute table) | rope (rotary on q, k) | none (NoPE; causal only)")
   rope_base: float = field(10000.0, "rotary frequency base (positions=rope)")
@@ -198,6 +202,13 @@ class ModelConfig:
     if self.forget_gate and not self.causal:
       raise ValueError("model.forget_gate=True needs model.causal=True: FoX's gate decays "
                        "with the distance back in time, which a bidirectional encoder has not")
+    if self.selective and not self.causal:
+      raise ValueError("model.selective=True needs model.causal=True: a query masks keys "
+                       "for the queries after it, an order a bidirectional encoder has not")
+    if self.selective and self.attention_impl in ("cudnn", "splash"):
+      raise ValueError(f"model.selective=True cannot run on model.attention_impl="
+                       f"{self.attention_impl!r} (no [T, S] logit bias there): use None, "
+                       "'xla' or 'reference'")
     if self.normalizer == "stickbreaking" and not self.causal:
       raise ValueError("model.normalizer='stickbreaking' needs model.causal=True: the stick "
                        "breaks from the nearest earlier key back, an order an encoder has not")
@@ -235,6 +246,9 @@ class ModelConfig:
                        f"{self.attn_gate!r}: no rule says whether the gate acts on each "
                        "map or on the differential head after its norm: use "
                        "model.attn_gate='none'")
+    if self.selective:
+      raise ValueError("model.differential=True cannot take model.selective=True: no rule "
+                       "says which of head 0's two maps selects, nor whether F enters both")
     if self.parameterization == "mup":
       raise ValueError("model.parameterization='mup' cannot apply to model.differential=True: "
                        "muP's rules for lambda's reparameterisation (exp of a dot of learned "
