@@ -424,13 +424,14 @@ def compile_attention_grad(target: str, fn, *shapes, dtype=jnp.bfloat16) -> str:
 
 def forget_and_differential_kernels(target: str, normalizers) -> dict[str, str]:
   """The kernel FoX's log forget gate (under each of `normalizers`) and differential
-  attention's two maps compile to on `target`, forward and backward, batch-sharded
-  over its devices (`compile_attention_grad`): {"fox/<normalizer>": kernel,
-  "differential": kernel}."""
+  attention's two maps (with the model's values, 2 head dims wide: splash and
+  cuDNN run them in two slices, `fused.by_value_slices`) compile to on `target`,
+  forward and backward, batch-sharded over its devices (`compile_attention_grad`):
+  {"fox/<normalizer>": kernel, "differential": kernel}."""
   import attnscale
   from attnscale.core.differential import differential_attention
   from attnscale.runtime import aot
-  q, kv, gate = (8, 256, 8, 64), (8, 256, 4, 64), (8, 256, 8)
+  q, kv, gate, wide = (8, 256, 8, 64), (8, 256, 4, 64), (8, 256, 8), (8, 256, 4, 128)
   kernels = {}
   for normalizer in normalizers:
     fox = lambda q, k, v, lf, normalizer=normalizer: attnscale.attention(
@@ -439,7 +440,7 @@ def forget_and_differential_kernels(target: str, normalizers) -> dict[str, str]:
         compile_attention_grad(target, fox, q, kv, kv, gate))
   diff = lambda q1, q2, k1, k2, v: differential_attention(q1, q2, k1, k2, v, 0.5, is_causal=True)
   kernels["differential"] = aot.attention_kernel(
-      compile_attention_grad(target, diff, q, q, kv, kv, kv))
+      compile_attention_grad(target, diff, q, q, kv, kv, wide))
   return kernels
 
 

@@ -1,5 +1,6 @@
 """The model options of today's practice: logit soft-cap, sinks, output gates and
-sigmoid, softpick, ReLU/L and stick-breaking attention, in whole models: no future leak, no padding leak, reference ==
+sigmoid, softpick, ReLU/L and stick-breaking attention, FoX, differential and
+selective attention, in whole models: no future leak, no padding leak, reference ==
 fused (values and gradients), learned parameters that learn, one-line errors.
 (The kernel-level tests of the same options: tests/test_kernel_options.py.)"""
 
@@ -26,6 +27,12 @@ OPTIONS = {
     "forget_gate": dict(forget_gate=True),  # FoX
     "forget_gate_relu": dict(forget_gate=True, normalizer="relu"),
     "depth_complete_p": dict(depth_alpha=1.0, base_depth=1),  # branches x 1/2 (model-level)
+    "differential": dict(differential=True),  # Ye et al.: one head of two maps
+    "differential_fox_sink": dict(differential=True, forget_gate=True, sink="learned",
+                                  logit_softcap=2.0, positions="rope"),
+    "selective": dict(selective=True),  # Leviathan et al.: head 0 masks for later queries
+    "selective_fox_sink": dict(selective=True, forget_gate=True, sink="learned",
+                               logit_softcap=2.0),
     "all": dict(logit_softcap=2.0, sink="learned", attn_gate="headwise", positions="rope"),
 }
 SCALINGS = ("standard", "key_norm_sum", "cosine")  # a plain, a summing, a normalising scaling
@@ -70,7 +77,8 @@ def test_no_future_leak(option, scaling):
 
 # Stick-breaking and FoX are causal only (no order to break the stick in or to decay
 # along): no encoder.
-CAUSAL_ONLY = ("all", "stickbreaking", "forget_gate", "forget_gate_relu")
+CAUSAL_ONLY = ("all", "stickbreaking", "forget_gate", "forget_gate_relu",
+               "differential_fox_sink", "selective", "selective_fox_sink")
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o not in CAUSAL_ONLY])

@@ -86,7 +86,8 @@ NEW_NORMALIZERS = ("softpick", "relu", "stickbreaking")
 
 def test_new_normalizers_forget_gate_and_differential_attention_compile():
   """softpick, ReLU/L and stick-breaking (alone and with FoX's log forget gate) and
-  differential attention's two maps, forward and backward, batch-sharded over the 8
+  differential attention's two maps (values 2 head dims wide, as the model's: two cuDNN
+  calls), forward and backward, batch-sharded over the 8
   H100s. The attention call alone: the whole train and eval steps of each normaliser
   compile for a TPU slice (tests/test_compile_tpu.py), and a GPU compile of a whole
   model costs minutes of this leg's 15 on a 2-core host."""

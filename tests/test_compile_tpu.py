@@ -198,3 +198,12 @@ def test_forget_gate_and_differential_attention_compile():
   kernels = forget_and_differential_kernels(TARGET, ("softmax", *NEW_NORMALIZERS))
   assert kernels.pop("differential") == "splash"
   assert set(kernels.values()) == {"xla"}, kernels
+
+
+def test_differential_model_compiles_with_splash():
+  """`model.differential`'s whole train and eval steps at the test preset, fsdp over
+  the 8 chips: splash (its values, 2 head dims wide, in two calls), fits, no all-to-all."""
+  r = aot.compile_report(compile_config("test", **{"model.differential": True}), TARGET)
+  for step in ("train_step", "eval_step"):
+    assert r[step]["kernel"] == "splash" and r[step]["memory"]["fits"], step
+    assert r[step]["collectives"]["all-to-all"] == 0, step

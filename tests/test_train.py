@@ -300,6 +300,8 @@ MODEL_OPTIONS = {
     "shared_kv": {"model.shared_kv": True},
     "sigmoid": {"model.normalizer": "sigmoid"},
     "mqa": {"model.num_kv_heads": 1},
+    "differential": {"model.differential": True},
+    "selective": {"model.selective": True},
     "bf16_compute": {"model.dtype": "bfloat16"},
     "unit_variant_bf16": {"model.variant": "unit", "model.dtype": "bfloat16"},
     "unit_variant_2023_rule": {"model.variant": "unit", "model.unit.residual_rule": "2023"},

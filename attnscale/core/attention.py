@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from attnscale.core import fused as fused_lib
 from attnscale.core import normalizers as normalizers_lib
 from attnscale.core import scalings as scalings_lib
+from attnscale.core import selective as selective_lib
 from attnscale.core.fused import AttentionStats
 from attnscale.core.visibility import VisibleKeys, upcast
 
@@ -61,13 +62,18 @@ def attention(q_BTNH: Array,
               logit_softcap: float | None = None,
               sink: float | Array | None = None,
               log_forget: Array | None = None,
+              selective: bool = False,
               return_stats: bool = False) -> Array | tuple[Array, AttentionStats]:
   """Multi-head dot-product attention with the scaling `scale_fn`.
 
   Args:
     q_BTNH: queries [batch, q_len, heads, head_dim].
     k_BSKH: keys [batch, kv_len, kv_heads, head_dim], kv_heads dividing heads.
-    v_BSKH: values, same shape as the keys.
+    v_BSKH: values [batch, kv_len, kv_heads, value_dim]: the keys' shape but for
+      the head dim, which may differ (differential attention's values are two
+      head dims wide, `attnscale.core.differential`). Splash and cuDNN take
+      value_dim = head_dim only, so there the fused path runs them once per
+      head_dim-wide slice of v (`fused.fused`).
     scale_fn: a scaling from `attnscale.scalings.get(name, ...)` or any callable
       with the same signature; None means standard (1/sqrt(head_dim)).
     mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = may
@@ -112,6 +118,13 @@ def attention(q_BTNH: Array,
       logit l_ij after the soft-cap, with any normalizer; only positions
       j < l <= i enter query i's bias, so no future gate leaks. The fused path
       builds D per causal block in the XLA kernel. None = off.
+    selective: selective attention (Leviathan et al. 2024, "Selective Attention
+      Improves Transformer", arXiv 2410.02703), causal self-attention only:
+      every head's logits minus F_ij = sum_{k<i} relu(l0_kj), l0 head 0's
+      logits, the first key and the diagonal left out
+      (`attnscale.core.selective`). F is [batch, q_len, kv_len]: O(B T^2) memory
+      a call and head 0's logits again, so the fused path runs the XLA kernel
+      (it adds -F per causal block); splash and cuDNN refuse it.
     return_stats: also return the `AttentionStats` of the call (each query's
       largest logit and entropy). The fused path takes them from the kernel:
       the XLA kernel's row max, log-sum-exp and weighted logit sum per causal
@@ -119,7 +132,7 @@ def attention(q_BTNH: Array,
       the XLA kernel (the logits again, no p @ v, no gradient) computes them.
 
   Returns:
-    [batch, q_len, heads, head_dim] in q's dtype. A query that sees no key gets
+    [batch, q_len, heads, value_dim] in q's dtype. A query that sees no key gets
     zeros. With `return_stats`, (that, `AttentionStats`).
   """
   mask_BNTS = _check_inputs(q_BTNH, k_BSKH, v_BSKH, mask, implementation, normalizer)
@@ -127,6 +140,7 @@ def attention(q_BTNH: Array,
                                        logit_softcap, sink)
   log_forget = _check_forget(q_BTNH.shape, k_BSKH.shape[1], is_causal, implementation,
                              normalizer, log_forget)
+  _check_selective(q_BTNH.shape[1], k_BSKH.shape[1], is_causal, implementation, selective)
   B, T, N, H = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
@@ -146,11 +160,15 @@ def attention(q_BTNH: Array,
 
   if implementation == "reference":
     z_BTNH, stats = _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink,
-                               return_stats, log_forget, logit_mod)
+                               return_stats, log_forget, logit_mod, selective)
   else:
+    # Selective attention's -F from head 0 of the folded q and k, as the kernel's logits.
+    bias_BTS = (selective_lib.head0_bias(q_BTNH_folded, k_BSKH_folded, mask_BNTS,
+                                         logit_softcap, logit_mod) if selective else None)
     z_BTNH, sink_BTN, stats = fused_lib.fused(q_BTNH_folded, k_BSKH_folded, v_BSKH, keys,
                                               implementation, normalizer, logit_softcap,
-                                              sink, return_stats, log_forget, logit_mod)
+                                              sink, return_stats, log_forget, logit_mod,
+                                              logit_bias_BTS=bias_BTS)
     if sink_BTN is not None:
       out_scale_BTN = sink_BTN if out_scale_BTN is None else sink_BTN * fused_lib.broadcast(
           out_scale_BTN, sink_BTN.shape)
@@ -174,10 +192,11 @@ def attention_weights(q_BTNH: Array,
                       normalizer: str = "softmax",
                       logit_softcap: float | None = None,
                       sink: float | Array | None = None,
-                      log_forget: Array | None = None) -> tuple[Array, Array]:
+                      log_forget: Array | None = None,
+                      selective: bool = False) -> tuple[Array, Array]:
   """The reference path's logits and attention weights, for analysis.
 
-  `logit_softcap`, `sink` and `log_forget` as in `attention`.
+  `logit_softcap`, `sink`, `log_forget` and `selective` as in `attention`.
 
   Returns:
     (logits_BNTS, probs_BNTS), float32 (or wider): the scaled (and soft-capped)
@@ -191,23 +210,25 @@ def attention_weights(q_BTNH: Array,
                                        logit_softcap, sink)
   log_forget = _check_forget(q_BTNH.shape, k_BSKH.shape[1], is_causal, "reference",
                              normalizer, log_forget)
+  _check_selective(q_BTNH.shape[1], k_BSKH.shape[1], is_causal, "reference", selective)
   B, T, N, _ = q_BTNH.shape
   S, K = k_BSKH.shape[1], k_BSKH.shape[2]
   keys = VisibleKeys(mask_BNTS, is_causal, T, S, N, K)
   scale_fn = scale_fn or scalings_lib.Standard()
   scaled = scale_fn(q_BTNH, k_BSKH, keys)
   logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink,
-                                            log_forget, getattr(scale_fn, "logit_mod", None))
+                                            log_forget, getattr(scale_fn, "logit_mod", None),
+                                            selective)
   return logits_BKGTS.reshape(B, N, T, S), p_BKGTS.reshape(B, N, T, S)
 
 
 def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False,
-               log_forget_BTN=None, logit_mod=None):
+               log_forget_BTN=None, logit_mod=None, selective=False):
   """The definition: materialised logits, float32 normaliser, einsums; (z, stats or None)."""
   B, S, K, H = v_BSKH.shape
   T, N = keys.q_len, keys.num_heads
   logits_BKGTS, p_BKGTS = _logits_and_probs(scaled, keys, B, normalizer, logit_softcap, sink,
-                                            log_forget_BTN, logit_mod)
+                                            log_forget_BTN, logit_mod, selective)
   z_BTKGH = jnp.einsum("bkgts,bskh->btkgh", p_BKGTS, upcast(v_BSKH))
   z_BTNH = z_BTKGH.reshape(B, T, N, H)
   if not return_stats:
@@ -220,7 +241,7 @@ def _reference(scaled, v_BSKH, keys, normalizer, logit_softcap, sink, return_sta
 
 
 def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None,
-                      log_forget_BTN=None, logit_mod=None):
+                      log_forget_BTN=None, logit_mod=None, selective=False):
   T, S, N, K = keys.q_len, keys.kv_len, keys.num_heads, keys.num_kv_heads
   G, H = N // K, scaled.q.shape[-1]
   # Group query heads by their key/value head: n = k * G + g.
@@ -234,6 +255,10 @@ def _logits_and_probs(scaled, keys, B, normalizer, logit_softcap=None, sink=None
                              jnp.arange(S).reshape(1, 1, 1, 1, S))
   if logit_softcap is not None:
     logits_BKGTS = jnp.tanh(logits_BKGTS / logit_softcap) * logit_softcap
+  if selective:  # -F from head 0 (k = 0, g = 0) before FoX's bias, for every head
+    f_BTS = selective_lib.selection_bias(
+        logits_BKGTS[:, 0, 0], selective_lib.visible_BTS(keys.mask_BNTS, T, S))
+    logits_BKGTS = logits_BKGTS - f_BTS[:, None, None]
   if log_forget_BTN is not None:
     # D_ij = c_i - c_j, c_i = sum_{l <= i} log f_l (FoX); the T x S matrix, as the logits.
     c_BKGT = jnp.cumsum(upcast(log_forget_BTN), axis=1).reshape(-1, T, K, G).transpose(
@@ -324,6 +349,19 @@ def _check_forget(q_shape, kv_len, is_causal, implementation, normalizer, log_fo
   return log_forget
 
 
+def _check_selective(T, S, is_causal, implementation, selective):
+  """Validates selective attention's needs: causal self-attention on a kernel with a [T, S] bias."""
+  if not selective:
+    return
+  if not (is_causal and T == S):
+    raise ValueError(f"selective needs causal self-attention (is_causal=True, q_len = "
+                     f"kv_len), got is_causal={is_causal}, q_len {T}, kv_len {S}")
+  if implementation in ("cudnn", "splash"):
+    raise ValueError(f"implementation={implementation!r} cannot take selective (its kernel "
+                     f"takes no [q_len, kv_len] logit bias here): use None, 'xla' or "
+                     f"'reference'")
+
+
 def _check_inputs(q, k, v, mask, implementation, normalizer):
   """Validates shapes and options; returns the mask as rank 4 (or None)."""
   for name, x in (("q", q), ("k", k), ("v", v)):
@@ -332,9 +370,9 @@ def _check_inputs(q, k, v, mask, implementation, normalizer):
                        f"got shape {tuple(x.shape)}")
   if not q.dtype == k.dtype == v.dtype:
     raise ValueError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-  if k.shape != v.shape:
-    raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} "
-                     f"and v {tuple(v.shape)}")
+  if k.shape[:3] != v.shape[:3]:
+    raise ValueError(f"k and v must have the same [batch, kv_len, kv_heads] (v's head dim "
+                     f"may differ), got k {tuple(k.shape)} and v {tuple(v.shape)}")
   if q.shape[0] != k.shape[0]:
     raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} "
                      f"and {k.shape[0]}")

@@ -44,7 +44,8 @@ class AttentionStats(NamedTuple):
     unnormalised weights sigmoid(l_ij - log n_i) (no distribution, so only
     comparable between sigmoid runs); softpick, ReLU/L and stick-breaking
     (`attnscale.core.normalizers`) likewise, of their weights, which sum to at
-    most 1 (ReLU/L: to anything). With FoX's gate, l_ij includes its bias D_ij.
+    most 1 (ReLU/L: to anything). With FoX's gate, l_ij includes its bias D_ij;
+    with selective attention, its -F_ij.
     0 for a query that sees no key.
   """
 
@@ -81,7 +82,7 @@ def fold(scale_fn, q_BTNH, k_BSKH, keys, dtype):
 
 
 def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softcap, sink,
-          return_stats=False, log_forget_BTN=None, logit_mod=None):
+          return_stats=False, log_forget_BTN=None, logit_mod=None, *, logit_bias_BTS=None):
   """Calls a fused kernel with scale 1 on the folded q (`fold`); returns (z, sink factor,
   `AttentionStats` or None).
 
@@ -97,24 +98,27 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
   logits and softmax again, no p @ v product, no gradient. FoX's log forget
   gate (`log_forget_BTN`, [B, T, N]) runs the XLA kernel, which builds its bias;
   so does `logit_mod`, the scaling's per-pair logit transform
-  (`ScaleInvariant.logit_mod`).
+  (`ScaleInvariant.logit_mod`), and a [B, T, S] logit bias (`logit_bias_BTS`,
+  selective attention's -F, `attnscale.core.selective`).
   """
   dtype = v_BSKH.dtype
   kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
                       normalizer, logit_softcap, sink, log_forget=log_forget_BTN is not None,
-                      logit_mod=logit_mod)
+                      logit_mod=logit_mod, pair_bias=logit_bias_BTS is not None)
   z_BTNH = None
   if kernel == "splash":
-    z_BTNH = _splash(q_BTNH, k_BSKH, v_BSKH, keys, logit_softcap, sink)
+    z_BTNH = by_value_slices(lambda v: _splash(q_BTNH, k_BSKH, v, keys, logit_softcap, sink),
+                             v_BSKH, q_BTNH.shape[-1])
   elif kernel == "cudnn":
     try:
-      z_BTNH = _cudnn(q_BTNH, k_BSKH, v_BSKH, keys)
+      z_BTNH = by_value_slices(lambda v: _cudnn(q_BTNH, k_BSKH, v, keys), v_BSKH,
+                               q_BTNH.shape[-1])
     except Exception:  # noqa: BLE001 - cuDNN refuses some shapes/dtypes/versions at trace time
       if implementation == "cudnn":
         raise
   if z_BTNH is None:
     return _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats,
-                log_forget_BTN, logit_mod)
+                log_forget_BTN, logit_mod, logit_bias_BTS)
   if not return_stats:
     return z_BTNH, None, None
   # The stats-only pass: v with head dim 0 makes the kernel's p @ v empty.
@@ -122,6 +126,27 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
   _, _, stats = _xla(*jax.lax.stop_gradient((q_BTNH, k_BSKH, jnp.zeros((B, S, K, 0), dtype))),
                      keys, normalizer, logit_softcap, sink, True)
   return z_BTNH, None, stats
+
+
+def by_value_slices(kernel, v_BSKV: Array, width: int) -> Array:
+  """kernel(v) for a kernel whose values must be `width` (q's head dim) wide:
+  v's head dim V cut into slices of `width` (the last one zero-padded), one call
+  each, outputs concatenated; one plain call when V = width.
+
+  Exact, the output being linear in v (and a sink's factor per query, not per
+  value dim); each slice recomputes the logits, so V = 2 width (differential
+  attention's values) costs splash or cuDNN two calls, as Ye et al.'s
+  multihead_flashdiff_1 runs FlashAttention twice. The XLA kernel and the
+  reference take any V in one call.
+  """
+  V = v_BSKV.shape[-1]
+  if V == width:
+    return kernel(v_BSKV)
+  num = -(-V // width)
+  v_BSKV = jnp.pad(v_BSKV, ((0, 0),) * 3 + ((0, num * width - V),))
+  z_BTNV = jnp.concatenate([kernel(v_BSKV[..., i * width:(i + 1) * width])
+                            for i in range(num)], axis=-1)
+  return z_BTNV[..., :V]
 
 
 def target_platform() -> str:
@@ -139,15 +164,18 @@ def target_platform() -> str:
 
 
 def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
-               logit_softcap, sink, log_forget: bool = False, *, logit_mod=None) -> str:
+               logit_softcap, sink, log_forget: bool = False, *, logit_mod=None,
+               pair_bias: bool = False) -> str:
   """The fused kernel a call runs: "splash", "cudnn" or "xla" (see `fused`).
 
   None picks by `target_platform()`: splash on a TPU unless
   `splash_attention.unsupported_reason` names a reason; cuDNN on a GPU for
   bf16/fp16 softmax with no soft-cap and no sink (jax.nn neither takes a tanh
   nor returns lse); the XLA kernel otherwise, for FoX's forget gate (`log_forget`:
-  neither splash nor jax.nn takes a T x S bias built in the kernel), and always for
-  a scaling with a per-pair logit transform (`logit_mod`: neither takes one).
+  neither splash nor jax.nn takes a T x S bias built in the kernel), for a [B, T, S]
+  logit bias (`pair_bias`, selective attention's: `attention` refuses it on splash
+  and cuDNN), and always for a scaling with a per-pair logit transform
+  (`logit_mod`: neither takes one).
   """
   if logit_mod is not None:
     if implementation in ("splash", "cudnn"):
@@ -156,7 +184,7 @@ def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
     return "xla"
   if implementation in ("xla", "splash", "cudnn"):
     return implementation
-  if log_forget:
+  if log_forget or pair_bias:
     return "xla"
   platform = target_platform()
   # Splash takes a key (padding) mask [B|1, 1, 1, S] as segment ids; not a per-head
@@ -251,7 +279,7 @@ def cpu_batch_chunk(q_shape, k_shape, is_causal: bool) -> int | None:
 
 
 def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_stats=False,
-         log_forget_BTN=None, logit_mod=None):
+         log_forget_BTN=None, logit_mod=None, logit_bias_BTS=None):
   """The XLA kernel; returns (z, sink factor or None, `AttentionStats` or None)."""
   bias_BTN = None
   if normalizer == "sigmoid":
@@ -261,7 +289,7 @@ def _xla(q_BTNH, k_BSKH, v_BSKH, keys, normalizer, logit_softcap, sink, return_s
   out = xla_attention.dot_product_attention(
       q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS, keys.is_causal, normalizer=normalizer,
       logit_softcap=logit_softcap, logit_bias_BTN=bias_BTN, log_forget_BTN=log_forget_BTN,
-      logit_mod=logit_mod,
+      logit_mod=logit_mod, logit_bias_BTS=logit_bias_BTS,
       return_lse=sink is not None,
       return_stats=return_stats,
       batch_chunk=cpu_batch_chunk(q_BTNH.shape, k_BSKH.shape, keys.is_causal))

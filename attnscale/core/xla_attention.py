@@ -111,6 +111,7 @@ def dot_product_attention(q_BTNH: Array,
                           logit_softcap: float | None = None,
                           logit_bias_BTN: Array | None = None,
                           log_forget_BTN: Array | None = None,
+                          logit_bias_BTS: Array | None = None,
                           logit_mod=None,
                           return_lse: bool = False,
                           return_stats: bool = False,
@@ -120,7 +121,8 @@ def dot_product_attention(q_BTNH: Array,
   Args:
     q_BTNH: queries, already scaled.
     k_BSKH: keys; K divides N (query head n reads key/value head n // G).
-    v_BSKH: values, k's shape.
+    v_BSKH: values, k's shape but for the head dim, which may differ (the
+      output has v's head dim).
     mask_BNTS: boolean, rank 4, broadcastable to [B, N, T, S]; True = visible.
     is_causal: query i sees keys j <= i only.
     block_q: query rows per causal block (None: `default_block_q(T)`).
@@ -136,6 +138,9 @@ def dot_product_attention(q_BTNH: Array,
       FoX's per-position log forget gate log f_t (Lin et al. 2025); adds
       D_ij = sum_{l=j+1}^{i} log f_l to l_ij after the bias
       (`normalizers.forget_bias`). None = off.
+    logit_bias_BTS: float, [B|1, T, S]: b_ij added to every head's l_ij after the
+      soft-cap (selective attention's -F, `attnscale.core.selective`), sliced per
+      causal block. None = off.
     logit_mod: `f(logits, i, j)` applied to each block's logits before the
       soft-cap, i and j the query and key positions (int arrays of the logits'
       rank, broadcasting against them); a scaling's per-pair transform
@@ -166,7 +171,8 @@ def dot_product_attention(q_BTNH: Array,
         logit_softcap=logit_softcap, logit_mod=logit_mod, return_lse=return_lse,
         return_stats=return_stats)
     return in_batch_chunks(kernel, batch_chunk, q_BTNH, k_BSKH, v_BSKH, mask_BNTS=mask_BNTS,
-                           logit_bias_BTN=logit_bias_BTN, log_forget_BTN=log_forget_BTN)
+                           logit_bias_BTN=logit_bias_BTN, log_forget_BTN=log_forget_BTN,
+                           logit_bias_BTS=logit_bias_BTS)
   if return_lse and normalizer != "softmax":
     raise ValueError(f"return_lse needs normalizer='softmax', got {normalizer!r}")
   B, T, N, H = q_BTNH.shape
@@ -179,7 +185,8 @@ def dot_product_attention(q_BTNH: Array,
     raise ValueError(f"log_forget_BTN needs causal self-attention (is_causal=True, q_len = "
                      f"kv_len), got is_causal={is_causal}, q_len {T}, kv_len {S}")
   if (normalizer == "softmax" and logit_softcap is None and logit_bias_BTN is None
-      and log_forget_BTN is None and logit_mod is None and not (return_lse or return_stats)):
+      and log_forget_BTN is None and logit_bias_BTS is None and logit_mod is None
+      and not (return_lse or return_stats)):
     return _softmax_attention(q_BTNH, k_BSKH, v_BSKH, mask_BNTS, is_causal, block_q)
   q_BKGTH, k_BKSH, v_BKSH, mask_BKGTS = _to_heads(q_BTNH, k_BSKH, v_BSKH, mask_BNTS)
   bias_BKGT1 = None
@@ -204,6 +211,8 @@ def dot_product_attention(q_BTNH: Array,
       logits_BKGtS = logits_BKGtS + bias_BKGT1[:, :, :, t0:t1]
     if log_forget_BKGT is not None:
       logits_BKGtS = logits_BKGtS + normalizers.forget_bias(log_forget_BKGT, t0, t1, s1)
+    if logit_bias_BTS is not None:  # one [t, s] bias for every head
+      logits_BKGtS = logits_BKGtS + logit_bias_BTS[:, None, None, t0:t1, :s1].astype(acc)
     visible = _block_visible(mask_BKGTS, is_causal, t0, t1, s1)
     if normalizer in normalizers.ROW_NORMALIZERS:
       p_BKGtS = normalizers.weights(normalizer, logits_BKGtS, visible)
@@ -277,9 +286,9 @@ def _divisor_at_most(B: int, chunk: int) -> int:
 
 
 def in_batch_chunks(kernel, batch_chunk, q_BTNH, k_BSKH, v_BSKH, *, mask_BNTS=None,
-                    logit_bias_BTN=None, log_forget_BTN=None):
-  """`kernel(q, k, v, mask, logit_bias_BTN=..., log_forget_BTN=...)` over groups of c
-  batch rows, c the
+                    logit_bias_BTN=None, log_forget_BTN=None, logit_bias_BTS=None):
+  """`kernel(q, k, v, mask, logit_bias_BTN=..., log_forget_BTN=..., logit_bias_BTS=...)`
+  over groups of c batch rows, c the
   largest divisor of B at most `batch_chunk`, one group a step of a `lax.map`;
   the outputs (any pytree of [B, ...] arrays) put back together as [B, ...].
 
@@ -291,15 +300,16 @@ def in_batch_chunks(kernel, batch_chunk, q_BTNH, k_BSKH, v_BSKH, *, mask_BNTS=No
   c = _divisor_at_most(B, batch_chunk)
   grouped = lambda x: x.reshape(B // c, c, *x.shape[1:])
   per_row = {"q": q_BTNH, "k": k_BSKH, "v": v_BSKH}
-  shared = {"mask": mask_BNTS, "bias": logit_bias_BTN, "forget": log_forget_BTN}
-  for name in ("mask", "bias", "forget"):
+  shared = {"mask": mask_BNTS, "bias": logit_bias_BTN, "forget": log_forget_BTN,
+            "pair_bias": logit_bias_BTS}
+  for name in ("mask", "bias", "forget", "pair_bias"):
     if shared[name] is not None and shared[name].shape[0] == B:
       per_row[name] = shared.pop(name)
 
   def group(xs):
     x = {**shared, **xs}
     return kernel(x["q"], x["k"], x["v"], x.get("mask"), logit_bias_BTN=x.get("bias"),
-                  log_forget_BTN=x.get("forget"))
+                  log_forget_BTN=x.get("forget"), logit_bias_BTS=x.get("pair_bias"))
 
   out = jax.lax.map(group, {name: grouped(x) for name, x in per_row.items()})
   return jax.tree.map(lambda x: x.reshape(B, *x.shape[2:]), out)
@@ -402,7 +412,8 @@ def _softmax_attention_bwd(is_causal, block_q, residuals, dz_BTNH):
   S = k_BKSH.shape[2]
   dtype = q_BKGTH.dtype
   acc = z_BKGTH.dtype
-  dz_BKGTH = dz_BTNH.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)
+  # The value dim may differ from q's (differential attention's values: 2 H).
+  dz_BKGTH = dz_BTNH.reshape(B, T, K, G, dz_BTNH.shape[-1]).transpose(0, 2, 3, 1, 4)
   # D_i = sum_j p_ij dp_ij = dz_i . z_i: a sum over H, not over the keys.
   d_BKGT1 = jnp.sum(dz_BKGTH.astype(acc) * z_BKGTH, axis=-1, keepdims=True)
   dk_BKSH = jnp.zeros(k_BKSH.shape, acc)

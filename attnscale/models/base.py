@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attnscale.core import differential as differential_lib
 from attnscale.core import positions as positions_lib
 from attnscale.core import scalings, sharding
 
@@ -39,7 +40,18 @@ Array = jax.Array
 
 
 class AttentionCall(NamedTuple):
-  """The exact inputs of one layer's attention call (what diagnostics inspect)."""
+  """The exact inputs of one layer's attention call (what diagnostics inspect).
+
+  A differential layer (`model.differential`) makes one call for its two maps,
+  and this is that call: q [B, T, N, H] holds the N/2 heads' first maps then
+  their second maps, k [B, S, K, H] likewise, v [B, S, K, 2 H] the K/2 value heads
+  twice (`DifferentialHeads`). So the diagnostics see each softmax map as a head
+  (heads [0, N/2) the maps p1, [N/2, N) the maps p2): entropy, largest logit
+  and sink rate per map, and the output std of the maps' outputs before their
+  difference. The difference p1 - lambda p2 is not reported: with negative
+  weights it is no distribution, so it has no entropy, and its weight on the
+  first key is the two maps' sink rates combined by lambda.
+  """
 
   q_BTNH: Array
   k_BSKH: Array
@@ -50,6 +62,7 @@ class AttentionCall(NamedTuple):
   logit_softcap: float | None = None  # c: logits -> c tanh(logits / c)
   sink: Array | float | None = None  # the sink logit b (per head [N], or 0.0 = off-by-one)
   log_forget: Array | None = None  # FoX's log f_t [B, T, N] (model.forget_gate), else None
+  selective: bool = False  # selective attention's -F from head 0 (model.selective)
 
   def options(self) -> dict[str, Any]:
     """The keyword arguments of `attention` besides q, k, v and the mask (the
@@ -62,6 +75,8 @@ class AttentionCall(NamedTuple):
       options["sink"] = self.sink
     if self.log_forget is not None:
       options["log_forget"] = self.log_forget
+    if self.selective:
+      options["selective"] = True
     return options
 
 
@@ -118,15 +133,62 @@ class ScalingParams(nnx.Module):
     return scalings.get(self.name, **dict(self.fixed), **learned)
 
 
+class DifferentialHeads(nnx.Module):
+  """`model.differential`'s parameters and head output (Ye et al. 2025, "Differential
+  Transformer", ICLR 2025, arXiv 2410.05258; `attnscale.core.differential`):
+
+      z_n = (1 - lambda_init) RMSNorm((p1_n - lambda p2_n) v_n),
+      lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init,
+      lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) for layer l = 1, 2, ...
+
+  Parameter matching, the paper's: a differential model at num_heads = N has
+  N/2 heads, each two maps whose q and k have the standard head dim H =
+  width/N, and values 2 H wide. Its q, k, v and output projections are then
+  the standard model's matrices ([D, N H], [D, K H], [D, K H], [N H, D]), so
+  it has the standard model's parameters at the same width, plus 6 H a layer:
+  lq1, lk1, lq2, lk2 [H] (init N(0, 0.1), one lambda per layer, as the
+  reference code's) and the norm's gain [2 H] (init 1, shared by the heads).
+  The kernel sees N heads of dim H (first maps, then second maps: a scaling's
+  per-head parameters, a learned sink and FoX's gate are per map), and the
+  N/2 heads' outputs, 2 H each, fill the output projection's N H inputs.
+  """
+
+  def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+    H = cfg.head_dim
+    self.lambda_init = differential_lib.lambda_init(layer)  # static: the layer's constant
+    init = nnx.initializers.normal(stddev=0.1)
+    self.lambda_q1 = nnx.Param(init(rngs.params(), (H,), jnp.float32))
+    self.lambda_k1 = nnx.Param(init(rngs.params(), (H,), jnp.float32))
+    self.lambda_q2 = nnx.Param(init(rngs.params(), (H,), jnp.float32))
+    self.lambda_k2 = nnx.Param(init(rngs.params(), (H,), jnp.float32))
+    self.norm_gain = nnx.Param(jnp.ones((2 * H,), jnp.float32))
+
+  def lam(self) -> Array:
+    """This layer's lambda, a float32 scalar."""
+    return differential_lib.reparameterised_lambda(
+        self.lambda_q1[...], self.lambda_k1[...], self.lambda_q2[...], self.lambda_k2[...],
+        self.lambda_init)
+
+  def __call__(self, z_BTNV: Array) -> Array:
+    """The kernel's output [B, T, N, 2 H] (first maps, then second maps) -> the N/2
+    differential heads' outputs [B, T, N/2, 2 H], float32."""
+    return differential_lib.head_output(differential_lib.combine(z_BTNV, self.lam()),
+                                        self.norm_gain[...], self.lambda_init)
+
+
 class AttentionLayer(nnx.Module):
   """Self-attention: a variant's projections around the configured scaling.
 
   The options every variant shares live here: the scaling's parameters, rotary
-  positions, the logit soft-cap and the attention sink (`model.sink`: "zero" is
+  positions, the logit soft-cap, the attention sink (`model.sink`: "zero" is
   the off-by-one softmax, "learned" one sink logit per head, initialised to 0,
-  gpt-oss). An output gate (`model.attn_gate`) and FoX's forget gate
+  gpt-oss) and selective attention (`model.selective`: no parameters, the
+  kernel's option, `attnscale.core.selective`). An output gate (`model.attn_gate`) and FoX's forget gate
   (`model.forget_gate`) need projections, so a variant that offers them implements
-  `gate_logits` and `forget_logits`.
+  `gate_logits` and `forget_logits`. Differential attention (`model.differential`)
+  needs its parameters: a variant that offers it sets `differential` to a
+  `DifferentialHeads` and returns the values of its N/2 heads, [B, T, K/2, 2 H],
+  from `qkv`.
   """
 
   # Set by `attention_stats` on a model merged for one step: sow this layer's stats.
@@ -134,6 +196,7 @@ class AttentionLayer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig):
     self.cfg = cfg
+    self.differential: DifferentialHeads | None = nnx.data(None)  # a variant may set one
     # Under mup, what the scaling's muP rule makes of it (attnscale/models/mup.py).
     self.scaling = ScalingParams(*mup.attention_scaling(cfg), cfg.scaling_dims)
     self.sink_logit = (nnx.Param(jnp.zeros((cfg.num_heads,), jnp.float32))
@@ -169,7 +232,8 @@ class AttentionLayer(nnx.Module):
     return jax.nn.log_sigmoid(self.forget_logits(x_BTD).astype(jnp.float32))
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
-    """q [B, T, N, H], k and v [B, T, K, H]: what the scaling sees."""
+    """q [B, T, N, H], k and v [B, T, K, H]: what the scaling sees (differential:
+    v [B, T, K/2, 2 H], see `AttentionCall`)."""
     raise NotImplementedError
 
   def project_out(self, z_BTD: Array) -> Array:
@@ -193,9 +257,11 @@ class AttentionLayer(nnx.Module):
       positions_T = jnp.arange(x_BTD.shape[1])
       q_BTNH = positions_lib.rope(q_BTNH, positions_T, self.cfg.rope_base)
       k_BTKH = positions_lib.rope(k_BTKH, positions_T, self.cfg.rope_base)
+    if self.differential is not None:  # both maps weigh the same values
+      v_BTKH = differential_lib.twice(v_BTKH, axis=2)
     return AttentionCall(q_BTNH, k_BTKH, v_BTKH, self.scale_fn(), self.cfg.causal,
                          self.cfg.normalizer, self.cfg.logit_softcap or None, self.sink(),
-                         self.log_forget(x_BTD))
+                         self.log_forget(x_BTD), self.cfg.selective)
 
   def __call__(self, x_BTD: Array, mask: Array | None = None) -> Array:
     B, T, D = x_BTD.shape
@@ -208,6 +274,8 @@ class AttentionLayer(nnx.Module):
     if self.record_stats:
       z_BTNH, stats = z_BTNH
       self.sow(nnx.Intermediate, "attn_stats", stats)
+    if self.differential is not None:  # [B, T, N, 2 H] -> [B, T, N/2, 2 H]
+      z_BTNH = self.differential(z_BTNH).astype(z_BTNH.dtype)
     if self.cfg.attn_gate != "none":
       # Gated attention (Qiu et al. 2025, the SDPA-output gate G1): each head's
       # output (or each element of it) times sigmoid of a projection of the

@@ -131,6 +131,15 @@ class ModelConfig:
   forget_gate: bool = field(
       False, "FoX (Lin et al. 2025): a learned per-head forget gate f_t = sigmoid(x_t w + b); "
       "logits_ij + sum_{l=j+1..i} log f_l, any normaliser; causal only")
+  differential: bool = field(
+      False, "differential attention (Ye et al. 2025): num_heads/2 heads, each "
+      "(softmax(q1 k1) - lambda softmax(q2 k2)) v with q, k head dim width/num_heads and v "
+      "twice as wide, then RMSNorm x (1 - lambda_init); the standard model's projections "
+      "(+6 head_dim parameters a layer); needs even num_heads and kv heads")
+  selective: bool = field(
+      False, "selective attention (Leviathan et al. 2024): every head's logits minus "
+      "F_ij = sum_{k<i} relu(head 0's l_kj), first key and diagonal left out; no "
+      "parameters; causal only; the XLA kernel, O(B T^2) memory a layer")
   positions: str = field(
       "learned", "learned (absolute table) | rope (rotary on q, k) | none (NoPE; causal only)")
   rope_base: float = field(10000.0, "rotary frequency base (positions=rope)")
@@ -193,6 +202,13 @@ class ModelConfig:
     if self.forget_gate and not self.causal:
       raise ValueError("model.forget_gate=True needs model.causal=True: FoX's gate decays "
                        "with the distance back in time, which a bidirectional encoder has not")
+    if self.selective and not self.causal:
+      raise ValueError("model.selective=True needs model.causal=True: a query masks keys "
+                       "for the queries after it, an order a bidirectional encoder has not")
+    if self.selective and self.attention_impl in ("cudnn", "splash"):
+      raise ValueError(f"model.selective=True cannot run on model.attention_impl="
+                       f"{self.attention_impl!r} (no [T, S] logit bias there): use None, "
+                       "'xla' or 'reference'")
     if self.normalizer == "stickbreaking" and not self.causal:
       raise ValueError("model.normalizer='stickbreaking' needs model.causal=True: the stick "
                        "breaks from the nearest earlier key back, an order an encoder has not")
@@ -209,8 +225,34 @@ class ModelConfig:
       raise ValueError(f"model.rope_base must be > 1, got {self.rope_base}")
     if not 0 <= self.dropout < 1:
       raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+    if self.differential:
+      self._validate_differential()
     self._validate_parameterization()
     VARIANTS[self.variant].validate_config(self)
+
+  def _validate_differential(self):
+    """model.differential's needs: two maps per head, and the options it cannot take."""
+    for name, heads in (("model.num_heads", self.num_heads),
+                        ("model.num_kv_heads", self.kv_heads)):
+      if heads % 2:
+        raise ValueError(f"model.differential=True needs an even {name} (num_heads/2 "
+                         f"differential heads, each two maps of width/num_heads), got {heads}")
+    if self.shared_kv:
+      raise ValueError("model.differential=True cannot take model.shared_kv=True: its keys "
+                       "are two maps of head dim H and its values 2 H wide, so W_K = W_V "
+                       "has no meaning")
+    if self.attn_gate != "none":
+      raise ValueError(f"model.differential=True cannot take model.attn_gate="
+                       f"{self.attn_gate!r}: no rule says whether the gate acts on each "
+                       "map or on the differential head after its norm: use "
+                       "model.attn_gate='none'")
+    if self.selective:
+      raise ValueError("model.differential=True cannot take model.selective=True: no rule "
+                       "says which of head 0's two maps selects, nor whether F enters both")
+    if self.parameterization == "mup":
+      raise ValueError("model.parameterization='mup' cannot apply to model.differential=True: "
+                       "muP's rules for lambda's reparameterisation (exp of a dot of learned "
+                       "vectors) and the heads' RMSNorm are not derived here")
 
   def _validate_parameterization(self):
     if self.parameterization not in PARAMETERIZATIONS:

@@ -5,8 +5,9 @@ nanoGPT's architecture: pre-LN blocks, learned positions (or rotary, or none:
 embeddings, GELU MLP, no biases, init N(0, 0.02) with the residual projections at
 0.02 / sqrt(2 L). The attention's scaling is a config value (`scaling`), plus the
 model-level options compared against the same baselines: a QK norm (LayerNorm
-or RMSNorm, `model.qk_norm`) before any scaling, a shared key/value projection (W_K = W_V), and the sigmoid alternative
-to softmax.
+or RMSNorm, `model.qk_norm`) before any scaling, a shared key/value projection
+(W_K = W_V), the sigmoid alternative to softmax, and differential attention (`model.differential`, Ye et al. 2025: the
+same projections read as N/2 heads of two maps each, `base.DifferentialHeads`).
 
 The BERT encoder (Devlin et al. 2019) is the same model with `causal=False`, a
 padding mask, `ln_position="post"` (the original x = LN(x + f(x)) blocks after
@@ -60,9 +61,13 @@ class QKNorm(nnx.Module):
 
 
 class Attention(base.AttentionLayer):
-  """Multi-head self-attention: dense projections around the configured scaling."""
+  """Multi-head self-attention: dense projections around the configured scaling.
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  `layer` (1-based) sets differential attention's lambda_init (`model.differential`:
+  the same four matrices, their columns read as `base.DifferentialHeads` says).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, layer: int, rngs: nnx.Rngs):
     super().__init__(cfg)
     D, N, K, H = cfg.width, cfg.num_heads, cfg.kv_heads, cfg.head_dim
     dense = lambda out, std: layers.Dense(D, out, use_bias=False, kernel_init=_normal(std),
@@ -80,14 +85,22 @@ class Attention(base.AttentionLayer):
     self.forget_proj = (layers.Dense(D, N, use_bias=True, kernel_init=_normal(std),
                                      dtype=jnp.float32, rngs=rngs)
                         if cfg.forget_gate else None)
+    # Differential attention's lambda vectors and norm gain: drawn last, so that
+    # every other model's init is unchanged.
+    if cfg.differential:
+      self.differential = base.DifferentialHeads(cfg, layer, rngs=rngs)
 
   def qkv(self, x_BTD: Array) -> tuple[Array, Array, Array]:
-    """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm)."""
+    """Projected q [B, T, N, H], k, v [B, T, K, H] (after the optional QK-LayerNorm);
+    differential: v [B, T, K/2, 2 H], the same columns as K/2 heads twice as wide."""
     cfg = self.cfg
     B, T, _ = x_BTD.shape
     q_BTNH = self.q_proj(x_BTD).reshape(B, T, cfg.num_heads, cfg.head_dim)
     k_BTKH = self.k_proj(x_BTD).reshape(B, T, cfg.kv_heads, cfg.head_dim)
-    v_BTKH = k_BTKH if cfg.shared_kv else self.v_proj(x_BTD).reshape(k_BTKH.shape)
+    if cfg.differential:
+      v_BTKH = self.v_proj(x_BTD).reshape(B, T, cfg.kv_heads // 2, 2 * cfg.head_dim)
+    else:
+      v_BTKH = k_BTKH if cfg.shared_kv else self.v_proj(x_BTD).reshape(k_BTKH.shape)
     if self.qk_norm is not None:
       q_BTNH, k_BTKH = self.qk_norm(q_BTNH, k_BTKH)
     return q_BTNH, k_BTKH, v_BTKH
@@ -124,12 +137,13 @@ class Block(base.Block):
   Under the depth rule (`model.depth_alpha`) each pre-LN branch is multiplied by
   (base_depth / L)^alpha (attnscale/models/mup.py)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, layer: int, rngs: nnx.Rngs):
     self.cfg = cfg
     self.branch_mult = mup.residual_mult(cfg)  # None: no multiplication (the default)
     ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False,
                                dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
-    self.ln1, self.attn, self.ln2, self.mlp = ln(), Attention(cfg, rngs=rngs), ln(), MLP(cfg, rngs=rngs)
+    self.ln1, self.attn = ln(), Attention(cfg, layer=layer, rngs=rngs)
+    self.ln2, self.mlp = ln(), MLP(cfg, rngs=rngs)
 
   def attn_input(self, x_BTD):
     """What the attention sees: LN(x) pre-LN, x itself post-LN."""
@@ -187,7 +201,7 @@ class Transformer(base.Model):
     # the table is drawn first, so a learned-position model's init is unchanged.
     self.pos_embed = (nnx.Param(_normal(cfg.init_std)(rngs.params(), (cfg.block_size, cfg.width)))
                       if cfg.positions == "learned" else None)
-    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.blocks = nnx.List([Block(cfg, layer=l + 1, rngs=rngs) for l in range(cfg.num_layers)])
     # Pre-LN normalises the final stream; post-LN (BERT) the embeddings instead,
     # every block's output being normalised already. The GPT's parameters (and
     # their random init) stay exactly as they were.

@@ -289,6 +289,10 @@ class UnitScaledTransformer(base.Model):
       raise ValueError("model.forget_gate=True is not available in model.variant='unit' "
                        "(its decay shrinks the unit-scale output and has no unit-scaling "
                        "rule here yet): use model.variant='standard'")
+    if cfg.differential:
+      raise ValueError("model.differential=True is not available in model.variant='unit' "
+                       "(its RMSNorm and (1 - lambda_init) factor have no unit-scaling rule "
+                       "here yet): use model.variant='standard'")
     if cfg.unit.residual_rule not in RESIDUAL_RULES:
       raise ValueError(f"model.unit.residual_rule must be one of {list(RESIDUAL_RULES)}, "
                        f"got {cfg.unit.residual_rule!r}")

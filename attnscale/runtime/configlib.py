@@ -270,6 +270,10 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += f"+gate_{m.attn_gate}"
   if m.get("forget_gate", False):
     label += "+fox"
+  if m.get("differential", False):
+    label += "+diff"
+  if m.get("selective", False):
+    label += "+selective"
   if m.get("parameterization", "sp") != "sp":
     label += f"+{m.parameterization}"
   for name in ("mup_output_mult", "mup_attn_mult"):  # muP's base multipliers
