@@ -188,6 +188,28 @@ CRITICAL_LENGTH_BASELINES = ("standard", "log_n", "yarn", "scale_invariant")
 CRITICAL_LENGTHS = "--lengths=64,128,256,512,1024,2048,4096"
 CRITICAL_LENGTH_CHOOSE_AT = 512  # gamma's held-out length: the page reports 1024 ... 4096
 
+# The normalisers study (docs/experiments/normalisers.md): softmax and its amendments
+# (sinks, output gates), FoX's forget gate, differential and selective attention, and
+# the non-softmax normalisers, each of those also with RMS QK-norm (softmax ignores a
+# shift of the logits, they do not, so the scaling they need is part of the question).
+# RoPE everywhere, so that every run is also evaluated at 64 ... 1024.
+NORMALISER_OPTIONS = {
+    "softmax": {},
+    "sink_learned": {"model.sink": "learned"},
+    "sink_zero": {"model.sink": "zero"},
+    "gate_headwise": {"model.attn_gate": "headwise"},
+    "gate_elementwise": {"model.attn_gate": "elementwise"},
+    "fox": {"model.forget_gate": True},
+    "differential": {"model.differential": True},
+    "selective": {"model.selective": True},
+}
+NON_SOFTMAX = ("sigmoid", "softpick", "relu", "stickbreaking")
+NORMALISERS = (
+    {k: ("standard", v | {"model.positions": "rope"}) for k, v in NORMALISER_OPTIONS.items()}
+    | {n: ("standard", {"model.normalizer": n, "model.positions": "rope"}) for n in NON_SOFTMAX}
+    | {f"{n}_qk_rmsnorm": ("qk_rmsnorm", {"model.normalizer": n, "model.positions": "rope"})
+       for n in NON_SOFTMAX})
+
 # The precision study (docs/experiments/precision.md): every model.dtype with no loss
 # scaling, and fp8 also with per-tensor scaling (the conventional baseline).
 PRECISION_SCALINGS = ("standard", "fully_scaled", "cosine", "qk_layernorm", "key_norm_sum",
@@ -289,6 +311,9 @@ SWEEPS: dict[str, Sweep] = {
         "graphcore_cpu", CRITICAL_LENGTH_BASELINES, CRITICAL_LENGTH_LAWS,
         CRITICAL_LENGTH_GAMMAS, ("rope", "none"), CRITICAL_LENGTHS, (0, 1, 2),
         learning_rate=2.0**-9, choose_at=CRITICAL_LENGTH_CHOOSE_AT),
+    "normalisers": staged("graphcore_cpu", NORMALISERS, dict.fromkeys(NORMALISERS, 9),
+                          bounds=PRACTICE_LR_RANGE, window=2,
+                          eval_flags=(LENGTHS, "--length=100"), **PROTOCOL),
     "precision": precision("graphcore_cpu", PRECISION_SCALINGS, PRECISION_FORMATS,
                            dict.fromkeys((0, 1, 2), tuple(PRECISION_FORMATS)), lrs=LENGTH_LRS),
     # At the cpu preset's own rate.

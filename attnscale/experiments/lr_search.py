@@ -213,9 +213,10 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
            more_seeds: Sequence[int] = (1, 2), band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None,
            no_learning: float | None = None, window: int = 0,
-           window_seeds: Sequence[int] = ()) -> list[dict]:
+           window_seeds: Sequence[int] = (), eval_flags: Sequence[str] = ()) -> list[dict]:
   """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
-  finished runs in `workdir` (None: nothing has run, stage 1's first trials).
+  finished runs in `workdir` (None: nothing has run, stage 1's first trials);
+  `eval_flags`: eval.py's flags every point is evaluated with after training.
 
   Args:
     preset: the config argument's preset.
@@ -227,7 +228,8 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
   def point(t: Trial) -> dict:
     scaling, overrides = labels[t.label]
     return {"arg": f"preset={preset},scaling={scaling},seed={t.seed}",
-            "overrides": {"learning_rate": t.learning_rate, **overrides}}
+            "overrides": {"learning_rate": t.learning_rate, **overrides},
+            **({"eval": list(eval_flags)} if eval_flags else {})}
 
   def loss(t: Trial) -> float | None:
     if workdir is None:

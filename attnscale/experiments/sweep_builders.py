@@ -69,16 +69,17 @@ def staged(preset: str, labels: Labels, starts: Mapping[str, int], *,
            bounds: tuple[int, int], more_seeds: Sequence[int] = (1, 2),
            band_seeds: Sequence[int] = (), transfer: Mapping[str, Sequence[str]] | None = None,
            window: int = 0, window_seeds: Sequence[int] = (),
-           no_learning: float | None = None) -> Sweep:
+           no_learning: float | None = None, eval_flags: Sequence[str] = ()) -> Sweep:
   """The staged learning-rate search over `labels` from 2^-starts[label]
   (`lr_search.points`; `band_seeds`: the study protocol; `window`: seed 0 at every
-  rate within that many octaves of each best, `window_seeds` too)."""
+  rate within that many octaves of each best, `window_seeds` too; `eval_flags`:
+  eval.py's flags for every point, e.g. `--lengths=...`)."""
   def points(workdir):
     from attnscale.experiments import lr_search  # only the staged sweeps read results
     return lr_search.points(preset, labels, starts, workdir, bounds=bounds,
                             more_seeds=more_seeds, band_seeds=band_seeds, transfer=transfer,
                             no_learning=no_learning, window=window,
-                            window_seeds=window_seeds)
+                            window_seeds=window_seeds, eval_flags=eval_flags)
   return Sweep(preset, points)
 
 
