@@ -93,7 +93,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
   configlib.add_devices(c)  # config.mesh (data x fsdp) and config.remat
-  configlib.add_attention_health(c)  # config.attn_metrics and config.qk_clip
+  configlib.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
 
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md) with the
   # config argument's scaling. What differs from its defaults (a GPT):

@@ -87,7 +87,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
   configlib.add_devices(c)  # config.mesh (data x fsdp), config.remat, config.grad_accum_steps
-  configlib.add_attention_health(c)  # config.attn_metrics and config.qk_clip
+  configlib.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
   # Micro-batches a step: 8 of 64 rows (8 rows a device on 8 devices) fit a v5e chip's
   # 16 GiB (compile.py); on 64 or more chips, --config.grad_accum_steps=1.
   c.grad_accum_steps = 8

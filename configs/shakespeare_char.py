@@ -82,7 +82,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
   configlib.add_devices(c)  # config.mesh (data x fsdp) and config.remat
-  configlib.add_attention_health(c)  # config.attn_metrics and config.qk_clip
+  configlib.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
 
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md), whose
   # defaults are nanoGPT's shakespeare_char model (65 characters, 6 layers, 6 heads,
@@ -113,6 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.batch_size, c.seq_len, c.num_train_steps = 12, 64, 2000
     c.log_every, c.eval_every, c.eval_batches = 1, 250, 20
     c.attn_metrics = False  # nanoGPT's step computes no attention statistics: a like wall time
+    c.sink_metrics_rows = 0
     m.block_size, m.num_layers, m.num_heads, m.width, m.dropout = 64, 4, 4, 128, 0.0
   elif arg.preset == "cpu":
     c.batch_size, c.seq_len, c.num_train_steps = 32, 128, 1000

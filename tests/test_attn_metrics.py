@@ -1,6 +1,8 @@
 """Attention health in the training log (#28): the fused path's per-query stats equal
 the reference's for every scaling and option, and a real train.py-path run logs what
-eval.py's diagnostics compute on the same parameters and batch."""
+eval.py's diagnostics compute on the same parameters and batch: the attention health
+of the step's forward pass, and the sinks and massive activations of the extra pass
+on config.sink_metrics_rows rows (#61), which leaves training as it was."""
 
 import functools
 import glob
@@ -14,6 +16,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 
 import attnscale
+from attnscale import testing
 from attnscale.core import scalings, xla_attention
 from attnscale.testing import padding_mask, random_qkv
 
@@ -106,11 +109,14 @@ def test_health_excludes_padded_queries_as_the_diagnostics():
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory):
   """3 steps at the test preset, logged and checkpointed every step, no dropout
-  (the diagnostics run the model deterministically)."""
+  (the diagnostics run the model deterministically), sink metrics on 4 of 8 rows."""
   from attnscale.testing import train_tiny_run
-  overrides = {"num_train_steps": 3, "log_every": 1, "checkpoint_every": 1,
-               "keep_checkpoints": 5, "eval_every": 100, "model.dropout": 0.0}
-  return train_tiny_run(tmp_path_factory, overrides=overrides)
+  return train_tiny_run(tmp_path_factory, overrides=LOGGED | {"sink_metrics_rows": SINK_ROWS})
+
+
+SINK_ROWS = 4
+LOGGED = {"num_train_steps": 3, "log_every": 1, "checkpoint_every": 1, "keep_checkpoints": 5,
+          "eval_every": 2, "model.dropout": 0.0}
 
 
 def test_logged_health_equals_eval_diagnostics(logged_run):
@@ -138,6 +144,65 @@ def test_logged_health_equals_eval_diagnostics(logged_run):
                                  layer["heads"]["entropy"], rtol=1e-4)
 
 
+def test_logged_sinks_and_activations_equal_eval_diagnostics(logged_run):
+  """The row logged at step s holds the diagnostics of the parameters after step s
+  (its checkpoint) on the first sink_metrics_rows rows of the batch of step s - 1."""
+  from attnscale import tasks
+  from attnscale.evaluation import diagnostics, eval_lib
+  from attnscale.runtime import metric_keys as keys
+  from attnscale.runtime import metrics_writer
+  workdir = logged_run.workdir
+  config = eval_lib.load_config(workdir)
+  task = tasks.get_task(config)
+  rows = {r["step"]: r for r in metrics_writer.read_rows(workdir) if keys.LOSS in r}
+  assert sorted(rows) == [1, 2, 3]
+  for step, row in rows.items():
+    model, _, _ = eval_lib.restore(config, workdir, step)
+    batch = {k: v[:SINK_ROWS] for k, v in task.train_batch(step - 1).items()}
+    layers = diagnostics.task_attention_stats(model, task, batch)
+    for i, layer in enumerate(layers):
+      for prefix, name in keys.LAYER_STATS.items():
+        np.testing.assert_allclose(row[keys.attention_key(prefix, i)], layer[name],
+                                   rtol=1e-4, err_msg=f"{name} {i} at step {step}")
+      np.testing.assert_allclose(row[keys.attention_key(keys.SINK_RATE_HEADS, i)],
+                                 layer["heads"]["sink_rate"], rtol=1e-4)
+    # The output logits' health is logged on every run; the z-loss term only when on.
+    assert np.isfinite(row[keys.OUT_MAX_LOGIT]) and np.isfinite(row[keys.OUT_LOG_Z])
+    assert keys.Z_LOSS not in row
+
+
+@pytest.fixture(scope="module")
+def unsunk_run(tmp_path_factory):
+  """`logged_run` with sink_metrics_rows=0 (module-scoped as it is: both train before
+  `causal_blocks` changes the kernel's blocks)."""
+  from attnscale.testing import train_tiny_run
+  return train_tiny_run(tmp_path_factory, overrides=LOGGED | {"sink_metrics_rows": 0},
+                        name="no_sinks")
+
+
+def test_the_extra_pass_leaves_training_as_it_was(logged_run, unsunk_run):
+  """sink_metrics_rows=0: the same losses, gradient norms, validation and parameters
+  bit for bit, and no sink entries."""
+  from attnscale.runtime import metrics_writer
+  off = unsunk_run
+  from attnscale.runtime import metric_keys as keys
+  sink = (keys.SINK_RATE, keys.SINK_HEADS, keys.MAX_ACT, keys.ACT_RATIO, keys.KURTOSIS,
+          keys.SINK_RATE_HEADS)
+  timing = (keys.ELAPSED_S, keys.STEPS_PER_S, keys.TOKENS_PER_S)
+  strip = lambda row: {k: v for k, v in row.items()
+                       if not k.startswith(sink) and k not in timing}
+  on_rows = [strip(r) for r in metrics_writer.read_rows(logged_run.workdir)]
+  off_rows = metrics_writer.read_rows(off.workdir)
+  assert on_rows == [strip(r) for r in off_rows]
+  assert not any(k.startswith(sink) for r in off_rows for k in r)
+  assert any(k.startswith(sink) for r in metrics_writer.read_rows(logged_run.workdir)
+             for k in r)
+  a = testing.restore_checkpoint(logged_run.config, logged_run.workdir)
+  b = testing.restore_checkpoint(off.config, off.workdir)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
 def test_tensorboard_holds_the_layer_scalars_not_the_lists(logged_run):
   tags = set()
   for path in glob.glob(os.path.join(logged_run.workdir, "tensorboard", "events.*")):
@@ -149,8 +214,13 @@ def test_tensorboard_holds_the_layer_scalars_not_the_lists(logged_run):
       event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
       tags.update(v.tag for v in event.summary.value)
       pos += 12 + length + 4
-  assert {"train/attn/max_logit/layer_0", "train/attn/entropy/layer_1"} <= tags
-  assert not any("_heads" in t for t in tags)
+  assert {"train/attn/max_logit/layer_0", "train/attn/entropy/layer_1",
+          "train/attn/sink_rate/layer_0", "train/attn/act_ratio/layer_1",
+          "train/out/max_logit", "train/out/log_z"} <= tags
+  lists = ("train/attn/max_logit_heads/", "train/attn/entropy_heads/",
+           "train/attn/sink_rate_heads/")  # sink_heads is a scalar: the share of sink heads
+  assert not any(t.startswith(lists) for t in tags)
+  assert "train/attn/sink_heads/layer_0" in tags
 
 
 @pytest.mark.heavy

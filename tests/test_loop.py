@@ -51,13 +51,18 @@ def test_the_metric_keys_are_the_recorded_strings(counted_run):
       "train/steps_per_s", "train/tokens_per_s", "val/loss")
   assert metric_keys.attention_key(metric_keys.MAX_LOGIT, 3) == "train/attn/max_logit/layer_3"
   assert metric_keys.CLIPPED_HEADS == "train/attn/clipped_heads"
+  assert (metric_keys.OUT_MAX_LOGIT, metric_keys.OUT_LOG_Z, metric_keys.Z_LOSS) == (
+      "train/out/max_logit", "train/out/log_z", "train/z_loss")
+  assert [metric_keys.attention_key(p, 0) for p in metric_keys.PER_LAYER[4:]] == [
+      f"train/attn/{name}/layer_0" for name in ("sink_rate", "sink_heads", "max_act",
+                                                "act_ratio", "kurtosis", "sink_rate_heads")]
   run, _ = counted_run
   rows = metrics_writer.read_rows(run.workdir)
   written = {k for row in rows for k in row if k != "step"}
   named = {v for k, v in vars(metric_keys).items() if k.isupper() and isinstance(v, str)}
-  prefixes = (metric_keys.MAX_LOGIT, metric_keys.ENTROPY, metric_keys.MAX_LOGIT_HEADS,
-              metric_keys.ENTROPY_HEADS)
-  unnamed = {k for k in written if k not in named and not k.startswith(prefixes)}
+  unnamed = {k for k in written if k not in named and not k.startswith(metric_keys.PER_LAYER)}
   assert not unnamed, f"keys written but not named in metric_keys: {sorted(unnamed)}"
   assert {metric_keys.LOSS, metric_keys.VAL_LOSS, metric_keys.LOSS_LAST20} <= written
   assert any(k.startswith(metric_keys.MAX_LOGIT) for k in written)  # the preset's attn_metrics
+  assert any(k.startswith(metric_keys.SINK_RATE) for k in written)  # its sink_metrics_rows
+  assert metric_keys.OUT_LOG_Z in written  # on every run

@@ -47,3 +47,25 @@ def test_output_logit_stats():
   np.testing.assert_allclose(stats["log_z"], jnp.mean(log_z), rtol=1e-5)
   g = jax.grad(lambda x: sum(losses.output_logit_stats(x).values()))(logits)
   np.testing.assert_array_equal(g, 0.0)
+
+
+def test_output_sums_are_the_sums_of_the_stats():
+  """z_sum is z_loss's; log_z_sum / count and max_logit are output_logit_stats'."""
+  logits = _logits()
+  weights = jnp.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], jnp.float32)
+  sums = losses.output_sums(logits, weights)
+  z_sum, count = losses.z_loss(logits, weights)
+  stats = losses.output_logit_stats(logits, weights)
+  np.testing.assert_array_equal(sums["z_sum"], z_sum)
+  np.testing.assert_allclose(sums["log_z_sum"] / count, stats["log_z"], rtol=1e-6)
+  np.testing.assert_array_equal(sums["max_logit"], stats["max_logit"])
+  # Only z_sum carries a gradient: the stats are the logits' health, not a loss.
+  np.testing.assert_array_equal(
+      jax.grad(lambda x: sum(losses.output_sums(x, weights).values()))(logits),
+      jax.grad(lambda x: losses.z_loss(x, weights)[0])(logits))
+
+
+def test_add_sums_adds_and_takes_the_max_of_max_sums():
+  a = {"loss_sum": 1.0, "count": 2.0, "max_logit": 5.0}
+  b = {"loss_sum": 3.0, "count": 1.0, "max_logit": 4.0}
+  assert losses.add_sums(a, b) == {"loss_sum": 4.0, "count": 3.0, "max_logit": 5.0}

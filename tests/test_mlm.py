@@ -372,6 +372,62 @@ def test_tiny_run_learns_and_eval_json(run_a):
   assert eval_lib.evaluate_run(workdir)["val_loss"] == out["val_loss"]
 
 
+def test_training_log_holds_sinks_without_padded_keys_and_output_logits(run_a):
+  """Every row: the output logits' health (at the masked tokens) and each layer's sinks
+  and massive activations; the last row's equal eval.py's diagnostics of the final
+  parameters on the last batch's first sink_metrics_rows rows, with the task's masks
+  (padded rows: `test_training_sink_stats_keep_padding_out`)."""
+  from attnscale.evaluation import diagnostics
+  from attnscale.runtime import metric_keys as keys
+  from attnscale.runtime import metrics_writer
+  config, workdir, _ = run_a
+  rows = {r["step"]: r for r in metrics_writer.read_rows(workdir) if keys.LOSS in r}
+  layer_keys = [keys.attention_key(prefix, i) for i in range(config.model.num_layers)
+                for prefix in (keys.SINK_RATE, keys.SINK_HEADS, keys.MAX_ACT, keys.ACT_RATIO,
+                               keys.KURTOSIS, keys.SINK_RATE_HEADS)]
+  for row in rows.values():
+    assert {keys.OUT_MAX_LOGIT, keys.OUT_LOG_Z, *layer_keys} <= set(row)
+    assert keys.Z_LOSS not in row
+  task = tasks.get_task(config)
+  batch = {k: v[:config.sink_metrics_rows] for k, v in task.train_batch(NUM_STEPS - 1).items()}
+  model, _, _ = eval_lib.restore(config, workdir, NUM_STEPS)
+  for i, layer in enumerate(diagnostics.task_attention_stats(model, task, batch)):
+    row = rows[NUM_STEPS]
+    for prefix, name in keys.LAYER_STATS.items():
+      np.testing.assert_allclose(row[keys.attention_key(prefix, i)], layer[name],
+                                 rtol=1e-4, err_msg=f"{name} {i}")
+    np.testing.assert_allclose(row[keys.attention_key(keys.SINK_RATE_HEADS, i)],
+                               layer["heads"]["sink_rate"], rtol=1e-4)
+
+
+def test_training_sink_stats_keep_padding_out():
+  """The loop's extra pass (`steps.make_layer_stats`) on padded rows is eval.py's
+  `task_attention_stats`, padded keys and queries out, and differs from counting them."""
+  from attnscale.evaluation import diagnostics
+  from attnscale.runtime import steps
+  from attnscale.runtime import train_state as ts
+  config = bert_small.get_config("preset=test")
+  config.update_from_flattened_dict({"model.vocab_size": V, "sink_metrics_rows": 3})
+  mesh = ts.make_mesh(config)
+  graphdef, state, _ = ts.create_state(config, mesh)
+  task = tasks.MLMTask.without_data(config)
+  rng = np.random.default_rng(0)
+  inputs = rng.integers(RESERVED, V, (8, config.seq_len)).astype(np.int32)
+  for row, length in enumerate([32, 9, 17, 5, 32, 32, 32, 32]):
+    inputs[row, length:] = tokenizer.PAD_ID
+  batch = {"inputs": inputs}
+  got = steps.make_layer_stats(graphdef, task, config, mesh)(state["params"], batch)
+  got = diagnostics.as_floats(jax.device_get(got))
+  model = nnx.merge(graphdef, state["params"])
+  want = diagnostics.task_attention_stats(model, task, {"inputs": inputs[:3]})
+  unmasked = diagnostics.model_attention_stats(model, jnp.asarray(inputs[:3]))
+  for g, w, u in zip(got, want, unmasked, strict=True):
+    for name in ("sink_rate", "sink_heads", "max_act", "act_ratio", "kurtosis"):
+      np.testing.assert_allclose(g[name], w[name], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(g["heads"]["sink_rate"], w["heads"]["sink_rate"], rtol=1e-5)
+    assert abs(g["sink_rate"] - u["sink_rate"]) > 1e-4  # padding would count otherwise
+
+
 @pytest.mark.slow
 def test_stop_and_resume_equals_uninterrupted_run(run_a, tmp_path, monkeypatch):
   config, workdir_a, _ = run_a

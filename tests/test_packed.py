@@ -240,3 +240,35 @@ def test_a_point_is_the_same_run_with_other_pack_mates(tfds_dir, env, tmp_path):
   assert [(r["pack_size"], r["slot"]) for r in records] == [(3, 0), (3, 1), (3, 2),
                                                             (3, 0), (3, 1)]
   assert records[3]["pack"] == [os.path.abspath(d) for d in second]  # padding is no run
+
+
+def test_a_pack_with_z_loss_logs_each_runs_term_and_sinks(tfds_dir, tmp_path):
+  """K = 2 runs that differ in z_loss (a traced switch) train; each row holds the run's
+  own term (at step 1, from the same initial logits: in the ratio of the coefficients),
+  the output logits' health and each layer's sinks and activations, slot k's those of
+  eval.py's diagnostics of its final checkpoint on its last batch's rows (vmapped)."""
+  from attnscale import tasks
+  from attnscale.evaluation import diagnostics
+  coefs, steps = (1e-3, 1e-2), 3
+  configs = [packing.load_config(f"{CONFIG}:preset=test", {
+      "z_loss": coef, "num_train_steps": steps, "log_every": 1, "eval_every": steps,
+      "checkpoint_every": steps, "sink_metrics_rows": 4, "data_dir": tfds_dir})
+      for coef in coefs]
+  workdirs = [str(tmp_path / f"z{k}") for k in range(2)]
+  results = packed_lib.train_packed(configs, workdirs)
+  assert [r["status"] for r in results] == ["done", "done"]
+  keys = metric_keys
+  first = []
+  for config, workdir in zip(configs, workdirs):
+    rows = {r["step"]: r for r in metrics_writer.read_rows(workdir) if keys.LOSS in r}
+    assert sorted(rows) == list(range(1, steps + 1))
+    assert all(np.isfinite(r[keys.Z_LOSS]) and keys.OUT_LOG_Z in r for r in rows.values())
+    first.append(rows[1][keys.Z_LOSS])
+    task = tasks.get_task(config)
+    batch = {k: v[:4] for k, v in task.train_batch(steps - 1).items()}
+    model, _, _ = eval_lib.restore(config, workdir, steps)
+    for i, layer in enumerate(diagnostics.task_attention_stats(model, task, batch)):
+      for prefix, name in keys.LAYER_STATS.items():
+        np.testing.assert_allclose(rows[steps][keys.attention_key(prefix, i)], layer[name],
+                                   rtol=1e-4, err_msg=f"{workdir} {name} {i}")
+  np.testing.assert_allclose(first[1] / first[0], coefs[1] / coefs[0], rtol=1e-5)

@@ -114,15 +114,31 @@ def hidden_state_stats(x_BTD, query_mask_BT=None) -> dict[str, jax.Array]:
           "act_ratio": max_act / jnp.maximum(median_act, 1e-30), "kurtosis": kurtosis}
 
 
-def model_attention_stats(model, tokens_BT, mask=None,
-                          query_mask_BT=None) -> list[dict[str, float]]:
-  """`attention_stats` of every layer's attention call, as the model makes it, and
-  `hidden_state_stats` of its block's output.
+def layer_stats(model, tokens_BT, mask=None, query_mask_BT=None) -> list[dict[str, jax.Array]]:
+  """Per layer, `attention_stats` of its attention call, as the model makes it, and
+  `hidden_state_stats` of its block's output, as arrays (traceable: jit or vmap it).
 
   Reads each layer's exact inputs and the residual stream its block writes from
   `model.layer_trace` (the `attnscale.models.Model` contract: q, k, v, scaling,
   causality, normalizer), one forward pass, so every model variant is served
-  without knowing its attributes. Per layer: `attention_stats` | `hidden_state_stats`.
+  without knowing its attributes. Arguments as `model_attention_stats`'.
+  """
+  return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, mask=mask,
+                          query_mask_BT=query_mask_BT, **call.options())
+          | hidden_state_stats(x_BTD, query_mask_BT)
+          for call, x_BTD in model.layer_trace(tokens_BT, mask=mask)]
+
+
+def as_floats(stats) -> list[dict]:
+  """`layer_stats`' arrays (read to the host) as Python floats, "heads" as lists."""
+  return [{**{k: float(v) for k, v in layer.items() if k != "heads"},
+           "heads": {k: [float(x) for x in v] for k, v in layer["heads"].items()}}
+          for layer in stats]
+
+
+def model_attention_stats(model, tokens_BT, mask=None,
+                          query_mask_BT=None) -> list[dict[str, float]]:
+  """`layer_stats` (per layer: `attention_stats` | `hidden_state_stats`), as floats.
 
   Args:
     model: an `attnscale.models.Model`.
@@ -130,18 +146,8 @@ def model_attention_stats(model, tokens_BT, mask=None,
     mask: the attention mask the model is run with (e.g. padding [B, 1, 1, T]).
     query_mask_BT: which queries to count (e.g. the non-padded tokens).
   """
-
-  @jax.jit
-  def run(tokens_BT, mask, query_mask_BT):
-    return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, mask=mask,
-                            query_mask_BT=query_mask_BT, **call.options())
-            | hidden_state_stats(x_BTD, query_mask_BT)
-            for call, x_BTD in model.layer_trace(tokens_BT, mask=mask)]
-
-  stats = jax.device_get(run(tokens_BT, mask, query_mask_BT))
-  return [{**{k: float(v) for k, v in layer.items() if k != "heads"},
-           "heads": {k: [float(x) for x in v] for k, v in layer["heads"].items()}}
-          for layer in stats]
+  run = jax.jit(lambda *args: layer_stats(model, *args))
+  return as_floats(jax.device_get(run(tokens_BT, mask, query_mask_BT)))
 
 
 def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:

@@ -11,6 +11,7 @@ what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any
 
@@ -36,7 +37,7 @@ MUON_LR_RULES = ("moonlight", "modded_nanogpt")
 RESUMABLE_CHANGES = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_checkpoints", "data_dir", "mesh", "remat", "imports",
                      "attn_metrics", "grad_accum_steps", "eval_tokens", "loggers",
-                     "profile_steps")
+                     "profile_steps", "sink_metrics_rows")
 
 
 def flat_diff(old: dict, new: dict, prefix: str = ""):
@@ -180,7 +181,8 @@ RENAMED_FIELD_VALUES: dict[str, dict] = {
 ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip": 0.0,
                                 "muon_lr_rule": "moonlight", "grad_accum_steps": 1,
                                 "muon_adam_lr_mult": 1.0, "muon_adam_lr_base_width": 0,
-                                "loggers": "tensorboard,jsonl", "profile_steps": ""}
+                                "loggers": "tensorboard,jsonl", "profile_steps": "",
+                                "z_loss": 0.0, "sink_metrics_rows": 0}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -285,6 +287,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
     label += f"+depth_alpha{m.depth_alpha:g}"
   if config.get("qk_clip"):  # a training rule, but it changes the attention's logits
     label += f"+qk_clip{config.qk_clip:g}"
+  if config.get("z_loss"):  # a loss term on the output logits
+    label += f"+z_loss{config.z_loss:g}"
   if config.get("optimizer") == "muon":  # the optimizer decides what transfers across width
     rule = config.get("muon_lr_rule", "moonlight")
     label += "+muon" + ("" if rule == "moonlight" else f"_{rule}")
@@ -342,14 +346,22 @@ def add_optimizer(c: ml_collections.ConfigDict, *, learning_rate: float) -> None
 
 
 def add_attention_health(c: ml_collections.ConfigDict) -> None:
-  """The fields every config shares for attention health: attn_metrics and qk_clip
-  (docs/guides/training.md, "Attention health and QK-clip")."""
+  """The fields every config shares for training health: attn_metrics, qk_clip,
+  sink_metrics_rows and z_loss (docs/guides/training.md, "Attention health and QK-clip")."""
   # Log each layer's largest attention logit and mean entropy (per head in metrics.jsonl)
   # every log_every steps, from the fused kernel; False = today's step program exactly.
   c.attn_metrics = True
   # QK-clip threshold tau (Kimi K2: 100; 0 = off): after each step, the q/k weights of a
   # head whose largest logit S passed tau are scaled so that it is tau (GQA: q only).
   c.qk_clip = 0.0
+  # Log each layer's attention sinks (sink rate, sink heads) and massive activations
+  # (max, max/median, kurtosis) every log_every steps, eval.py's measures on this many
+  # rows of the step's batch, one extra forward pass (training unchanged); 0 = off.
+  c.sink_metrics_rows = 8
+  # z-loss coefficient (PaLM: 1e-4; 0 = off): minimise the loss + z_loss * mean (log Z)^2 of
+  # the output softmax (train/loss stays the cross-entropy, train/z_loss is the term). The
+  # output logits' max and mean log Z are logged on every run.
+  c.z_loss = 0.0
 
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> ModelConfig:
@@ -413,6 +425,15 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> Mode
                      f"Muon's Adam(W) branch and needs config.optimizer='muon' (got "
                      f"{config.optimizer!r}); leave it at 0")
   check_positive("config.qk_clip", config.get("qk_clip", 0.0), allow_zero=True)
+  z_loss = config.get("z_loss", 0.0)
+  if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not (
+      math.isfinite(z_loss) and z_loss >= 0):
+    raise ValueError(f"config.z_loss must be a finite number >= 0 (PaLM: 1e-4; 0 = off), "
+                     f"got {z_loss!r}")
+  rows = config.get("sink_metrics_rows", 0)
+  if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+    raise ValueError(f"config.sink_metrics_rows must be an integer >= 0 (0 = off), "
+                     f"got {rows!r}")
   if config.get("qk_clip", 0.0):
     from attnscale.models import base  # the model layer's rule of what QK-clip can scale
     reason = base.qk_clip_refusal(cfg)

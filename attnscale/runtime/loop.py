@@ -10,9 +10,11 @@ slot, on its own config's cadence:
 
 * a log row every `log_every` steps (and on every save): the interval's mean loss
   and gradient norm, the learning rate, `loss_last20`, `elapsed_s` (training
-  seconds, continued across resumes), the speed, and the attention health
-  (`attention_health_row`), to metrics.jsonl and TensorBoard (`metric_keys` names
-  every key); a progress line;
+  seconds, continued across resumes), the speed, the attention health
+  (`attention_health_row`), the output logits' health and z-loss
+  (`output_logits_row`) and each layer's sinks and massive activations
+  (`layer_stats_row`: one extra forward pass, outside the speed), to metrics.jsonl
+  and TensorBoard (`metric_keys` names every key); a progress line;
 * validation every `eval_every` steps and at the end;
 * a checkpoint every `checkpoint_every` steps and at the end (events flushed
   first: a later hard kill loses only what the rerun supersedes);
@@ -143,6 +145,11 @@ class Program(Protocol):
   def slot_metrics(self, metrics, k: int) -> dict:
     """Slot k's metrics of one step, from `metrics` read to the host."""
 
+  def layer_stats(self, state, batch) -> Any:
+    """Each slot's per-layer sink and activation statistics after a step, on `batch`
+    (`steps.make_layer_stats`; slot k's: `slot_metrics`), or None when
+    config.sink_metrics_rows is 0."""
+
   def evaluate(self, state, slots: list[Slot], ks: list[int]) -> dict[int, float]:
     """The validation loss of each slot in `ks`."""
 
@@ -237,9 +244,14 @@ def train(program: Program, slots: list[Slot], state, *, release=None):
             if was_active[k]:
               s.pending.append(program.slot_metrics(metrics_K, k))
         pending, now, rows = [], time.perf_counter(), {}
+        # The state after this step on its batch: an extra pass, outside the speed.
+        layers = jax.device_get(program.layer_stats(state, batch))
         for k in logs:
-          rows[k] = _write_row(slots[k], k, now, ticks[k], tick_steps[k], many)
+          extra = {} if layers is None else layer_stats_row(program.slot_metrics(layers, k))
+          rows[k] = _write_row(slots[k], k, now, ticks[k], tick_steps[k], many, extra)
           ticks[k], tick_steps[k] = now, slots[k].step
+        spent = time.perf_counter() - now
+        ticks = [t + spent for t in ticks]
         _progress(slots, {k: row for k, row in rows.items() if row is not None})
         hostmem.trim()  # what this interval's programs freed: attnscale/runtime/hostmem.py
       evals = [k for k in evals if slots[k].active]
@@ -283,9 +295,10 @@ def _steps(steps) -> str:
 
 
 def _write_row(s: Slot, k: int, now: float, tick: float, tick_step: int,
-               many: bool) -> dict | None:
-  """Writes slot `s`'s log row from its pending metrics and returns its values;
-  None when one is non-finite, which stops the slot (`NonFiniteLossError`)."""
+               many: bool, extra: dict) -> dict | None:
+  """Writes slot `s`'s log row from its pending metrics (and `extra` entries) and
+  returns its values; None when one is non-finite, which stops the slot
+  (`NonFiniteLossError`)."""
   try:
     summary = summarise(s.pending, s.step, s.last_good, s.workdir)
   except NonFiniteLossError as e:  # on record: sweeps read the run as diverged
@@ -303,7 +316,7 @@ def _write_row(s: Slot, k: int, now: float, tick: float, tick_step: int,
     summary.update({"steps_per_s": steps_per_s,
                     "tokens_per_s": steps_per_s * s.task.tokens_per_batch})
   s.writer.write(s.step, {keys.train(name): v for name, v in summary.items()}
-                 | attention_health_row(s.pending))
+                 | attention_health_row(s.pending) | output_logits_row(s.pending) | extra)
   s.summary.update(summary)
   s.pending = []
   return summary
@@ -359,6 +372,35 @@ def attention_health_row(metrics: list[dict]) -> dict[str, float | list[float]]:
       row[keys.attention_key(keys.ENTROPY_HEADS, i)] = [float(x) for x in entropy_N]
   if "attn_clipped_heads" in last:
     row[keys.CLIPPED_HEADS] = int(sum(int(m["attn_clipped_heads"]) for m in metrics))
+  return row
+
+
+def output_logits_row(metrics: list[dict]) -> dict[str, float]:
+  """The output logits' entries of a log row, over the interval's steps ({} for a
+  task without them): train/out/max_logit (the largest output logit of any step),
+  train/out/log_z (the mean of the steps' mean log Z) and, with config.z_loss > 0,
+  train/z_loss (the mean of the z-loss term added to each step's loss)."""
+  if "out_max_logit" not in metrics[-1]:
+    return {}
+  row = {keys.OUT_MAX_LOGIT: float(np.max([m["out_max_logit"] for m in metrics])),
+         keys.OUT_LOG_Z: float(np.mean([m["out_log_z"] for m in metrics]))}
+  if "z_loss" in metrics[-1]:
+    row[keys.Z_LOSS] = float(np.mean([m["z_loss"] for m in metrics]))
+  return row
+
+
+def layer_stats_row(layers: list[dict]) -> dict[str, float | list[float]]:
+  """The sink and massive-activation entries of a log row, per layer i, from
+  `diagnostics.layer_stats` (read to the host) on the log step's batch:
+  train/attn/{sink_rate, sink_heads, max_act, act_ratio, kurtosis}/layer_<i> to
+  TensorBoard and metrics.jsonl, train/attn/sink_rate_heads/layer_<i> (one per
+  query head) to metrics.jsonl only."""
+  row = {}
+  for i, layer in enumerate(layers):
+    for prefix, name in keys.LAYER_STATS.items():
+      row[keys.attention_key(prefix, i)] = float(layer[name])
+    row[keys.attention_key(keys.SINK_RATE_HEADS, i)] = [
+        float(x) for x in np.asarray(layer["heads"]["sink_rate"])]
   return row
 
 

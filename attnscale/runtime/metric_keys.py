@@ -11,7 +11,11 @@ strings are part of every committed run record and table: never change one.
     train/elapsed_s       training seconds since the run started (across resumes)
     train/steps_per_s, train/tokens_per_s   the interval's speed
     val/loss              mean validation loss per target token
-    train/attn/...        attention health per layer i (`attention_key(name, i)`)
+    train/attn/...        attention health per layer i (`attention_key(name, i)`), and
+                          its sinks and massive activations (config.sink_metrics_rows)
+    train/out/max_logit   the largest output logit over the interval (every run)
+    train/out/log_z       mean log Z of the output softmax over the interval (every run)
+    train/z_loss          mean z-loss term over the interval (config.z_loss > 0)
 """
 
 from __future__ import annotations
@@ -33,6 +37,24 @@ ENTROPY = "train/attn/entropy/layer_"  # mean over heads
 MAX_LOGIT_HEADS = "train/attn/max_logit_heads/layer_"  # one per query head (metrics.jsonl)
 ENTROPY_HEADS = "train/attn/entropy_heads/layer_"
 CLIPPED_HEADS = "train/attn/clipped_heads"  # QK-clip's head rescalings over the interval
+# Sinks and massive activations, per layer, from the log step's extra forward pass
+# (`diagnostics.layer_stats`, eval.py's definitions; config.sink_metrics_rows > 0).
+SINK_RATE = "train/attn/sink_rate/layer_"  # mean weight on the first key, mean over heads
+SINK_HEADS = "train/attn/sink_heads/layer_"  # share of heads with sink rate > 0.3 (Gu et al.)
+MAX_ACT = "train/attn/max_act/layer_"  # max |x| of the residual stream the block writes
+ACT_RATIO = "train/attn/act_ratio/layer_"  # max |x| / median |x| (Sun et al.)
+KURTOSIS = "train/attn/kurtosis/layer_"  # mean over tokens of the kurtosis over dimensions
+SINK_RATE_HEADS = "train/attn/sink_rate_heads/layer_"  # one per query head (metrics.jsonl)
+# The extra pass's scalars: prefix -> the name of `diagnostics.layer_stats`' value.
+LAYER_STATS = {SINK_RATE: "sink_rate", SINK_HEADS: "sink_heads", MAX_ACT: "max_act",
+               ACT_RATIO: "act_ratio", KURTOSIS: "kurtosis"}
+# Every per-layer prefix (`attention_key`).
+PER_LAYER = (MAX_LOGIT, ENTROPY, MAX_LOGIT_HEADS, ENTROPY_HEADS, *LAYER_STATS, SINK_RATE_HEADS)
+
+# The output logits (`attnscale.tasks.losses`), over the interval.
+OUT_MAX_LOGIT = "train/out/max_logit"  # the largest output logit of its steps
+OUT_LOG_Z = "train/out/log_z"  # mean log Z_t (log of the output softmax's normaliser)
+Z_LOSS = "train/z_loss"  # mean config.z_loss * mean_t (log Z_t)^2 (when on)
 
 
 def train(name: str) -> str:
@@ -41,5 +63,5 @@ def train(name: str) -> str:
 
 
 def attention_key(prefix: str, layer: int) -> str:
-  """`prefix` (MAX_LOGIT, ENTROPY, MAX_LOGIT_HEADS or ENTROPY_HEADS) of `layer`."""
+  """`prefix` (a per-layer key above: MAX_LOGIT, ENTROPY, SINK_RATE, ...) of `layer`."""
   return f"{prefix}{layer}"

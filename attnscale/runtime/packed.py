@@ -77,6 +77,7 @@ from attnscale.runtime import (
   steps,
 )
 from attnscale.runtime import train_state as ts
+from attnscale.tasks import losses
 
 
 def train_packed(configs, workdirs, *, pack_size: int | None = None,
@@ -219,6 +220,7 @@ class Pack:
 
     self.eval_step = jax.jit(steps.under_mesh(mesh)(eval_step),
                              in_shardings=(shardings_K["params"], self.batch_sharding))
+    self.layer_stats_fn = steps.make_layer_stats(graphdef, task, run, mesh, packed=True)
 
   def batch(self, host_batches):
     return steps.global_batch(_stack(host_batches), self.batch_sharding)
@@ -236,6 +238,10 @@ class Pack:
   def slot_metrics(self, metrics_K, k):
     return jax.tree.map(lambda x: x[k], metrics_K)
 
+  def layer_stats(self, state_K, batch):
+    return (None if self.layer_stats_fn is None
+            else self.layer_stats_fn(state_K["params"], batch))
+
   def evaluate(self, state_K, slots, ks):
     """One packed pass serves every slot; each adds only its own eval_batches."""
     num = max(slots[k].config.eval_batches for k in ks)
@@ -246,8 +252,8 @@ class Pack:
                                            steps.global_batch(batch, self.batch_sharding)))
       for k in ks:
         if i < slots[k].config.eval_batches:
-          for name, v in sums.items():
-            totals[k][name] = totals[k].get(name, 0.0) + float(v[k])
+          mine = {name: float(v[k]) for name, v in sums.items()}
+          totals[k] = losses.add_sums(totals[k], mine) if totals[k] else mine
     return {k: totals[k].get("loss_sum", 0.0) / max(totals[k].get("count", 0.0), 1.0)
             for k in ks}
 

@@ -7,10 +7,10 @@ A train step depends on a config's fields in two ways. Most make the program: th
 model, the batch and sequence shapes, the number of steps, the schedule's form,
 the optimizer. A few enter it only as numbers, `TRACED_FIELDS`: the learning
 rate and the cosine's floor, AdamW's weight decay, the clipping thresholds,
-QK-clip's tau and the seed (init, data order and dropout are functions of it and
-the step). Runs that differ only in those, and in bookkeeping (where each logs,
-evaluates and saves), train as one vmapped program with the numbers passed in as
-arrays of K values. Adam's b1 and b2 stay out: optax computes 1 - b in Python
+QK-clip's tau, the z-loss coefficient and the seed (init, data order and dropout
+are functions of it and the step). Runs that differ only in those, and in
+bookkeeping (where each logs, evaluates and saves), train as one vmapped program
+with the numbers passed in as arrays of K values. Adam's b1 and b2 stay out: optax computes 1 - b in Python
 (float64) from a number but in float32 from an array, which would move every
 step's moments by up to 1e-5 relative, not a rounding.
 """
@@ -27,14 +27,15 @@ from attnscale.runtime import configlib
 
 # The fields a packed step takes as arrays (`run_config.RunConfig.hparams`).
 TRACED_FIELDS = ("seed", "learning_rate", "min_learning_rate", "weight_decay", "grad_clip",
-                 "qk_clip")
+                 "qk_clip", "z_loss")
 # TRACED_FIELDS that are also a branch (on when > 0): on in every run of a pack or in none.
-SWITCHES = ("grad_clip", "qk_clip")
+SWITCHES = ("grad_clip", "qk_clip", "z_loss")
 # What may differ between the runs of a pack: the traced fields and bookkeeping
-# (configlib.RESUMABLE_CHANGES less mesh, remat and grad_accum_steps, which change
-# the program).
+# (configlib.RESUMABLE_CHANGES less mesh, remat, grad_accum_steps and
+# sink_metrics_rows, which change the pack's programs).
 PACK_FREE_FIELDS = TRACED_FIELDS + tuple(
-    f for f in configlib.RESUMABLE_CHANGES if f not in ("mesh", "remat", "grad_accum_steps"))
+    f for f in configlib.RESUMABLE_CHANGES
+    if f not in ("mesh", "remat", "grad_accum_steps", "sink_metrics_rows"))
 
 
 def pack_key(config: ml_collections.ConfigDict) -> str:

@@ -36,7 +36,7 @@ class RunConfig:
     config: the locked ConfigDict (every field, for what is read as written).
     model: `config.model` as a `ModelConfig` (with the top-level fields it takes).
     hparams: `packing.TRACED_FIELDS` -> the config's number (seed an int, qk_clip
-      a float, the others as written; 0.0 for a field the config lacks).
+      and z_loss floats, the others as written; 0.0 for a field the config lacks).
   """
 
   config: ml_collections.ConfigDict
@@ -52,6 +52,7 @@ def traced_values(config: ml_collections.ConfigDict) -> Mapping[str, float | int
   """`config`'s `packing.TRACED_FIELDS` as the single-run step always read them."""
   values = {k: config.get(k, 0.0) for k in packing.TRACED_FIELDS}
   values["seed"], values["qk_clip"] = config.seed, float(config.get("qk_clip", 0.0))
+  values["z_loss"] = float(config.get("z_loss", 0.0))
   return types.MappingProxyType(values)
 
 

@@ -3,6 +3,7 @@
     make_train_step(graphdef, task, run, state_shardings, batch_sharding)
     train_step_fn(graphdef, task, run)         # the same step, unjitted (packed sweeps vmap it)
     make_eval_step(graphdef, task, param_shardings, batch_sharding)
+    make_layer_stats(graphdef, task, run, mesh)  # sinks and massive activations, per layer
     global_batch(local_batch, sharding)
     evaluate_sums(eval_step, params, batches, sharding) / evaluate(...)
 
@@ -30,9 +31,11 @@ import numpy as np
 import optax
 from flax import nnx
 
+from attnscale.evaluation import diagnostics
 from attnscale.models import base as models_base
 from attnscale.runtime import optimizers, run_config
 from attnscale.runtime import train_state as ts
+from attnscale.tasks import losses
 
 
 def dropout_key(seed: int, step):
@@ -59,7 +62,11 @@ def make_train_step(graphdef, task, run, state_shardings, batch_sharding, *,
     "last_losses" (the state's window after this step, for `loss_last20`); with
     `config.attn_metrics`, "attn_max_logit" and "attn_entropy" ([L, N]: layer x
     query head, over this step's real queries, `attention_health`); with
-    `config.qk_clip` > 0, "attn_clipped_heads" (how many heads QK-clip rescaled).
+    `config.qk_clip` > 0, "attn_clipped_heads" (how many heads QK-clip rescaled);
+    for a task whose loss is a softmax over output logits (its sums give
+    `losses.output_sums`), "out_max_logit" and "out_log_z" (the step's largest
+    output logit and mean log Z), and with `config.z_loss` > 0 "z_loss" (the term
+    added to the loss); "loss" is then the cross-entropy alone.
   """
   run = run_config.of(run)
   step_fn = train_step_fn(graphdef, task, run, attn_metrics=attn_metrics)
@@ -73,18 +80,20 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
   """The train step as a plain function (not jitted): `step(state, batch, hparams)`.
 
   `hparams`: the run's `packing.TRACED_FIELDS` (seed, learning rates, weight decay,
-  clipping thresholds), from which the step builds its optimizer and schedule
-  (`optimizers.build`, once), dropout key and QK-clip threshold. `make_train_step`
-  passes the config's Python numbers (`RunConfig.hparams`: constants, so a single
-  run's program is what it always was); a packed sweep (`attnscale.runtime.packed`)
-  vmaps the step over K runs with the numbers as arrays, so runs that differ only
-  in those share one program. `run` as `make_train_step`'s.
+  clipping thresholds, z-loss coefficient), from which the step builds its optimizer
+  and schedule (`optimizers.build`, once), dropout key, QK-clip threshold and z-loss
+  term. `make_train_step` passes the config's Python numbers (`RunConfig.hparams`:
+  constants, so a single run's program is what it always was); a packed sweep
+  (`attnscale.runtime.packed`) vmaps the step over K runs with the numbers as
+  arrays, so runs that differ only in those share one program. `run` as
+  `make_train_step`'s.
   """
   run = run_config.of(run)
   config = run.config
   if attn_metrics is None:
     attn_metrics = bool(config.get("attn_metrics", False))
   clip = float(config.get("qk_clip", 0.0)) > 0  # whether, not how much: a branch
+  z_on = float(config.get("z_loss", 0.0)) > 0  # likewise: off, the step is as it was
   accum_steps = int(config.get("grad_accum_steps", 1))
   with_stats = attn_metrics or clip  # QK-clip reads the stats even when not logged
 
@@ -96,13 +105,23 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
     def loss_fn(params, batch, key):
       model = nnx.merge(graphdef, params)
       run = lambda m: task.loss(m, batch, key)
-      if not with_stats:
-        return run(model)
-      (loss, sums), stats = models_base.attention_stats(model, run)
-      return loss, (sums, stats)
+      if with_stats:
+        (loss, sums), stats = models_base.attention_stats(model, run)
+      else:
+        (loss, sums), stats = run(model), None
+      if z_on:  # PaLM's z-loss (attnscale/tasks/losses.py): + coef * mean_t (log Z_t)^2
+        loss = loss + hparams["z_loss"] * z_term(sums)
+      return loss, ((sums, stats) if with_stats else sums)
 
     (loss, aux), grads = loss_and_grads(loss_fn, state["params"], batch,
                                         dropout_key(seed, step), accum_steps)
+    sums = aux[0] if with_stats else aux
+    out = {}
+    if "max_logit" in sums:  # the output logits' health, on every run
+      out = {"out_max_logit": sums["max_logit"], "out_log_z": sums["log_z_sum"] / _count(sums)}
+    if z_on:  # the loss logged (and in loss_last20) is the cross-entropy alone
+      out["z_loss"] = hparams["z_loss"] * z_term(sums)
+      loss = sums["loss_sum"] / _count(sums)
     health = {}
     if with_stats:
       health = attention_health(aux[1], task.attention_masks(batch)[1])
@@ -116,7 +135,7 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
     last_losses = ts.push_loss(state["last_losses"], loss)
     params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss, "grad_norm": _global_norm(grads), "lr": schedule(step),
-               "last_losses": last_losses}
+               "last_losses": last_losses, **out}
     if attn_metrics:
       metrics.update(health)
     if clip:
@@ -132,6 +151,19 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
   return train_step
 
 
+def z_term(sums) -> jax.Array:
+  """mean_t (log Z_t)^2 of a batch from its loss sums (`losses.output_sums`)."""
+  if "z_sum" not in sums:
+    raise ValueError("config.z_loss > 0 needs a task whose loss is a softmax over output "
+                     "logits (its loss sums give z_sum: attnscale/tasks/losses.py); use "
+                     "config.z_loss=0")
+  return sums["z_sum"] / _count(sums)
+
+
+def _count(sums) -> jax.Array:
+  return jnp.maximum(sums["count"], 1.0)
+
+
 def loss_and_grads(loss_fn, params, batch, key, accum_steps: int = 1):
   """((loss, aux), grads) of `loss_fn(params, batch, key)` over `batch`, reached in
   `accum_steps` micro-batches (gradient accumulation); the one-batch value when 1.
@@ -142,8 +174,9 @@ def loss_and_grads(loss_fn, params, batch, key, accum_steps: int = 1):
   are held for one micro-batch at a time. The task's loss is a mean over its
   (weighted) targets, so each micro-batch's loss and gradient weigh by its share of
   the targets (aux's "count"; equal shares without one): the result equals the
-  one-batch step's up to float rounding. Scalar aux (the loss sums) add; aux with
-  a batch axis (the attention statistics) come back with their rows in batch order.
+  one-batch step's up to float rounding. Scalar aux (the loss sums) add, or take the
+  max (`losses.MAX_SUMS`: the largest output logit); aux with a batch axis (the
+  attention statistics) come back with their rows in batch order.
   Micro-batch m's dropout key is `key` folded with m (with dropout the masks differ
   from the one-batch step's; the expectation does not).
   """
@@ -169,14 +202,15 @@ def loss_and_grads(loss_fn, params, batch, key, accum_steps: int = 1):
       (jnp.arange(accum_steps), jax.tree.map(split, batch)))
   count = jnp.maximum(count, 1e-30)  # no target at all: 0 / 0 would be NaN
 
-  def merge(x_A):  # scalars: the sum over micro-batches; rows: back in batch order
+  def merge(path, x_A):  # scalars: summed (or max) over micro-batches; rows: in batch order
     if x_A.ndim == 1:
-      return jnp.sum(x_A, axis=0)
+      is_max = getattr(path[-1], "key", None) in losses.MAX_SUMS
+      return (jnp.max if is_max else jnp.sum)(x_A, axis=0)
     x_bA = jnp.swapaxes(x_A, 0, 1)
     return x_bA.reshape(x_bA.shape[0] * accum_steps, *x_bA.shape[2:])
 
   grads = jax.tree.map(lambda g: (g / count).astype(g.dtype), grads_x_count)
-  return (loss_x_count / count, jax.tree.map(merge, aux_A)), grads
+  return (loss_x_count / count, jax.tree_util.tree_map_with_path(merge, aux_A)), grads
 
 
 def attention_health(stats, query_mask_BT) -> dict[str, jax.Array]:
@@ -194,6 +228,37 @@ def attention_health(stats, query_mask_BT) -> dict[str, jax.Array]:
   entropy_LN = jnp.stack([jnp.sum(s.entropy_BTN * w_BT[:, :, None], axis=(0, 1)) / count
                           for s in stats])
   return {"attn_max_logit": max_LN, "attn_entropy": entropy_LN}
+
+
+def make_layer_stats(graphdef, task, run, mesh, *, packed: bool = False):
+  """The jitted (params, batch) -> per layer, the diagnostics' sink and activation
+  statistics (`diagnostics.layer_stats`, eval.py's definitions) of a deterministic
+  forward pass over the batch's first config.sink_metrics_rows rows (all of them
+  when fewer), with the task's masks (`task.attention_masks`: padded keys and
+  queries excluded, as `task_attention_stats`); None when config.sink_metrics_rows
+  is 0. `packed`: over a pack's leading axis K (params and batch), vmapped.
+
+  Per layer: sink_rate (mean weight on the first key), sink_heads (the share of
+  heads whose mean weight on it exceeds 0.3: Gu et al. 2024, arXiv 2410.10781),
+  max_act, median_act and act_ratio = max |x| / median |x| of the residual stream
+  the block writes (Sun et al. 2024, arXiv 2402.17762), kurtosis, ... and "heads".
+  No gradient, no dropout, no RNG: the loop runs it on the state after a logged
+  step and its batch, and training is unchanged. Its memory is the reference
+  path's [rows, N, T, T] attention weights per layer. Replicated, for every
+  process to read.
+  """
+  rows = int(run_config.of(run).config.get("sink_metrics_rows", 0))
+  if rows == 0:
+    return None
+
+  def stats(params, batch):
+    batch = {k: v[:rows] for k, v in batch.items()}
+    mask, query_mask_BT = task.attention_masks(batch)
+    return diagnostics.layer_stats(nnx.merge(graphdef, params), batch["inputs"], mask,
+                                   query_mask_BT)
+
+  return jax.jit(under_mesh(mesh)(jax.vmap(stats) if packed else stats),
+                 out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def under_mesh(mesh):
@@ -233,12 +298,13 @@ def global_batch(local_batch: dict[str, np.ndarray], sharding) -> dict[str, jax.
 
 def evaluate_sums(eval_step, params, batches: Iterable[dict[str, np.ndarray]],
                   sharding) -> dict[str, float]:
-  """The task's loss sums ("loss_sum", "count", ...) added over `batches`."""
+  """The task's loss sums ("loss_sum", "count", ...) added over `batches`
+  (`losses.add_sums`: the max of `MAX_SUMS`)."""
   totals = {}
   for batch in batches:
     sums = jax.device_get(eval_step(params, global_batch(batch, sharding)))
-    for k, v in sums.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
+    sums = {k: float(v) for k, v in sums.items()}
+    totals = losses.add_sums(totals, sums) if totals else sums
   return totals
 
 

@@ -49,7 +49,8 @@ class OneRun:
 
   With attention metrics and no QK-clip, the logged steps run a second program
   (`loop.attn_stats_on_log_steps`), compiled before the first step and run as
-  the Compiled object.
+  the Compiled object. The log steps' sink and activation statistics
+  (`steps.make_layer_stats`) are a third program, on the state after the step.
   """
 
   def __init__(self, run: run_config.RunConfig, task, graphdef, shardings, batch_sharding):
@@ -61,6 +62,7 @@ class OneRun:
                      if stats_on_logs else None)
     self.has_log_step = self.log_step is not None
     self.eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)
+    self.layer_stats_fn = steps.make_layer_stats(graphdef, task, run, batch_sharding.mesh)
 
   def batch(self, host_batches):
     return steps.global_batch(host_batches[0], self.batch_sharding)
@@ -74,6 +76,9 @@ class OneRun:
 
   def slot_metrics(self, metrics, k):
     return metrics
+
+  def layer_stats(self, state, batch):
+    return None if self.layer_stats_fn is None else self.layer_stats_fn(state["params"], batch)
 
   def evaluate(self, state, slots, ks):
     batches = (self.task.val_batch(i) for i in range(self.run.config.eval_batches))

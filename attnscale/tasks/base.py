@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from attnscale import checks
+from attnscale.tasks import losses
 
 Batch = dict[str, np.ndarray]
 
@@ -194,10 +195,13 @@ class NextTokenTask(Task):
     return {"inputs": inputs, "targets": targets}
 
   def loss(self, model, batch, dropout_key=None):
-    """Mean cross-entropy per (weighted) target token, and metrics to sum."""
+    """Mean cross-entropy per (weighted) target token, and metrics to sum (with the
+    output logits' z-loss sum and health: `losses.output_sums`)."""
     logits_BTV = model(batch["inputs"], dropout_key=dropout_key)
-    total, count = cross_entropy(logits_BTV, batch["targets"], batch.get("weights"))
-    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count}
+    weights_BT = batch.get("weights")
+    total, count = cross_entropy(logits_BTV, batch["targets"], weights_BT)
+    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count,
+                                             **losses.output_sums(logits_BTV, weights_BT)}
 
   # attention_masks: the base's (None, None): causal, no padding, so the model's
   # own causal mask is all there is.

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from attnscale.data import mlm, tokenizer, wikitext
+from attnscale.tasks import losses
 from attnscale.tasks.base import Task, cross_entropy, this_process_rows
 
 
@@ -110,7 +111,8 @@ class MLMTask(Task):
                          **self.mask_args), B)
 
   def loss(self, model, batch, dropout_key=None):
-    """Mean cross-entropy per masked token, and sums (loss, count, correct).
+    """Mean cross-entropy per masked token, and sums (loss, count, correct, and the
+    output logits' z-loss sum and health at the masked tokens: `losses.output_sums`).
 
     The model's head runs on the P selected positions only (`positions=`: a
     gather of the final residual stream before the MLM head), as BERT's
@@ -123,8 +125,9 @@ class MLMTask(Task):
     total, count = cross_entropy(logits_BPV, batch["targets"], batch["weights"])
     hit_BP = jnp.argmax(logits_BPV, axis=-1) == batch["targets"]
     correct = jnp.sum(hit_BP * batch["weights"])
-    return total / jnp.maximum(count, 1.0), {"loss_sum": total, "count": count,
-                                             "correct": correct}
+    return total / jnp.maximum(count, 1.0), {
+        "loss_sum": total, "count": count, "correct": correct,
+        **losses.output_sums(logits_BPV, batch["weights"])}
 
   def eval_metrics(self, sums):
     count = max(sums["count"], 1.0)
