@@ -88,6 +88,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   configlib.add_devices(c)  # config.mesh (data x fsdp), config.remat, config.grad_accum_steps
   configlib.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
+  # The sink metrics' pass holds [rows, heads, T, T] weights a layer: 2 rows at T = 1024
+  # are 100 MB a layer (8 would be 400 MB).
+  c.sink_metrics_rows = 2
   # Micro-batches a step: 8 of 64 rows (8 rows a device on 8 devices) fit a v5e chip's
   # 16 GiB (compile.py); on 64 or more chips, --config.grad_accum_steps=1.
   c.grad_accum_steps = 8
