@@ -13,7 +13,9 @@ With padding, only the real (non-padded) queries count, and the padding mask
 keeps padded keys out of everything.
 
 `task_attention_stats(model, task, batch)` is the one entry point of
-evaluation and studies: the task decides the batch's masks.
+evaluation and studies: the task decides the batch's masks. The per-layer
+definitions live in `attnscale.models.layer_stats`, which the training log's sink
+metrics read too.
 
 Dimension legend: B batch, T queries, S keys, N heads, K key/value heads, H head dim.
 """
@@ -23,110 +25,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attnscale.core.attention import attention, attention_weights
-
-# Gu et al. 2025, "When Attention Sink Emerges in Language Models: An Empirical View"
-# (ICLR 2025, arXiv 2410.10781): a head is a sink head when its mean weight on the
-# first token exceeds epsilon = 0.3.
-SINK_THRESHOLD = 0.3
-
-
-def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
-                    is_causal=False, normalizer="softmax", query_mask_BT=None,
-                    **options) -> dict[str, jax.Array]:
-  """Output std, entropy, max logit and sink rate of one attention call, per layer and head.
-
-  Layer values: output_std = std(z) over [B, T, N, H]; entropy = mean over
-  [B, N, T] of -sum_s p_s log p_s (nats); max_logit = max over [B, N, T, S] of
-  the scaled logits; sink_rate = mean over [B, N, T'] of p_i0, the weight on
-  the first key, over the queries T' that see more than one key (under
-  causality query 0 sees only key 0, which says nothing). "heads" holds the
-  last three per head ([N] each), what tells a head that sinks its attention
-  into the first token from one that spreads it.
-
-  Entropy, logits and weights come from the reference path (the T x S
-  weights); the output is the fused path's, what the model computes.
-  `query_mask_BT` (bool, True = a real token) restricts everything to the real
-  queries. `options` are further `attention` arguments (a soft-cap, a sink).
-  """
-  logits_BNTS, probs_BNTS = attention_weights(q_BTNH, k_BSKH, scale_fn=scale_fn, mask=mask,
-                                              is_causal=is_causal, normalizer=normalizer,
-                                              **options)
-  plogp_BNTS = jnp.where(probs_BNTS > 0, probs_BNTS * jnp.log(jnp.maximum(probs_BNTS, 1e-30)), 0)
-  z_BTNH = attention(q_BTNH, k_BSKH, v_BSKH, scale_fn=scale_fn, mask=mask,
-                     is_causal=is_causal, normalizer=normalizer, **options).astype(jnp.float32)
-  logits_BNTS = jnp.where(jnp.isfinite(logits_BNTS), logits_BNTS, -jnp.inf)
-  B, T, N, H = z_BTNH.shape
-  w_BT = (jnp.ones((B, T)) if query_mask_BT is None
-          else jnp.broadcast_to(query_mask_BT, (B, T)).astype(jnp.float32))
-  count = jnp.maximum(jnp.sum(w_BT), 1.0)
-  mean = jnp.sum(z_BTNH * w_BT[:, :, None, None]) / (count * N * H)
-  var = jnp.sum(jnp.square(z_BTNH - mean) * w_BT[:, :, None, None]) / (count * N * H)
-
-  w_B1T = w_BT[:, None, :]
-  entropy_N = jnp.sum(-plogp_BNTS.sum(-1) * w_B1T, axis=(0, 2)) / count
-  real_B1T1 = w_B1T[..., None] > 0
-  max_logit_N = jnp.max(jnp.where(real_B1T1, logits_BNTS, -jnp.inf), axis=(0, 2, 3))
-  # The first key's weight, over the queries that see more than one key (under
-  # causality query 0 sees key 0 alone).
-  several_B1T = w_B1T * (jnp.arange(T) > 0)[None, None, :] if is_causal else w_B1T
-  sink_N = (jnp.sum(probs_BNTS[..., 0] * several_B1T, axis=(0, 2))
-            / jnp.maximum(jnp.sum(several_B1T), 1.0))
-  return {
-      "output_std": jnp.sqrt(var),
-      "entropy": jnp.mean(entropy_N),
-      "max_logit": jnp.max(max_logit_N),
-      "sink_rate": jnp.mean(sink_N),
-      "sink_heads": jnp.mean(sink_N > SINK_THRESHOLD),
-      "heads": {"entropy": entropy_N, "max_logit": max_logit_N, "sink_rate": sink_N},
-  }
-
-
-def hidden_state_stats(x_BTD, query_mask_BT=None) -> dict[str, jax.Array]:
-  """Massive activations and outliers in a residual stream x [B, T, D], real tokens only.
-
-    max_act    = max |x|,  median_act = median |x|,  act_ratio = max_act / median_act
-    kurtosis   = mean over tokens t of  mean_d (x_td - m_t)^4 / (mean_d (x_td - m_t)^2)^2
-
-  act_ratio is Sun et al.'s measure (2024, "Massive Activations in Large Language
-  Models", arXiv 2402.17762: activations about 10^3-10^4 times the median, in a few
-  fixed dimensions, which act as biases that attention sinks lean on). The kurtosis
-  over the hidden dimension, averaged over tokens, is Bondarenko et al.'s outlier
-  measure (2023, "Quantizable Transformers: Removing Outliers by Helping Attention
-  Heads Do Nothing", arXiv 2306.12929): 3 for a Gaussian, large when a few
-  dimensions carry outliers. Padded tokens (`query_mask_BT` False) count nowhere.
-  """
-  x_BTD = x_BTD.astype(jnp.float32)
-  B, T, D = x_BTD.shape
-  real_BT = (jnp.ones((B, T), bool) if query_mask_BT is None
-             else jnp.broadcast_to(query_mask_BT, (B, T)).astype(bool))
-  abs_BTD = jnp.abs(x_BTD)
-  max_act = jnp.max(jnp.where(real_BT[..., None], abs_BTD, 0.0))
-  # The median of the real entries: padded ones sorted past the end, the middle taken.
-  count = jnp.sum(real_BT) * D
-  sorted_abs = jnp.sort(jnp.where(real_BT[..., None], abs_BTD, jnp.inf).ravel())
-  median_act = 0.5 * (sorted_abs[jnp.maximum(count - 1, 0) // 2] + sorted_abs[count // 2])
-  centred_BTD = x_BTD - jnp.mean(x_BTD, axis=-1, keepdims=True)
-  m2_BT = jnp.mean(centred_BTD**2, axis=-1)
-  kurtosis_BT = jnp.mean(centred_BTD**4, axis=-1) / jnp.maximum(m2_BT**2, 1e-30)
-  kurtosis = jnp.sum(jnp.where(real_BT, kurtosis_BT, 0.0)) / jnp.maximum(jnp.sum(real_BT), 1)
-  return {"max_act": max_act, "median_act": median_act,
-          "act_ratio": max_act / jnp.maximum(median_act, 1e-30), "kurtosis": kurtosis}
-
-
-def layer_stats(model, tokens_BT, mask=None, query_mask_BT=None) -> list[dict[str, jax.Array]]:
-  """Per layer, `attention_stats` of its attention call, as the model makes it, and
-  `hidden_state_stats` of its block's output, as arrays (traceable: jit or vmap it).
-
-  Reads each layer's exact inputs and the residual stream its block writes from
-  `model.layer_trace` (the `attnscale.models.Model` contract: q, k, v, scaling,
-  causality, normalizer), one forward pass, so every model variant is served
-  without knowing its attributes. Arguments as `model_attention_stats`'.
-  """
-  return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, mask=mask,
-                          query_mask_BT=query_mask_BT, **call.options())
-          | hidden_state_stats(x_BTD, query_mask_BT)
-          for call, x_BTD in model.layer_trace(tokens_BT, mask=mask)]
+from attnscale.core.attention import attention_weights
+from attnscale.models.layer_stats import (  # noqa: F401 (the diagnostics' own definitions)
+  SINK_THRESHOLD,
+  attention_stats,
+  hidden_state_stats,
+  layer_stats,
+)
 
 
 def as_floats(stats) -> list[dict]:

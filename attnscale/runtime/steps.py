@@ -31,8 +31,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from attnscale.evaluation import diagnostics
 from attnscale.models import base as models_base
+from attnscale.models import layer_stats
 from attnscale.runtime import optimizers, run_config
 from attnscale.runtime import train_state as ts
 from attnscale.tasks import losses
@@ -232,7 +232,7 @@ def attention_health(stats, query_mask_BT) -> dict[str, jax.Array]:
 
 def make_layer_stats(graphdef, task, run, mesh, *, packed: bool = False):
   """The jitted (params, batch) -> per layer, the diagnostics' sink and activation
-  statistics (`diagnostics.layer_stats`, eval.py's definitions) of a deterministic
+  statistics (`attnscale.models.layer_stats`, eval.py's definitions) of a deterministic
   forward pass over the batch's first config.sink_metrics_rows rows (all of them
   when fewer), with the task's masks (`task.attention_masks`: padded keys and
   queries excluded, as `task_attention_stats`); None when config.sink_metrics_rows
@@ -254,7 +254,7 @@ def make_layer_stats(graphdef, task, run, mesh, *, packed: bool = False):
   def stats(params, batch):
     batch = {k: v[:rows] for k, v in batch.items()}
     mask, query_mask_BT = task.attention_masks(batch)
-    return diagnostics.layer_stats(nnx.merge(graphdef, params), batch["inputs"], mask,
+    return layer_stats.layer_stats(nnx.merge(graphdef, params), batch["inputs"], mask,
                                    query_mask_BT)
 
   return jax.jit(under_mesh(mesh)(jax.vmap(stats) if packed else stats),
