@@ -164,6 +164,8 @@ def run(a):
       notes=[f"Validation loss (nats/char) at each evaluation length; `chosen`: the lowest "
              f"at L = {a.choose_at}, the held-out length the sweep picks gamma on (seeds 1 "
              "and 2 then run at that gamma only).", code], floats=".4f")
+  if not three.runs:  # a sweep still in its first stage
+    return paths, [f"{len(r.runs)} runs, no label with 3 seeds yet: the gamma table only", code]
   paths += reporting.write_tables(
       comparison_rows(three), a.out, "critical_length_compare",
       title="Critical length, trained: against standard",
