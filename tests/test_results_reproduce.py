@@ -64,12 +64,16 @@ CASES = {
                   "--labels", "^mup_adam_standard", "--reference", "mup_adam_standard"],
     "critical_length": [*STUDIES.split(), "critical_length", "--out", "OUT", "--critical_raw",
                         f"{RESULTS}/critical_length/critical_length_raw.csv"],
+    # A second study writing into the same folder: "folder#name".
+    "critical_length#trained": [*STUDIES.split(), "critical_length_trained", "--out", "OUT",
+                                "--workdirs", _store("critical_length")],
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("study", sorted(CASES))
 def test_committed_tables_come_out_of_the_committed_records(study, tmp_path):
+  study = study.split("#")[0]  # the folder the command's tables are committed in
   if not os.path.isdir(os.path.join(ROOT, RESULTS, study)):
     pytest.skip(f"no {RESULTS}/{study} in this checkout")
   out = str(tmp_path / study)
