@@ -14,6 +14,7 @@ import functools
 import hashlib
 import http.server
 import json
+import math
 import os
 import signal
 import subprocess
@@ -297,6 +298,21 @@ def train_tiny_run(tmp_path_factory, arg: str = "preset=test", *, steps: int | N
     with open(os.path.join(workdir, "eval.json")) as f:
       result = json.load(f)
   return TinyRun(config, workdir, metrics, result)
+
+
+def assert_trained_and_evaluated(run: TinyRun, label: str) -> None:
+  """A `train_tiny_run(..., evaluate=True)` that came through whole: every step run,
+  a finite loss, gradient norm and validation loss, eval.json under the run label
+  `label`, and finite diagnostics for every layer with one entry per query head."""
+  assert run.metrics["step"] == run.config.num_train_steps, run.metrics
+  for key in ("loss", "grad_norm", "val_loss"):
+    assert math.isfinite(run.metrics[key]), (key, run.metrics)
+  assert run.eval["scaling"] == label, run.eval["scaling"]
+  heads = run.config.model.num_heads
+  assert len(run.eval["attention"]) == run.config.model.num_layers
+  for layer in run.eval["attention"]:
+    assert all(math.isfinite(v) for k, v in layer.items() if k != "heads"), layer
+    assert all(len(v) == heads for v in layer["heads"].values()), layer["heads"]
 
 
 def fake_run(root, name: str, arg: str, overrides: dict, records: Sequence[dict], *,

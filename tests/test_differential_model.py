@@ -236,16 +236,9 @@ def test_run_label_and_packing():
 def test_trains_and_evaluates(tmp_path_factory):
   run = testing.train_tiny_run(tmp_path_factory, steps=3, evaluate=True,
                                overrides={"model.differential": True, "eval_batches": 1})
-  assert run.metrics["step"] == 3
-  for key in ("loss", "grad_norm", "val_loss"):
-    assert math.isfinite(run.metrics[key]), (key, run.metrics)
+  # Both maps of each of num_heads / 2 heads are diagnosed as heads.
+  testing.assert_trained_and_evaluated(run, "standard+diff")
   assert run.metrics["loss"] < math.log(65) + 0.5
-  assert run.eval["scaling"] == "standard+diff"
-  heads = run.config.model.num_heads  # both maps of each of num_heads / 2 heads
-  assert len(run.eval["attention"]) == run.config.model.num_layers
-  for layer in run.eval["attention"]:
-    assert all(math.isfinite(v) for k, v in layer.items() if k != "heads")
-    assert all(len(v) == heads for v in layer["heads"].values())
 
 
 def test_lambda_and_the_norm_learn():

@@ -185,9 +185,4 @@ def test_unit_variant_takes_it_and_the_run_label_says_so():
 def test_trains_and_evaluates(tmp_path_factory):
   run = testing.train_tiny_run(tmp_path_factory, steps=3, evaluate=True,
                                overrides={"model.selective": True, "eval_batches": 1})
-  assert run.metrics["step"] == 3
-  for key in ("loss", "grad_norm", "val_loss"):
-    assert math.isfinite(run.metrics[key]), (key, run.metrics)
-  assert run.eval["scaling"] == "standard+selective"
-  for layer in run.eval["attention"]:
-    assert all(math.isfinite(v) for k, v in layer.items() if k != "heads")
+  testing.assert_trained_and_evaluated(run, "standard+selective")
