@@ -14,12 +14,20 @@ On this machine's CPU, with shards of tiny Shakespeare's bytes (no network neede
       --tokenizer=bytes --out=data/shakespeare_bytes
   python train.py --config=configs/gpt2.py:preset=cpu --workdir=runs/gpt2_cpu
 
+A subword LM offline: WikiText-2's articles with an 8192-piece SentencePiece BPE
+vocabulary trained on its training split (docs/guides/gpt2.md):
+
+  python -m attnscale.data.prepare_tokens --input=$ATTNSCALE_DATA/wikitext-2 \
+      --tokenizer=spm8k --out=data/wikitext2_spm8k
+  python train.py --config=configs/gpt2.py:preset=cpu,tokenizer=spm8k --workdir=runs/gpt2_spm8k
+
 Config argument keys: preset (small | medium | cpu | test), scaling (any name of
 `attnscale.scalings.names()`, or unit_scaled), p, temperature, s, gamma, a (as
-configs/shakespeare_char.py), seed, tokenizer (gpt2 | bytes; default: gpt2 for
-small and medium, bytes for cpu and test), which sets model.vocab_size (50304:
-GPT-2's 50257 padded to a multiple of 64, as nanoGPT; bytes: 320) and the default
-data_dir. The seeds' experiments at 124M: configs/gpt2_sweeps.py.
+configs/shakespeare_char.py), seed, tokenizer (gpt2 | bytes | spm8k; default: gpt2
+for small and medium, bytes for cpu and test), which sets model.vocab_size (50304:
+GPT-2's 50257 padded to a multiple of 64, as nanoGPT; bytes: 320; spm8k: 8192) and
+the default data_dir (data/fineweb_edu_10b, data/shakespeare_bytes,
+data/wikitext2_spm8k). The seeds' experiments at 124M: configs/gpt2_sweeps.py.
 
 Presets and what to expect:
   small   GPT-2 124M (12 layers, 12 heads, width 768, block 1024), nanoGPT's AdamW
@@ -42,7 +50,9 @@ from attnscale.runtime import configlib
 
 PRESETS = ("small", "medium", "cpu", "test")
 # tokenizer -> (model.vocab_size, the default data_dir): what prepare_tokens writes there.
-TOKENIZERS = {"gpt2": (50304, "data/fineweb_edu_10b"), "bytes": (320, "data/shakespeare_bytes")}
+# Each vocabulary rounded up to a multiple of 64 (nanoGPT's padding, for speed).
+TOKENIZERS = {"gpt2": (50304, "data/fineweb_edu_10b"), "bytes": (320, "data/shakespeare_bytes"),
+              "spm8k": (8192, "data/wikitext2_spm8k")}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -3,7 +3,10 @@ read back what was written; the prepare command tokenizes tiny Shakespeare into 
 (bytes: offline) and says in one line what GPT-2's BPE needs offline; batches are a
 function of (seed, step) and split between processes; evaluation scores each target
 once; the test preset trains, evaluates and, killed with SIGKILL, resumes with the same
-data order (slow).
+data order (slow). spm8k (on synthetic WikiText-shaped files, no $ATTNSCALE_DATA): the
+shards hold each split's own articles, the vocabulary comes from the training file
+alone, decoding inverts encoding up to normalisation, and the test preset trains and
+samples on them.
 
 Needs $ATTNSCALE_DATA for the tests on tiny Shakespeare (CI sets it).
 """
@@ -225,3 +228,124 @@ def test_sigkill_then_rerun_reads_the_same_batches(shards, tmp_path):
   assert result.returncode == 0, result.stderr[-2000:]
   with open(os.path.join(resumed, "eval.json")) as f:
     assert json.load(f)["step"] == 300
+
+
+# spm8k: WikiText's articles with a SentencePiece vocabulary trained on its training split.
+
+_WORDS = ("the of and in to a was is for on as with by he at from his an were that which "
+          "game season city war film song album river player church station national").split()
+
+
+def _wikitext(seed: int, num_articles: int, extra: str = "") -> str:
+  """WikiText-shaped text: ' = Title = ' between blank lines, sections, paragraphs
+  (`extra` appended to each paragraph)."""
+  rng = np.random.default_rng(seed)
+  lines = []
+  for a in range(num_articles):
+    lines += [" ", f" = Article {seed} {a} = ", " "]
+    for s in range(2):
+      lines += [f" = = Section {s} = = ", " "]
+      words = rng.choice(_WORDS, size=int(rng.integers(40, 120)))
+      lines += [" " + " ".join(words) + f" <unk> , 1 @,@ 000 {extra}", " "]
+  return "\n".join(lines) + "\n"
+
+
+VALID_ONLY = "quokkaquokka ξ"  # a word and a character only the validation text has
+
+
+@pytest.fixture(scope="module")
+def wikitext_spm8k(tmp_path_factory):
+  """(WikiText folder, shards folder) made by the prepare command with spm8k."""
+  src = tmp_path_factory.mktemp("wikitext")
+  for stem, seed, n, extra in (("train", 0, 30, ""), ("valid", 1, 6, VALID_ONLY),
+                               ("test", 2, 2, VALID_ONLY)):
+    (src / f"{stem}.txt").write_text(_wikitext(seed, n, extra), encoding="utf-8")
+  out = str(tmp_path_factory.mktemp("wikitext_spm8k"))
+  assert prepare_tokens.main([f"--input={src}", f"--out={out}", "--tokenizer=spm8k",
+                              "--workers=1"]) == 0
+  return src, out
+
+
+def test_wikitext_articles_start_at_titles_between_blank_lines():
+  from attnscale.data import wikitext
+  text = (" \n = A = \n \n x \n = = S = = \n \n y = 2 \n = 1 k = \n z \n \n = B ( b ) = \n \n w \n")
+  got = wikitext.articles(text)
+  assert got == [" = A = \n \n x \n = = S = = \n \n y = 2 \n = 1 k = \n z \n ",
+                 " = B ( b ) = \n \n w \n"]  # "= 1 k =" has text next to it: not a title
+  assert "\n".join(got) == text[len(" \n"):]
+
+
+def test_spm8k_prepare_writes_shards_model_and_meta(wikitext_spm8k):
+  src, out = wikitext_spm8k
+  meta = json.load(open(os.path.join(out, tokens.META_FILE)))
+  assert meta["tokenizer"] == "spm8k" and meta["tokenizer_model"] == "tokenizer.model"
+  assert meta["eot"] == 3 and meta["tokenizer_seed"] == 0
+  assert meta["documents"] == 36 and 100 < meta["vocab_size"] <= 8192  # a small corpus
+  prefix = os.path.basename(out)
+  assert sorted(f for f in os.listdir(out) if f.endswith(".bin")) == [
+      f"{prefix}_train_000001.bin", f"{prefix}_val_000000.bin"]
+  # Each split: every article of its own file, end-of-text first, nothing else.
+  tok = lm_tokenizers.from_meta(meta, out)
+  data = tokens.load(out)
+  from attnscale.data import wikitext
+  for stream, stem in ((data.train, "train"), (data.validation, "valid")):
+    docs = wikitext.articles((src / f"{stem}.txt").read_text(encoding="utf-8"))
+    want = np.concatenate([[tok.eot, *tok.encode(d)] for d in docs])
+    np.testing.assert_array_equal(stream.read(0, len(stream)), want, err_msg=stem)
+    assert meta["tokens"]["train" if stem == "train" else "validation"] == len(want)
+
+
+def test_spm8k_round_trip_and_end_of_text(wikitext_spm8k):
+  from attnscale.data import tokenizer as tokenizer_lib
+  _, out = wikitext_spm8k
+  tok = lm_tokenizers.get("spm8k", model_file=os.path.join(out, "tokenizer.model"))
+  text = " = Article 9 = \n \n the game was released in the city , 1 @,@ 000 <unk> \n"
+  ids = tok.encode(text)
+  assert tok.eot not in ids and tok.eot not in tok.encode("[SEP] [CLS]")  # control pieces
+  normalized = tokenizer_lib.Tokenizer.load(os.path.join(out, "tokenizer.model")).normalize(text)
+  assert tok.decode(ids) == tok.decode([tok.eot, *ids, tok.eot]) == normalized
+  assert normalized == "= article 9 = the game was released in the city , 1 @,@ 000 <unk>"
+  with pytest.raises(ValueError, match="spm8k's model file .* is not there"):
+    lm_tokenizers.get("spm8k", model_file=os.path.join(out, "nowhere.model"))
+
+
+def test_spm8k_vocabulary_never_sees_validation_text(wikitext_spm8k, tmp_path):
+  from attnscale.data import wikitext
+  src, out = wikitext_spm8k
+  model = open(os.path.join(out, "tokenizer.model"), "rb").read()
+  # The model file is a function of the training articles alone (and the seed).
+  train_docs = wikitext.articles((src / "train.txt").read_text(encoding="utf-8"))
+  lm_tokenizers.train_spm8k(train_docs, str(tmp_path / "again.model"))
+  assert (tmp_path / "again.model").read_bytes() == model
+  tok = lm_tokenizers.get("spm8k", model_file=os.path.join(out, "tokenizer.model"))
+  word, char = VALID_ONLY.split()
+  assert len(tok.encode(word)) > 3  # no piece learnt from it
+  assert tok.encode(char)[-1] == 1  # [UNK]: the character is not in the vocabulary
+
+
+def test_spm8k_needs_a_validation_split_and_a_model(tmp_path, capsys):
+  (tmp_path / "doc.txt").write_text(_wikitext(0, 3), encoding="utf-8")
+  assert prepare_tokens.main([f"--input={tmp_path}", f"--out={tmp_path / 'out'}",
+                              "--tokenizer=spm8k"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "spm8k needs an input with its own validation split" in err[0]
+  with pytest.raises(ValueError, match="spm8k needs its model file"):
+    lm_tokenizers.get("spm8k")
+  config = gpt2.get_config("preset=cpu,tokenizer=spm8k")
+  assert (config.model.vocab_size, config.data_dir) == (8192, "data/wikitext2_spm8k")
+  with pytest.raises(ValueError, match=r"tokenizer must be one of \['gpt2', 'bytes', 'spm8k'\]"):
+    gpt2.get_config("tokenizer=spm")
+
+
+def test_spm8k_shards_train_and_sample(wikitext_spm8k, tmp_path_factory):
+  """The test preset with tokenizer=spm8k trains a few steps on the shards
+  (train.py's library path), and eval.py samples with the shards' model file."""
+  from attnscale.evaluation import eval_lib
+  _, out = wikitext_spm8k
+  config = gpt2.get_config("preset=test,tokenizer=spm8k")
+  config.data_dir = out
+  run = testing.train_tiny_run(tmp_path_factory, config=config, steps=4, name="spm8k")
+  rows = [r for r in metrics_writer.read_rows(run.workdir) if "train/loss" in r]
+  assert rows and np.isfinite(rows[-1]["train/loss"]) and rows[0]["train/loss"] < 9.2  # ln 8192 = 9.01
+  result = eval_lib.evaluate_run(run.workdir, sample_length=5)  # prompt "\n": end-of-text
+  assert result["tokenizer"] == "spm8k" and isinstance(result["sample"]["text"], str)

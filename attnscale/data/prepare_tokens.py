@@ -6,18 +6,33 @@ r"""Tokenizes text into token shards (`attnscale.data.tokens`): what configs/gpt
   # A Hugging Face dataset, streamed (needs network and `pip install datasets`):
   python -m attnscale.data.prepare_tokens --hf_dataset=fineweb_edu_10b --out=data/fineweb_edu_10b
   python -m attnscale.data.prepare_tokens --hf_dataset=openwebtext --out=data/openwebtext
+  # WikiText-2 with a SentencePiece vocabulary trained on its training articles (offline):
+  python -m attnscale.data.prepare_tokens --input=$ATTNSCALE_DATA/wikitext-2 \
+      --tokenizer=spm8k --out=data/wikitext2_spm8k
 
 Each document becomes <|endoftext|> then its tokens (llm.c's fineweb.py: the
 end-of-text id delimits documents). The first --val_tokens tokens of the stream are
 the validation split (llm.c's first shard), the rest the training split. An input
 shorter than twice that is split a tenth / nine tenths instead (said in one line).
 
+A WikiText folder (--input holding train.txt and valid.txt, `attnscale.data.wikitext`'s
+files) brings its own split instead: its articles are the documents (one each, from
+its ` = Title = ` line on, text as is), train.txt's the training split and
+valid.txt's the validation split; --val_tokens is unused and test.txt unread.
+Chosen over a --val_input flag because the folder alone says both what to split
+and where a document starts, and because reading such a folder as plain .txt files
+would make test.txt (sorted first) the validation split and put valid.txt in training.
+
 --format=llmc (default) writes llm.c's shards of --shard_tokens tokens each
 (<name>_val_000000.bin, <name>_train_000001.bin, ...); --format=nanogpt writes
 nanoGPT's train.bin and val.bin. meta.json records the tokenizer, vocabulary and
 counts. --tokenizer=gpt2 (default) is GPT-2's BPE through tiktoken; offline it
 needs a local copy of its vocabulary (the error says where); --tokenizer=bytes
-needs none.
+needs none; --tokenizer=spm8k trains an 8192-piece SentencePiece BPE vocabulary
+(`attnscale.data.lm_tokenizers`) on the training documents only, never on the
+validation text, with --seed (deterministic), saves it as OUT/tokenizer.model and
+names it in meta.json (`tokenizer_model`), so it needs an input with its own
+validation split (a WikiText folder).
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ import json
 import multiprocessing
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -64,6 +80,21 @@ def local_documents(path: str, text_field: str = "text") -> Iterator[str]:
           yield json.loads(line)[text_field]
 
 
+def wikitext_files(path: str) -> dict[str, str] | None:
+  """{split: file} when `path` is a WikiText folder (train.txt and valid.txt), else None."""
+  from attnscale.data import wikitext
+  files = {split: os.path.join(path, f"{wikitext.SPLITS[split]}.txt")
+           for split in ("train", "validation")}
+  return files if os.path.isdir(path) and all(map(os.path.isfile, files.values())) else None
+
+
+def wikitext_documents(file: str) -> Iterator[str]:
+  """The articles of a WikiText file (`attnscale.data.wikitext.articles`)."""
+  from attnscale.data import wikitext
+  with open(file, encoding="utf-8", newline="") as f:  # the bytes' own newlines
+    yield from wikitext.articles(f.read())
+
+
 def hf_documents(name: str) -> Iterator[str]:
   """The documents of a Hugging Face dataset (a key of HF_DATASETS or "path[:config]"),
   streamed: nothing but the tokens is kept on disk."""
@@ -80,9 +111,9 @@ def hf_documents(name: str) -> Iterator[str]:
 _TOKENIZER = None  # each worker process's own
 
 
-def _init_worker(name: str, vocab_dir: str | None) -> None:
+def _init_worker(name: str, vocab_dir: str | None, model_file: str | None) -> None:
   global _TOKENIZER
-  _TOKENIZER = lm_tokenizers.get(name, vocab_dir)
+  _TOKENIZER = lm_tokenizers.get(name, vocab_dir, model_file=model_file)
 
 
 def _encode(text: str) -> np.ndarray:
@@ -90,14 +121,15 @@ def _encode(text: str) -> np.ndarray:
 
 
 def encoded(documents: Iterable[str], tokenizer: str, vocab_dir: str | None,
-            workers: int) -> Iterator[np.ndarray]:
+            workers: int, model_file: str | None = None) -> Iterator[np.ndarray]:
   """Each document's tokens (end-of-text first), in order; `workers` processes."""
-  _init_worker(tokenizer, vocab_dir)  # this process encodes too when workers <= 1
+  init = (tokenizer, vocab_dir, model_file)
+  _init_worker(*init)  # this process encodes too when workers <= 1
   if workers <= 1:
     yield from map(_encode, documents)
     return
   with multiprocessing.get_context("spawn").Pool(
-      workers, initializer=_init_worker, initargs=(tokenizer, vocab_dir)) as pool:
+      workers, initializer=_init_worker, initargs=init) as pool:
     yield from pool.imap(_encode, documents, chunksize=16)
 
 
@@ -143,27 +175,52 @@ class ShardWriter:
 def prepare(documents: Iterable[str], out: str, *, tokenizer: str = "gpt2", fmt: str = "llmc",
             val_tokens: int = 100_000_000, shard_tokens: int = 100_000_000,
             name: str | None = None, vocab_dir: str | None = None, workers: int = 1,
-            source: str = "", log=print) -> dict:
+            source: str = "", val_documents: Iterable[str] | None = None, seed: int = 0,
+            log=print) -> dict:
   """Tokenizes `documents` into shards in `out`; returns (and writes) meta.json.
 
   The first `val_tokens` tokens are the validation split, the rest training; an
   input shorter than 2 x val_tokens is split 1/10 : 9/10. The split falls at a
-  token, not between documents, as llm.c's shards do.
+  token, not between documents, as llm.c's shards do. Given `val_documents`, they
+  are the validation split and `documents` the training split (val_tokens unused).
+  spm8k (which needs `val_documents`) trains its vocabulary on `documents` with
+  `seed` and saves it in `out`.
   """
   if fmt not in ("llmc", "nanogpt"):
     raise ValueError(f"--format must be one of ['llmc', 'nanogpt'], got {fmt!r}")
   if val_tokens <= 0 or shard_tokens <= 0:
     raise ValueError(f"--val_tokens and --shard_tokens must be > 0, got {val_tokens}, "
                      f"{shard_tokens}")
-  tok = lm_tokenizers.get(tokenizer, vocab_dir)  # a missing vocabulary fails before any work
+  trained = tokenizer == "spm8k"  # its vocabulary is made here, from the training split
+  if trained and val_documents is None:
+    raise ValueError("--tokenizer=spm8k needs an input with its own validation split (a "
+                     "WikiText folder: train.txt, valid.txt), so that its vocabulary never "
+                     "sees validation text")
+  # A missing vocabulary fails before any work.
+  tok = None if trained else lm_tokenizers.get(tokenizer, vocab_dir)
   os.makedirs(out, exist_ok=True)
   if glob.glob(os.path.join(out, "*.bin")):
     raise ValueError(f"--out={out} already holds .bin shards: use an empty folder")
+  model_file = None
+  if trained:
+    documents = list(documents)  # read twice: the vocabulary's text, then the tokens
+    model_file = os.path.join(out, lm_tokenizers.SPM_MODEL_FILE)
+    start = time.perf_counter()
+    tok = lm_tokenizers.train_spm8k(documents, model_file, seed=seed)
+    log(f"trained {tokenizer}'s vocabulary ({tok.vocab_size} pieces) on the "
+        f"{len(documents):,} training documents in {time.perf_counter() - start:.1f} s: "
+        f"{model_file}")
   name = name or os.path.basename(os.path.normpath(out))
   writer = ShardWriter(out, name, fmt, shard_tokens)
-  head, head_len = [], 0  # the stream's first 2 x val_tokens, until its split is known
   docs = 0
-  for doc in encoded(documents, tokenizer, vocab_dir, workers):
+  if val_documents is not None:  # validation first: llm.c's shard 000000
+    for doc in encoded(val_documents, tokenizer, vocab_dir, workers, model_file):
+      docs += 1
+      writer.add("validation", doc)
+    head = None  # every training document goes to training
+  else:
+    head, head_len = [], 0  # the stream's first 2 x val_tokens, until its split is known
+  for doc in encoded(documents, tokenizer, vocab_dir, workers, model_file):
     docs += 1
     if head is None:
       writer.add("train", doc)
@@ -183,8 +240,10 @@ def prepare(documents: Iterable[str], out: str, *, tokenizer: str = "gpt2", fmt:
         "its first tenth")
     _write_head(writer, flat, len(flat) // 10)
   writer.flush()
-  meta = {"tokenizer": tokenizer, "vocab_size": tok.vocab_size, "eot": tok.eot, "format": fmt, "source": source, "documents": docs,
-          "tokens": writer.counts}
+  meta = {"tokenizer": tokenizer, "vocab_size": tok.vocab_size, "eot": tok.eot, "format": fmt,
+          "source": source, "documents": docs, "tokens": writer.counts}
+  if trained:  # relative: the folder can move
+    meta.update(tokenizer_model=lm_tokenizers.SPM_MODEL_FILE, tokenizer_seed=seed)
   with open(os.path.join(out, tokens.META_FILE), "w") as f:
     json.dump(meta, f, indent=2)
   log(f"wrote {out}: {writer.counts['train']:,} train and {writer.counts['validation']:,} "
@@ -202,11 +261,14 @@ def main(argv: list[str] | None = None) -> int:
       prog="python -m attnscale.data.prepare_tokens", description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   source = parser.add_mutually_exclusive_group(required=True)
-  source.add_argument("--input", help="a .txt or .jsonl file, or a folder of them")
+  source.add_argument("--input", help="a .txt or .jsonl file, or a folder of them; a "
+                      "WikiText folder (train.txt, valid.txt): its articles, split as its "
+                      "files are")
   source.add_argument("--hf_dataset", help=f"{', '.join(HF_DATASETS)}, or a Hugging Face "
                       "dataset path[:config] with a 'text' column (streamed)")
   parser.add_argument("--out", required=True, help="the shards' folder (config.data_dir)")
-  parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken) | bytes")
+  parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (tiktoken) | bytes | spm8k "
+                      "(a SentencePiece BPE vocabulary trained on the training split)")
   parser.add_argument("--vocab_dir", help="a folder with GPT-2's vocab.bpe and encoder.json "
                       "(offline; default $ATTNSCALE_DATA/gpt2 when there)")
   parser.add_argument("--format", default="llmc", help="llmc (llm.c's headed shards) | "
@@ -217,16 +279,27 @@ def main(argv: list[str] | None = None) -> int:
                       help="tokens a shard (llmc)")
   parser.add_argument("--text_field", default="text", help=".jsonl: the field with the text")
   parser.add_argument("--name", help="the shards' file-name prefix (default: --out's name)")
+  parser.add_argument("--seed", type=int, default=0, help="spm8k: the vocabulary's seed")
   parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                       help="tokenizing processes")
   args = parser.parse_args(argv)
   try:
-    docs = (local_documents(args.input, args.text_field) if args.input
-            else hf_documents(args.hf_dataset))
+    wikitext_split = wikitext_files(args.input) if args.input else None
+    val_docs = None
+    if wikitext_split:
+      print(f"--input={args.input} is WikiText: the articles of {wikitext_split['train']} "
+            f"for training, of {wikitext_split['validation']} for validation")
+      docs = wikitext_documents(wikitext_split["train"])
+      val_docs = wikitext_documents(wikitext_split["validation"])
+    elif args.input:
+      docs = local_documents(args.input, args.text_field)
+    else:
+      docs = hf_documents(args.hf_dataset)
     prepare(docs, args.out, tokenizer=args.tokenizer, fmt=args.format,
             val_tokens=args.val_tokens, shard_tokens=args.shard_tokens, name=args.name,
             vocab_dir=args.vocab_dir, workers=args.workers,
-            source=args.input or f"hf:{args.hf_dataset}")
+            source=args.input or f"hf:{args.hf_dataset}", val_documents=val_docs,
+            seed=args.seed)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

@@ -79,13 +79,17 @@ class TokenLMTask(NextTokenTask):
 
   @functools.cached_property
   def sampler(self) -> Sampler | None:
-    """Sampling with the shards' tokenizer, or None (one line on stderr) when its
-    vocabulary cannot be read here (GPT-2's, offline without a local copy)."""
+    """Sampling with the shards' tokenizer (meta.json's; spm8k's model file beside
+    the shards), or None (one line on stderr) when its vocabulary cannot be read
+    here (GPT-2's, offline without a local copy)."""
     try:
-      tok = lm_tokenizers.get(self.data.meta["tokenizer"])
+      tok = lm_tokenizers.from_meta(self.data.meta, self.config.data_dir)
     except ValueError as e:
       print(f"warning: no sample: {e}", file=sys.stderr, flush=True)
       return None
+    # A prompt that encodes to nothing (spm8k's "\n": it collapses whitespace) starts
+    # from end-of-text, the token every training document starts with.
+    encode = lambda text: tok.encode(text) or [tok.eot]
     # The model's padded ids past the tokenizer's (never targets) decode to nothing.
     decode = lambda ids: tok.decode([i for i in ids if i < tok.vocab_size])
-    return functools.partial(sample, encode=tok.encode, decode=decode)
+    return functools.partial(sample, encode=encode, decode=decode)
