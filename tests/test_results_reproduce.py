@@ -67,6 +67,8 @@ CASES = {
     # A second study writing into the same folder: "folder#name".
     "critical_length#trained": [*STUDIES.split(), "critical_length_trained", "--out", "OUT",
                                 "--workdirs", _store("critical_length")],
+    "normalisers": [*STUDIES.split(), "normalisers", "--out", "OUT", "--workdirs",
+                    _store("normalisers")],
 }
 
 
@@ -74,8 +76,13 @@ CASES = {
 @pytest.mark.parametrize("study", sorted(CASES))
 def test_committed_tables_come_out_of_the_committed_records(study, tmp_path):
   study = study.split("#")[0]  # the folder the command's tables are committed in
-  if not os.path.isdir(os.path.join(ROOT, RESULTS, study)):
+  folder = os.path.join(ROOT, RESULTS, study)
+  if not os.path.isdir(folder):
     pytest.skip(f"no {RESULTS}/{study} in this checkout")
+  # A study whose store is committed before its tables (its sweep still running):
+  # nothing to compare yet.
+  if not any(name.endswith((".csv", ".md")) for name in os.listdir(folder)):
+    pytest.skip(f"{RESULTS}/{study} has no committed tables yet")
   out = str(tmp_path / study)
   done = subprocess.run([sys.executable, *(a.replace("OUT", out) for a in CASES[study])],
                         cwd=ROOT,

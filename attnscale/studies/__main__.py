@@ -14,6 +14,7 @@ studies and their flags: attnscale/studies/registry.py (one line a study).
   python -m attnscale.studies sensitivity --out out --workdirs runs/sensitivity
   python -m attnscale.studies bert --out docs/results/bert --workdirs runs/bert
   python -m attnscale.studies transfer --out out --workdirs runs/transfer
+  python -m attnscale.studies normalisers --out out --workdirs docs/results/normalisers/runs.parquet
   python -m attnscale.studies depth --out out --workdirs docs/results/depth/runs.parquet
   python -m attnscale.studies coord_check --config=configs/shakespeare_char.py:preset=graphcore_cpu \
       --widths=32,64,128,256,512 --steps=4 --out=docs/results/width

@@ -103,10 +103,14 @@ def entropy_rows(r: LengthResult) -> list[dict]:
   return rows
 
 
-def interval(values) -> str:
-  """"mean [lo, hi]" (95% t over the values), "mean" alone for one value."""
+def interval(values, fmt: str = ".3f") -> str:
+  """"mean [lo, hi]" (95% t over the finite values, each by `fmt`), "mean" alone for
+  one value, "" for none."""
   iv = stats.mean_interval(values)
-  return f"{iv.mean:.3f}" if iv.n < 2 else f"{iv.mean:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]"
+  if iv.n == 0:
+    return ""
+  return (format(iv.mean, fmt) if iv.n < 2 else
+          f"{iv.mean:{fmt}} [{iv.lo:{fmt}}, {iv.hi:{fmt}}]")
 
 
 def _bin_of(run: RunLengths, n: int) -> int:

@@ -29,6 +29,7 @@ REGISTRY = {
     "transfer": "attnscale.studies.transfer:STUDY",
     "critical_length": "attnscale.studies.critical_length:STUDY",
     "critical_length_trained": "attnscale.studies.critical_trained:STUDY",
+    "normalisers": "attnscale.studies.normalisers:STUDY",
 }
 
 Runner = Callable[[argparse.Namespace], "tuple[list[str], list[str]]"]

@@ -1,0 +1,186 @@
+"""The normalisers study (attnscale/studies/normalisers.py) on synthetic sweeps: run
+directories as train.py and eval.py leave them (testing.fake_run plus an eval.json),
+no training. Every label's loss is softmax's plus a fixed offset on every seed, with
+a seed noise of +-0.1 that all labels share: paired by seed the offsets come out
+exactly, where an unpaired test would call them noise."""
+
+import json
+import math
+import os
+
+import pytest
+
+from attnscale import testing
+from attnscale.experiments import stats
+from attnscale.studies import __main__ as cli
+from attnscale.studies import normalisers
+from configs import shakespeare_char
+from configs import shakespeare_char_sweeps as sweep_configs
+
+STEPS = shakespeare_char.get_config("preset=test").num_train_steps
+LENGTHS = (64, 128, 256, 512, 1024)
+BEST = 8  # every label's best exponent
+NOISE = (0.0, 0.1, -0.1)  # by seed, shared by every label
+# label -> (loss offset from softmax, sink rate, act_ratio, kurtosis, loss growth per
+# doubling of the length); softmax: (0, 0.3, 50, 20, 0.5).
+SOFTMAX = (0.0, 0.3, 50.0, 20.0, 0.5)
+EFFECTS = {"gate_headwise": (0.0, 0.05, 10.0, 5.0, 0.5),   # no cost, no sinks
+           "softpick": (0.05, 0.01, 60.0, 5.0, 0.5),       # costs 0.05; act_ratio up
+           "stickbreaking": (0.0, 0.3, 50.0, 20.0, 0.1),   # extrapolates
+           "fox": (0.0, 0.3, 50.0, 20.0, 0.5)}             # does not
+
+
+def _run(root, label, e, seed, *, loss=None, evaluated=True):
+  """One finished run of `label` at 2^-e (NaN loss: diverged), evaluated unless not."""
+  scaling, overrides = sweep_configs.NORMALISERS[label]
+  offset, sink, act, kurt, growth = EFFECTS.get(label, SOFTMAX)
+  if loss is None:
+    loss = 2.0 + offset + 0.02 * (e - BEST) ** 2 + NOISE[seed]
+  records = [{"step": STEPS, "train/loss": loss, "train/loss_last20": loss}]
+  run = testing.fake_run(root, f"{label}-{e}-{seed}", f"preset=test,scaling={scaling},"
+                         f"seed={seed}", {"learning_rate": 2.0**-e, **overrides}, records,
+                         done=math.isfinite(loss))
+  with open(os.path.join(run, "provenance.json"), "w") as f:
+    json.dump([{"commit": "abc1234", "dirty": False}], f)
+  if evaluated and math.isfinite(loss):
+    layer = {"sink_rate": sink, "sink_heads": sink, "act_ratio": act, "kurtosis": kurt,
+             "max_logit": 10.0, "entropy": 1.0}
+    val = loss + 0.1
+    result = {"step": STEPS, "val_loss": val,
+              "attention": [layer, dict(layer, sink_rate=sink / 2, act_ratio=act / 2)],
+              "lengths": {str(L): {"val_loss": val + growth * math.log2(L / 64)}
+                          for L in LENGTHS}}
+    with open(os.path.join(run, "eval.json"), "w") as f:
+      json.dump(result, f)
+
+
+def _label(root, label, seeds_at_best=(0, 1, 2), window=range(BEST - 2, BEST + 3)):
+  for e in window:
+    _run(root, label, e, 0)
+  for seed in seeds_at_best:
+    if seed:
+      _run(root, label, BEST, seed)
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+  """Every label: seed 0 over the window, seeds 1 and 2 at the best; softmax also has a
+  diverged run far from the window (e = 3), which S must leave out."""
+  root = tmp_path_factory.mktemp("normalisers_full")
+  for label in sweep_configs.NORMALISERS:
+    _label(root, label)
+  _run(root, "softmax", 3, 0, loss=math.nan)
+  out = root / "out"
+  cli.main(["normalisers", "--out", str(out), "--workdirs", str(root)])
+  return root, out
+
+
+def _csv(path) -> dict[str, dict]:
+  import csv
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def test_every_sweep_label_maps_back_from_its_config():
+  assert list(normalisers.LABELS) == normalisers.order(sweep_configs.NORMALISERS)
+  for label, (scaling, overrides) in sweep_configs.NORMALISERS.items():
+    config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=0")
+    config.update_from_flattened_dict(overrides)
+    assert normalisers.normaliser_label(config.to_dict()) == label
+  config = shakespeare_char.get_config("preset=graphcore_cpu,scaling=standard,seed=0")
+  assert normalisers.normaliser_label(config.to_dict()) == "standard+positions_learned"
+
+
+def test_the_full_store_gives_every_table_in_order(full):
+  _, out = full
+  for name in ("normalisers", "normalisers_claims", "normalisers_layers",
+               "normalisers_lengths"):
+    assert (out / f"{name}.csv").exists() and (out / f"{name}.md").exists()
+  for name in ("normalisers", "normalisers_sinks", "normalisers_lengths"):
+    assert (out / f"{name}.png").stat().st_size > 0
+  table = {r["label"]: r for r in _csv(out / "normalisers.csv")}
+  assert list(table) == list(normalisers.LABELS)  # softmax family, then each twin beside
+  assert list(table)[8:10] == ["sigmoid", "sigmoid_qk_rmsnorm"]
+  softmax, softpick = table["softmax"], table["softpick"]
+  assert softmax["best_lr"] == str(2.0**-BEST) and softmax["seeds"] == "3"
+  assert softmax["val_vs_softmax"] == "reference"
+  # Paired: exactly +0.05 on every seed; the shared +-0.1 noise cancels.
+  assert softpick["val_vs_softmax"] == "+0.050 [+0.050, +0.050] paired n=3: worse"
+  # S over the two-octave window of seed 0 (the diverged e = 3 is outside it).
+  assert float(softmax["S"]) == pytest.approx(0.02 * (4 + 1 + 0 + 1 + 4) / 5)
+  assert softmax["S_rates"] == "5"
+  assert float(softmax["sink_rate"]) == pytest.approx(0.225)
+  assert float(softmax["sink_rate_max"]) == pytest.approx(0.3)
+  assert float(softmax["act_ratio"]) == pytest.approx(50.0)
+  assert float(table["stickbreaking"]["loss@1024"]) == pytest.approx(2.1 + 0.4)
+  layers = _csv(out / "normalisers_layers.csv")
+  assert len(layers) == 2 * 16 and float(layers[1]["sink_rate"]) == pytest.approx(0.15)
+  lengths = {r["label"]: r for r in _csv(out / "normalisers_lengths.csv")}
+  assert lengths["softmax"]["L=1024 - L=64"] == "+2.000 [+2.000, +2.000]"
+  runs = _csv(out / "runs.csv")
+  assert len(runs) == 16 * 7 + 1 and "val_loss_L1024" in runs[0]
+
+
+def test_the_claims_are_read_from_paired_intervals(full):
+  _, out = full
+  claims = {(r["label"], r["measure"]): r for r in _csv(out / "normalisers_claims.csv")}
+  gate = claims["gate_headwise", "val_loss"]
+  assert gate["verdict"] == "consistent (within noise)" and gate["seeds"] == "3"
+  assert claims["gate_headwise", "sink_rate (mean over layers)"]["verdict"] == "holds (lower)"
+  assert claims["softpick", "val_loss"]["verdict"] == "contradicted (higher)"
+  assert claims["softpick", "act_ratio (largest layer)"]["verdict"] == "contradicted (higher)"
+  assert claims["softpick", "kurtosis (largest layer)"]["verdict"] == "holds (lower)"
+  assert claims["stickbreaking", "loss@1024 - loss@64"]["verdict"] == "holds (lower)"
+  assert claims["fox", "loss@1024 - loss@64"]["verdict"] == "not shown (within noise)"
+  assert claims["relu_qk_rmsnorm", "val_loss"]["verdict"] == "consistent (within noise)"
+  # Every claim's every label and measure has its row.
+  assert len(claims) == sum(len(c.labels) * len(c.predicts) for c in normalisers.CLAIMS)
+
+
+def test_a_partial_store_shows_seed_counts_and_pending_claims(tmp_path):
+  """softmax has seeds 0 and 1 at its best, softpick all three; relu is at stage 1
+  (seed 0, three rates, one not evaluated yet); every sigmoid run diverged;
+  gate_headwise has not started."""
+  _label(tmp_path, "softmax", seeds_at_best=(0, 1))
+  _label(tmp_path, "softpick")
+  for e in (BEST - 1, BEST, BEST + 1):
+    _run(tmp_path, "relu", e, 0, evaluated=e != BEST + 1)
+  for e in (BEST - 1, BEST):
+    _run(tmp_path, "sigmoid", e, 0, loss=math.nan)
+  out = tmp_path / "out"
+  cli.main(["normalisers", "--out", str(out), "--workdirs", str(tmp_path)])
+  table = {r["label"]: r for r in _csv(out / "normalisers.csv")}
+  assert list(table) == ["softmax", "sigmoid", "softpick", "relu"]
+  assert table["softmax"]["seeds"] == "2" and table["relu"]["seeds"] == "1"
+  # Paired on the two shared seeds only; softpick's seed 2 is left out.
+  assert table["softpick"]["val_vs_softmax"] == (
+      "+0.050 [+0.050, +0.050] paired n=2 (1 unpaired left out): worse")
+  assert table["sigmoid"]["seeds"] == "0" and table["sigmoid"]["best_lr"] == "nan"
+  assert table["sigmoid"]["S"] == "nan" and table["sigmoid"]["val_vs_softmax"] == ""
+  assert table["relu"]["S_rates"] == "3"
+  claims = {(r["label"], r["measure"]): r for r in _csv(out / "normalisers_claims.csv")}
+  assert claims["softpick", "val_loss"]["verdict"] == "pending (2 seeds)"
+  assert claims["relu", "val_loss"]["verdict"] == "pending (1 seed)"
+  gate = claims["gate_headwise", "val_loss"]
+  assert gate["verdict"] == "pending (0 seeds)" and gate["difference"] == ""
+  md = (out / "normalisers.md").read_text()
+  assert "Not in the store yet: sink_learned, sink_zero, gate_headwise" in md
+  assert "softmax (2), relu (1)" in md
+  lengths = {r["label"]: r for r in _csv(out / "normalisers_lengths.csv")}
+  assert set(lengths) == {"softmax", "softpick", "relu"}
+
+
+def test_verdicts():
+  def compared(lo, hi):
+    return stats.Comparison((lo + hi) / 2, lo, hi, 2, 3, "paired",
+                            "better" if hi < 0 else "worse" if lo > 0 else "within noise")
+  assert normalisers.verdict(compared(-0.2, -0.1), "lower", 3) == "holds (lower)"
+  assert normalisers.verdict(compared(0.1, 0.2), "no worse", 3) == "contradicted (higher)"
+  assert normalisers.verdict(compared(-0.1, 0.1), "no worse", 3) == "consistent (within noise)"
+  assert normalisers.verdict(compared(-0.1, 0.1), "lower", 3) == "not shown (within noise)"
+  assert normalisers.verdict(compared(-0.2, -0.1), "lower", 2) == "pending (2 seeds)"
+
+
+def test_no_runs_is_a_one_line_error(tmp_path):
+  with pytest.raises(SystemExit, match="no finished runs"):
+    cli.main(["normalisers", "--out", str(tmp_path / "out"), "--workdirs", str(tmp_path)])
