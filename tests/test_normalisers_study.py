@@ -44,7 +44,7 @@ def _run(root, label, e, seed, *, loss=None, evaluated=True):
     json.dump([{"commit": "abc1234", "dirty": False}], f)
   if evaluated and math.isfinite(loss):
     layer = {"sink_rate": sink, "sink_heads": sink, "act_ratio": act, "kurtosis": kurt,
-             "max_logit": 10.0, "entropy": 1.0}
+             "max_logit": 10.0, "entropy": 1.0, "heads": {"sink_rate": [sink, sink / 3]}}
     val = loss + 0.1
     result = {"step": STEPS, "val_loss": val,
               "attention": [layer, dict(layer, sink_rate=sink / 2, act_ratio=act / 2)],
@@ -184,3 +184,28 @@ def test_verdicts():
 def test_no_runs_is_a_one_line_error(tmp_path):
   with pytest.raises(SystemExit, match="no finished runs"):
     cli.main(["normalisers", "--out", str(tmp_path / "out"), "--workdirs", str(tmp_path)])
+
+
+def test_uniform_first_key_weight():
+  # Causal at T = 4: queries 1, 2, 3 see 2, 3, 4 keys.
+  assert normalisers.uniform_first_key(4) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4) / 3)
+  assert normalisers.uniform_first_key(64, causal=False) == 1 / 64
+
+
+def test_sink_runs_give_a_per_layer_table(full, tmp_path):
+  """--sink_runs: any evaluated runs (the sink hunt's), one row a layer, beside the
+  uniform weight; runs without an eval.json are left out."""
+  hunt = tmp_path / "hunt"
+  _run(hunt, "softmax", BEST, 0)
+  _run(hunt, "softmax", BEST, 1, evaluated=False)
+  out = tmp_path / "out"
+  root, _ = full
+  cli.main(["normalisers", "--out", str(out), "--workdirs", str(root),
+            "--sink_runs", str(hunt)])
+  rows = normalisers.sink_hunt_rows([str(hunt)])
+  assert [(r["run"], r["layer"]) for r in rows] == [("softmax-8-0", 0), ("softmax-8-0", 1)]
+  assert [r["sink_rate"] for r in rows] == [0.3, 0.15]
+  assert [r["sink_rate_max_head"] for r in rows] == [0.3, 0.3]
+  T = shakespeare_char.get_config("preset=test").seq_len
+  assert rows[0]["uniform"] == pytest.approx(normalisers.uniform_first_key(T))
+  assert "softmax-8-0" in (out / "normalisers_sink_hunt.md").read_text()

@@ -68,7 +68,8 @@ CASES = {
     "critical_length#trained": [*STUDIES.split(), "critical_length_trained", "--out", "OUT",
                                 "--workdirs", _store("critical_length")],
     "normalisers": [*STUDIES.split(), "normalisers", "--out", "OUT", "--workdirs",
-                    _store("normalisers")],
+                    _store("normalisers"), "--sink_runs",
+                    f"{RESULTS}/normalisers/sink_hunt.parquet"],
 }
 
 

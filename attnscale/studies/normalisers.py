@@ -1,7 +1,8 @@
 """normalisers: softmax, its amendments and the normalisers that replace it (issue #61).
 
     python -m attnscale.studies normalisers \\
-        --workdirs docs/results/normalisers/runs.parquet --out docs/results/normalisers
+        --workdirs docs/results/normalisers/runs.parquet --out docs/results/normalisers \\
+        --sink_runs docs/results/normalisers/sink_hunt.parquet
 
 Reads the `normalisers` sweep (configs/shakespeare_char_sweeps.py NORMALISERS: 16
 labels at preset graphcore_cpu with RoPE: softmax; its amendments sink_learned,
@@ -41,6 +42,12 @@ whatever stage it is, with its seed count, and a claim that needs 3 seeds says
   normalisers_lengths.png    validation loss against evaluated length (log2), softmax
                              family and non-softmax normalisers in two panels
   runs.csv                   every run: its row and its validation loss at each length
+  normalisers_sink_hunt.md/csv  with --sink_runs STORE_OR_DIR ... (evaluated runs
+                             outside the sweep: the sink hunt's,
+                             docs/results/normalisers/sink_hunt.parquet): per run and
+                             layer, the first key's weight (mean and largest head) beside
+                             uniform attention's, the share of sink heads, act_ratio
+                             and kurtosis
 
 The claims (b - a = the label minus softmax; "lower" is what the source predicts):
 
@@ -512,6 +519,46 @@ def _notes(rows: Sequence[dict], workdir: str, code: str) -> list[str]:
   return notes + [code]
 
 
+# ---------------------------------------------------------------------------
+# Where sinks form: any evaluated runs (the sink hunt's), per layer.
+
+
+def uniform_first_key(T: int, causal: bool = True) -> float:
+  """The first key's weight under uniform attention, as `layer_stats` averages it:
+  over the queries that see more than one key, mean_{i=1}^{T-1} 1/(i+1) causally
+  (query i sees i + 1 keys), 1/T bidirectionally. A sink sits far above it."""
+  return float(np.mean(1.0 / np.arange(2, T + 1))) if causal else 1.0 / T
+
+
+def sink_hunt_rows(paths: Sequence[str]) -> list[dict]:
+  """Per evaluated run of `paths` (stores or folders of runs) and layer: the run's
+  task, size, steps and validation loss, and eval.json's first-key weight (mean and
+  largest head), Gu et al.'s share of sink heads (mean weight > 0.3), the uniform
+  weight for comparison, act_ratio and kurtosis."""
+  rows = []
+  for workdir in results_store.workdirs(paths):
+    for name in sorted(os.listdir(workdir)):
+      run = os.path.join(workdir, name)
+      if not run_records.evaluated(run):
+        continue
+      with open(os.path.join(run, "config.json")) as f:
+        config = json.load(f)
+      with open(os.path.join(run, "eval.json")) as f:
+        result = json.load(f)
+      model = config["model"]
+      T = int(config.get("seq_len", model["block_size"]))
+      causal = bool(model.get("causal", True))
+      size = f"{model['num_layers']}x{model['width']}, T={T}, {config['num_train_steps']} steps"
+      for i, layer in enumerate(result["attention"]):
+        rows.append({"run": name, "size": size, "val_loss": float(result["val_loss"]),
+                     "layer": i, "sink_rate": layer["sink_rate"],
+                     "sink_rate_max_head": max(layer["heads"]["sink_rate"]),
+                     "uniform": uniform_first_key(T, causal),
+                     "sink_heads": layer["sink_heads"], "act_ratio": layer["act_ratio"],
+                     "kurtosis": layer["kurtosis"]})
+  return rows
+
+
 def run_cli(args) -> tuple[list[str], list[str]]:
   """`python -m attnscale.studies normalisers --out DIR --workdirs STORE_OR_SWEEP_DIR`."""
   if len(args.workdirs) != 1 or not os.path.isdir(args.workdirs[0]):
@@ -579,6 +626,16 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   for name, fig in (("normalisers", plot_rates(rows)), ("normalisers_sinks", plot_sinks(layers)),
                     ("normalisers_lengths", plot_lengths(rows))):
     paths.append(reporting.save_figure(fig, args.out, name))
+  if args.sink_runs:
+    paths += reporting.write_tables(
+        sink_hunt_rows(args.sink_runs), args.out, "normalisers_sink_hunt", floats=".3f",
+        title="Where do sinks form? Evaluated runs outside the sweep, per layer",
+        notes=[f"--sink_runs {' '.join(results_store.shown(p) for p in args.sink_runs)}; "
+               "eval.py's diagnostics (eval.json 'attention'): sink_rate, the weight on the "
+               "first key over the queries that see more than one key, mean over heads "
+               "(sink_rate_max_head: the largest head); uniform: that weight under uniform "
+               "attention; sink_heads: the share of heads above 0.3 (Gu et al. 2025, arXiv "
+               "2410.10781); act_ratio, kurtosis: the residual stream the block writes."])
   path = os.path.join(args.out, "runs.csv")
   results = [f"val_loss_L{L}" for L in lengths]
   sweep_results.write_runs_csv(
@@ -588,4 +645,12 @@ def run_cli(args) -> tuple[list[str], list[str]]:
 
 
 # Reads the normalisers sweep's layout: only when asked for.
-STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True)
+def add_arguments(p) -> None:
+  p.add_argument_group("normalisers").add_argument(
+      "--sink_runs", nargs="*", default=[], metavar="STORE_OR_DIR",
+      help="evaluated runs outside the sweep (the sink hunt's: "
+           "docs/results/normalisers/sink_hunt.parquet): normalisers_sink_hunt.md/csv, "
+           "their sinks and activations per layer")
+
+
+STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True, arguments=add_arguments)
