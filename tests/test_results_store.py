@@ -121,6 +121,21 @@ def test_archive_to_a_store_adds_and_replaces_atomically(runs, tmp_path, monkeyp
   assert os.listdir(os.path.dirname(store)) == ["runs.parquet"]
 
 
+def test_the_archive_command_adds_a_workdirs_records_not_its_weights(runs, tmp_path, capsys):
+  (runs / "a" / "checkpoints" / "1500").mkdir(parents=True)  # weights stay behind
+  (runs / "a" / "checkpoints" / "1500" / "params").write_bytes(b"weights")
+  store = str(tmp_path / "hunt.parquet")
+  results_store.main(["archive", str(runs), store])
+  assert "archived 2 finished runs" in capsys.readouterr().out
+  assert list(results_store.runs_frame(store)["run"]) == ["a", "b"]
+  back = tmp_path / "back"
+  results_store.unpack(store, str(back))
+  assert not (back / "a" / "checkpoints").exists()
+  with pytest.raises(SystemExit):
+    results_store.main(["archive", str(runs), str(tmp_path / "hunt.csv")])
+  assert "must end in .parquet" in capsys.readouterr().err
+
+
 def test_a_store_path_names_a_folder_or_is_refused(tmp_path):
   assert results_store.split("docs/results/x/runs.parquet/raw_cpu") == (
       "docs/results/x/runs.parquet", "raw_cpu")

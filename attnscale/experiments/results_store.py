@@ -44,6 +44,7 @@ two sweeps archiving into one store do not lose each other's runs. A crash leave
 the old store whole.
 
   python -m attnscale.experiments.results_store pack docs/results/transfer/runs.parquet runs/returned/raw
+  python -m attnscale.experiments.results_store archive runs/sink_hunt docs/results/normalisers/sink_hunt.parquet
   python -m attnscale.experiments.results_store unpack docs/results/transfer/runs.parquet runs/transfer
   python -m attnscale.experiments.results_store ls docs/results/shared_kv/runs.parquet/raw_cpu
 
@@ -593,7 +594,7 @@ def metrics_frame(path: str, metrics: Sequence[str] | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """`python -m attnscale.experiments.results_store pack|unpack|ls ...`."""
+  """`python -m attnscale.experiments.results_store pack|archive|unpack|ls ...`."""
   p = argparse.ArgumentParser(prog="python -m attnscale.experiments.results_store",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -602,6 +603,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   a.add_argument("store", help=f"the store file (X{SUFFIX})")
   a.add_argument("folders", nargs="+", help="folders of run directories (each run: "
                  "run_records.archive's files); the folder's name is the runs' folder")
+  r = sub.add_parser("archive", help="add the finished runs of a workdir (their "
+                     "records, no checkpoints: what a sweep's --archive_to adds)")
+  r.add_argument("workdir", help="a folder of run directories (train.py's --workdir's "
+                 "parent; each finished run's records go in)")
+  r.add_argument("store", help=f"X{SUFFIX} or X{SUFFIX}/FOLDER")
   u = sub.add_parser("unpack", help="write a store's runs as run directories")
   u.add_argument("store", help=f"X{SUFFIX} or X{SUFFIX}/FOLDER")
   u.add_argument("dest", help="the folder to write DEST/<run>/ into (e.g. a sweep's "
@@ -620,6 +626,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.error(f"pack: the store must end in {SUFFIX}, got {args.store}")
       n = pack(args.store, args.folders)
       print(f"packed {n} runs into {args.store} ({os.path.getsize(args.store)} bytes)")
+    elif args.command == "archive":
+      if not os.path.isdir(args.workdir):
+        p.error(f"archive: {args.workdir} is not a folder")
+      if not is_store(args.store):
+        p.error(f"archive: the store must end in {SUFFIX} (or {SUFFIX}/FOLDER), "
+                f"got {args.store}")
+      runs = archive(args.workdir, args.store)
+      print(f"archived {len(runs)} finished runs into {args.store}")
     elif args.command == "unpack":
       if split(args.store)[1] is not None:
         _selected(args.store)
