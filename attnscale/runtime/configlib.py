@@ -11,6 +11,7 @@ what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import typing
 from typing import Any
@@ -135,7 +136,8 @@ def model(scaling: str = "standard", *, p: float = 2.0, temperature: float = 0.0
   if m.scaling in scalings.names():  # an unknown name fails in ModelConfig, listing them
     entry = scalings.entry(m.scaling)
     given = {"p": p, "temperature": temperature, "s": s, "gamma": gamma, "a": a}
-    defaults = {"p": 2.0, "temperature": 0.0, "s": 0.0, "gamma": 1.0, "a": 0.0}
+    defaults = {k: v.default for k, v in inspect.signature(model).parameters.items()
+                if k in given}  # this function's own, so the two never drift apart
     stray = [k for k in given if given[k] != defaults[k] and k not in entry.config_args]
     if stray:  # a typo'd law would otherwise train as standard attention
       raise ValueError(f"config argument {stray[0]}={given[stray[0]]:g} does not apply to "
