@@ -316,14 +316,16 @@ def assert_trained_and_evaluated(run: TinyRun, label: str) -> None:
 
 
 def fake_run(root, name: str, arg: str, overrides: dict, records: Sequence[dict], *,
-             done: bool = True) -> str:
+             done: bool = True, config_module=None) -> str:
   """A run directory as train.py leaves one, without training: config.json
-  (configs/shakespeare_char.py's `arg` with `overrides`), metrics.jsonl (`records`)
-  and, when `done`, a checkpoint directory at the last step (what `run_records.status`
-  reads; a run stopped by a NaN has none), for testing what the studies compute
-  from sweeps. Returns its path."""
-  from configs import shakespeare_char
-  config = shakespeare_char.get_config(arg)
+  (configs/shakespeare_char.py's `arg` with `overrides`; `config_module`: another
+  config file's module, e.g. configs.bert_small), metrics.jsonl (`records`) and, when
+  `done`, a checkpoint directory at the last step (what `run_records.status` reads; a
+  run stopped by a NaN has none), for testing what the studies compute from sweeps.
+  Returns its path."""
+  if config_module is None:
+    from configs import shakespeare_char as config_module
+  config = config_module.get_config(arg)
   config.update_from_flattened_dict(overrides)
   run = os.path.join(root, name)
   os.makedirs(os.path.join(run, "checkpoints", str(config.num_train_steps) if done else ""))

@@ -56,10 +56,26 @@ NO_LEARNING = {"cpu": 6.0}
 # rates of a label's first stage, or its band's seeds.
 PACK_BY_PRESET = {"cpu": 3, "test": 4}
 
+# The normalisers study's BERT runs (docs/experiments/normalisers.md): softmax and the
+# three sink-removal and ReLU claims that need no causal order (stick-breaking, FoX and
+# selective attention are causal only). The post-LN encoder with RoPE (the cpu preset's
+# positions) and the scaling 1/sqrt(d); every search starts at standard's best, 2^-8.
+BERT_NORMALISERS = {
+    "softmax": ("standard", {}),
+    "gate_elementwise": ("standard", {"model.attn_gate": "elementwise"}),
+    "softpick": ("standard", {"model.normalizer": "softpick"}),
+    "relu": ("standard", {"model.normalizer": "relu"}),
+}
+
 SWEEPS: dict[str, Sweep] = {
     "bert": staged("cpu", BERT, BERT_LR_START, bounds=LR_RANGE, no_learning=NO_LEARNING["cpu"],
                    more_seeds=(), band_seeds=(1, 2)),
     "bert_test": staged("test", {k: BERT[k] for k in ("standard", "standard_pre")},
                         {"standard": 7, "standard_pre": 7}, bounds=LR_RANGE, more_seeds=(),
                         band_seeds=(1,)),
+    "bert_normalisers": staged("cpu", BERT_NORMALISERS, dict.fromkeys(BERT_NORMALISERS, 8),
+                               bounds=LR_RANGE, no_learning=NO_LEARNING["cpu"], more_seeds=(),
+                               band_seeds=(1, 2)),
+    "bert_normalisers_test": staged("test", BERT_NORMALISERS, dict.fromkeys(BERT_NORMALISERS, 7),
+                                    bounds=LR_RANGE, more_seeds=(), band_seeds=(1,)),
 }

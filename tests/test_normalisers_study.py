@@ -14,7 +14,7 @@ from attnscale import testing
 from attnscale.experiments import stats
 from attnscale.studies import __main__ as cli
 from attnscale.studies import normalisers
-from configs import shakespeare_char
+from configs import bert_small, bert_small_sweeps, shakespeare_char
 from configs import shakespeare_char_sweeps as sweep_configs
 
 STEPS = shakespeare_char.get_config("preset=test").num_train_steps
@@ -209,3 +209,53 @@ def test_sink_runs_give_a_per_layer_table(full, tmp_path):
   T = shakespeare_char.get_config("preset=test").seq_len
   assert rows[0]["uniform"] == pytest.approx(normalisers.uniform_first_key(T))
   assert "softmax-8-0" in (out / "normalisers_sink_hunt.md").read_text()
+
+
+def _bert_run(root, label, e, seed, accuracy):
+  """One finished, evaluated run of the small BERT's `label` at 2^-e (the cpu preset,
+  RoPE, as the sweep's): softmax's loss
+  and sinks, and the masked-token `accuracy`."""
+  scaling, overrides = bert_small_sweeps.BERT_NORMALISERS[label]
+  steps = bert_small.get_config("preset=cpu").num_train_steps
+  loss = 4.0 + 0.02 * (e - BEST) ** 2 + NOISE[seed]
+  run = testing.fake_run(root, f"{label}-{e}-{seed}", f"preset=cpu,scaling={scaling},"
+                         f"seed={seed}", {"learning_rate": 2.0**-e, **overrides},
+                         [{"step": steps, "train/loss": loss, "train/loss_last20": loss}],
+                         config_module=bert_small)
+  layer = {"sink_rate": 0.2, "sink_heads": 0.0, "act_ratio": 9.0, "kurtosis": 3.0,
+           "max_logit": 5.0, "entropy": 2.0, "heads": {"sink_rate": [0.2, 0.2]}}
+  with open(os.path.join(run, "eval.json"), "w") as f:
+    json.dump({"step": steps, "val_loss": loss + 0.1, "accuracy": accuracy,
+               "attention": [layer, layer]}, f)
+
+
+def test_bert_runs_give_the_same_tables_for_the_bert(full, tmp_path):
+  """--bert_runs: the bert_normalisers sweep's labels, read back from the BERT's
+  (post-LN) configs, with masked-token accuracy (higher is better) and only the
+  claims that need no causal order."""
+  assert normalisers.BERT_LABELS == tuple(bert_small_sweeps.BERT_NORMALISERS)
+  bert = tmp_path / "bert"
+  for i, label in enumerate(normalisers.BERT_LABELS):
+    for e in (BEST - 1, BEST, BEST + 1):
+      _bert_run(bert, label, e, 0, accuracy=0.30 + 0.01 * i)
+    for seed in (1, 2):
+      _bert_run(bert, label, BEST, seed, accuracy=0.30 + 0.01 * i + 0.001 * seed)
+  root, _ = full
+  out = tmp_path / "out"
+  cli.main(["normalisers", "--out", str(out), "--workdirs", str(root),
+            "--bert_runs", str(bert)])
+  table = {r["label"]: r for r in _csv(out / "normalisers_bert.csv")}
+  assert list(table) == list(normalisers.BERT_LABELS)
+  assert table["softmax"]["best_lr"] == str(2.0**-BEST) and table["relu"]["seeds"] == "3"
+  assert table["softmax"]["accuracy_pct"] == "30.10 [29.85, 30.35]"
+  assert table["relu"]["acc_vs_softmax"] == "+3.000 [+3.000, +3.000] paired n=3: better"
+  assert table["softpick"]["val_vs_softmax"].endswith("within noise")
+  assert "loss@1024" not in table["softmax"]
+  claims = _csv(out / "normalisers_bert_claims.csv")
+  assert {r["label"] for r in claims} == {"gate_elementwise", "softpick", "relu"}
+  assert all(r["seeds"] == "3" for r in claims)
+  assert len(_csv(out / "normalisers_bert_layers.csv")) == 4 * 2
+  for name in ("normalisers_bert", "normalisers_bert_sinks"):
+    assert (out / f"{name}.png").stat().st_size > 0
+  assert len(_csv(out / "normalisers_bert_runs.csv")) == 4 * 5
+  assert "bidirectional" in (out / "normalisers_bert.md").read_text()

@@ -36,7 +36,8 @@ def test_unknown_sweep_or_config_is_a_one_line_error():
     sweeps.load_sweep("configs/missing.py", "test")
   # A config's sweeps are its own <name>_sweeps.py: bert_small.py's are not
   # shakespeare_char's.
-  with pytest.raises(ValueError, match=r"--sweep must be one of \['bert', 'bert_test'\]"):
+  with pytest.raises(ValueError,
+                     match=r"--sweep must be one of \['bert', 'bert_test', 'bert_normalisers'"):
     sweeps.load_sweep(os.path.join(ROOT, "configs/bert_small.py"), "test")
 
 
@@ -344,7 +345,8 @@ def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
   from attnscale.runtime import configlib
   from configs import bert_small, bert_small_sweeps
   assert bert_small_sweeps.CONFIG == "bert_small.py"
-  assert list(bert_small_sweeps.SWEEPS) == ["bert", "bert_test"]
+  assert list(bert_small_sweeps.SWEEPS) == ["bert", "bert_test", "bert_normalisers",
+                                            "bert_normalisers_test"]
 
   def check(points):
     for point in points:
@@ -373,6 +375,14 @@ def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
   later = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert_test", str(tmp_path))
   assert {p.arg.split(",seed=")[1] for p in later} == {"0", "1"}
   check(later)
+  # The normalisers study's BERT runs: softmax, the output gate, softpick and ReLU/L,
+  # stage 1 around standard's best (2^-8), each a valid bidirectional config.
+  normalisers = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert_normalisers")
+  check(normalisers)
+  assert len(normalisers) == 3 * 4
+  assert {dict(p.overrides)["learning_rate"] for p in normalisers} == {2.0**-7, 2.0**-8, 2.0**-9}
+  assert sorted({tuple(k for k in dict(p.overrides) if k != "learning_rate")
+                 for p in normalisers}) == [(), ("model.attn_gate",), ("model.normalizer",)]
 
 
 def test_the_new_studies_sweeps():

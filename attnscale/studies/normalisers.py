@@ -2,7 +2,8 @@
 
     python -m attnscale.studies normalisers \\
         --workdirs docs/results/normalisers/runs.parquet --out docs/results/normalisers \\
-        --sink_runs docs/results/normalisers/sink_hunt.parquet
+        --sink_runs docs/results/normalisers/sink_hunt.parquet \\
+        --bert_runs docs/results/normalisers/bert_runs.parquet
 
 Reads the `normalisers` sweep (configs/shakespeare_char_sweeps.py NORMALISERS: 16
 labels at preset graphcore_cpu with RoPE: softmax; its amendments sink_learned,
@@ -48,6 +49,15 @@ whatever stage it is, with its seed count, and a claim that needs 3 seeds says
                              layer, the first key's weight (mean and largest head) beside
                              uniform attention's, the share of sink heads, act_ratio
                              and kurtosis
+  normalisers_bert*          with --bert_runs STORE_OR_DIR (the bert_normalisers sweep,
+                             configs/bert_small_sweeps.py: the small post-LN BERT,
+                             bidirectional, padded keys excluded, with softmax,
+                             gate_elementwise, softpick and relu, `BERT_LABELS`): the
+                             per-label, claims and per-layer tables and the two
+                             figures as above, plus masked-token accuracy (better =
+                             higher), and normalisers_bert_runs.csv; no lengths (the
+                             BERT has no length evaluation). Only claims (a) and (b)
+                             apply: stick-breaking, FoX and selective are causal.
 
 The claims (b - a = the label minus softmax; "lower" is what the source predicts):
 
@@ -109,6 +119,9 @@ LABELS = SOFTMAX_FAMILY | {
     f"{n}{twin}": f"{scaling}+{n}" for n in NON_SOFTMAX
     for twin, scaling in (("", "standard"), ("_qk_rmsnorm", "qk_rmsnorm"))}
 POSITIONS = "rope"
+# The BERT's labels (configs/bert_small_sweeps.py BERT_NORMALISERS): the claims that need
+# no causal order, (a) and (b); stick-breaking, FoX and selective attention are causal.
+BERT_LABELS = ("softmax", "gate_elementwise", "softpick", "relu")
 _BY_RUN_LABEL = {v: k for k, v in LABELS.items()}
 
 
@@ -116,7 +129,9 @@ def normaliser_label(config: Mapping) -> str:
   """The sweep's label of a run from its config.json (`LABELS`); a run the sweep does
   not define (other positions, another option) keeps its run_label, never averaged
   into a sweep label."""
+  # The BERT's runs (post-LN) take the char LM's labels: their own store keeps them apart.
   run_label = configlib.run_label(ml_collections.ConfigDict(dict(config)))
+  run_label = run_label.replace("+post_ln", "")
   positions = config["model"].get("positions", "learned")
   if positions != POSITIONS:
     return f"{run_label}+positions_{positions}"
@@ -147,6 +162,11 @@ def read_rows(workdir: str) -> list[dict]:
         row["eval"] = json.load(f)
   rank = {k: i for i, k in enumerate(order(r["label"] for r in rows))}
   return sorted(rows, key=lambda r: (rank[r["label"]], r["learning_rate"], r["seed"]))
+
+
+def has_accuracy(rows: Sequence[dict]) -> bool:
+  """Whether any run's eval.json has a masked-token accuracy (the BERT's)."""
+  return any(r["eval"] and "accuracy" in r["eval"] for r in rows)
 
 
 def lengths_of(rows: Sequence[dict]) -> list[int]:
@@ -180,16 +200,19 @@ def _at_length(L: int) -> Measure:
   return lambda e: float(e["lengths"][str(L)]["val_loss"])
 
 
-def measures(lengths: Sequence[int]) -> dict[str, tuple[str, Measure]]:
+def measures(lengths: Sequence[int], accuracy: bool = False) -> dict[str, tuple[str, Measure]]:
   """name -> (what it is, its function of eval.json): the validation loss, the
   attention diagnostics (mean or largest over layers), the loss at the longest
-  evaluated length and its growth from the shortest."""
+  evaluated length and its growth from the shortest; with `accuracy` (the masked
+  LM's eval.json), the masked-token accuracy in points."""
   out = {"val_loss": ("val_loss", lambda e: float(e["val_loss"])),
          "sink_rate": ("sink_rate (mean over layers)", _layers("sink_rate", np.mean)),
          "sink_rate_max": ("sink_rate (largest layer)", _layers("sink_rate", max)),
          "act_ratio": ("act_ratio (largest layer)", _layers("act_ratio", max)),
          "kurtosis": ("kurtosis (largest layer)", _layers("kurtosis", max)),
          "max_logit": ("max_logit (largest layer)", _layers("max_logit", max))}
+  if accuracy:
+    out["accuracy"] = ("masked-token accuracy (points)", lambda e: 100 * float(e["accuracy"]))
   if lengths:
     first, last = lengths[0], lengths[-1]
     out["loss_longest"] = (f"loss@{last}", _at_length(last))
@@ -230,7 +253,7 @@ def _mean(values) -> float:
 def summary_rows(rows: Sequence[dict]) -> list[dict]:
   """One row per label in table order (module docstring, normalisers.md)."""
   best, lengths = best_runs(rows), lengths_of(rows)
-  m = measures(lengths)
+  m = measures(lengths, accuracy=has_accuracy(rows))
   sens = {r["label"]: r for r in transfer_sensitivity.sensitivity_rows(rows)}
   ref = best.get(REFERENCE, (math.nan, []))[1]
   longest = f"loss@{lengths[-1]}" if lengths else "loss@longest"
@@ -241,6 +264,9 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
            "train_loss": interval(_train_loss(runs).values()),
            "val_loss": interval(by_seed(runs, m["val_loss"][1]).values())}
     row["val_vs_softmax"] = _versus(label, ref, runs, m["val_loss"][1])
+    if "accuracy" in m:  # the masked LM's: higher is better
+      row["accuracy_pct"] = interval(by_seed(runs, m["accuracy"][1]).values(), ".2f")
+      row["acc_vs_softmax"] = _versus(label, ref, runs, m["accuracy"][1], higher=True)
     s = sens.get(label, {})
     row |= {"S": s.get("S", math.nan), "S_rates": s.get("rates", 0)}
     for name in ("sink_rate", "sink_rate_max", "act_ratio", "kurtosis", "max_logit"):
@@ -252,14 +278,19 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
   return out
 
 
-def _versus(label: str, ref: Sequence[dict], runs: Sequence[dict], measure: Measure) -> str:
+def _versus(label: str, ref: Sequence[dict], runs: Sequence[dict], measure: Measure,
+            higher: bool = False) -> str:
   """The label minus softmax on `measure`, formatted (`stats.compare`); "reference"
-  for softmax itself, "" where the label has no run at a best rate."""
+  for softmax itself, "" where the label has no run at a best rate. `higher`: a
+  higher value is better (accuracy), so compare's "worse" reads "better"."""
   if label == REFERENCE:
     return "reference"
   if not runs:
     return ""
-  return stats.compare(by_seed(ref, measure), by_seed(runs, measure)).format()
+  c = stats.compare(by_seed(ref, measure), by_seed(runs, measure))
+  if not higher or c.verdict not in ("better", "worse"):
+    return c.format()
+  return f"{c.format(verdict=False)}: {'better' if c.verdict == 'worse' else 'worse'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,7 +347,7 @@ def claim_rows(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> list[d
   paired by seed (`stats.compare`), and the verdict. Every claimed label has its rows,
   one not in the store yet too ("pending (0 seeds)")."""
   best, lengths = best_runs(rows), lengths_of(rows)
-  m = measures(lengths)
+  m = measures(lengths, accuracy=has_accuracy(rows))
   ref = best.get(REFERENCE, (math.nan, []))[1]
   out = []
   for c in claims:
@@ -559,73 +590,105 @@ def sink_hunt_rows(paths: Sequence[str]) -> list[dict]:
   return rows
 
 
-def run_cli(args) -> tuple[list[str], list[str]]:
-  """`python -m attnscale.studies normalisers --out DIR --workdirs STORE_OR_SWEEP_DIR`."""
-  if len(args.workdirs) != 1 or not os.path.isdir(args.workdirs[0]):
-    raise SystemExit("normalisers: give --workdirs STORE_OR_DIR, the normalisers sweep's "
-                     "store (docs/results/normalisers/runs.parquet) or workdir")
-  workdir = args.workdirs[0]
-  shown = results_store.shown(workdir)
-  rows = read_rows(workdir)
+def _read(path: str, flag: str) -> tuple[list[dict], str]:
+  """The runs of one store or sweep folder, and how the tables name it."""
+  if not os.path.isdir(path):
+    raise SystemExit(f"normalisers: {flag} must be a store or sweep folder "
+                     f"(docs/results/normalisers/runs.parquet); got {path!r}")
+  rows = read_rows(path)
   if not rows:
-    raise SystemExit(f"normalisers: no finished runs in --workdirs {shown}")
-  code = registry.code_note(rows, args, "normalisers")
-  notes = _notes(rows, shown, code)
+    raise SystemExit(f"normalisers: no finished runs in {flag} {results_store.shown(path)}")
+  return rows, results_store.shown(path)
+
+
+def write_label_tables(rows: Sequence[dict], out: str, name: str, *, what: str,
+                       notes: Sequence[str], code: str, claims: Sequence[Claim]) -> list[str]:
+  """<name>.md/csv (per label), <name>_claims, <name>_layers and the two figures
+  (<name>.png, <name>_sinks.png): the char LM's and the BERT's alike. `what`: the
+  model and its evaluation, for the notes."""
   lengths = lengths_of(rows)
-  longest = lengths[-1] if lengths else "the longest length"
+  longest = f", loss@{lengths[-1]}_vs_softmax" if lengths else ""
+  accuracy = (" accuracy_pct: masked-token accuracy in points, mean [95% t]; "
+              "acc_vs_softmax: its difference, better = higher." if has_accuracy(rows) else "")
   rate = {"best_lr": reporting.power_of_two}
   paths = reporting.write_tables(
-      summary_rows(rows), args.out, "normalisers", floats=".3f", formats=rate,
-      title="Normalisers: each label at its best rate",
-      notes=notes + [
-          "best_lr: the lowest seed mean of the final training loss (the mean of the last "
-          "20 steps) among the rates with the most seeds (the search's choice); seeds: "
-          "there. train_loss, val_loss (eval.py, the whole validation split at the "
-          "training length): mean [95% t] over those seeds.",
-          f"val_vs_softmax, loss@{longest}_vs_softmax: the label minus softmax, each at its "
-          "best rate, 95% t, paired by seed on the shared seeds (Welch's where fewer than "
-          "2 are shared; attnscale.experiments.stats.compare): worse / better where the "
-          "interval excludes 0.",
-          "S: Wortsman et al.'s learning-rate sensitivity (arXiv 2309.14322) over the "
-          f"rates within {transfer_sensitivity.WINDOW} octaves of the best, seed 0 "
-          "(attnscale/studies/transfer_sensitivity.py); S_rates: those rates (5 once the "
-          "window is complete).",
-          "sink_rate: the weight on the first key, mean over layers (sink_rate_max: the "
-          "largest layer); act_ratio: the largest residual activation over the median, "
-          "kurtosis: that stream's, max_logit: the largest logit, each the largest "
-          "layer; seed means (per layer: normalisers_layers)."])
+      summary_rows(rows), out, name, floats=".3f", formats=rate,
+      title=f"Normalisers{what}: each label at its best rate",
+      notes=[*notes,
+             "best_lr: the lowest seed mean of the final training loss (the mean of the last "
+             "20 steps) among the rates with the most seeds (the search's choice); seeds: "
+             "there. train_loss, val_loss (eval.py, the whole validation split at the "
+             "training length): mean [95% t] over those seeds." + accuracy,
+             f"val_vs_softmax{longest}: the label minus softmax, each at its best rate, 95% "
+             "t, paired by seed on the shared seeds (Welch's where fewer than 2 are shared; "
+             "attnscale.experiments.stats.compare): worse / better where the interval "
+             "excludes 0.",
+             "S: Wortsman et al.'s learning-rate sensitivity (arXiv 2309.14322) over the "
+             f"rates within {transfer_sensitivity.WINDOW} octaves of the best, seed 0 "
+             "(attnscale/studies/transfer_sensitivity.py); S_rates: those rates (5 once the "
+             "window is complete).",
+             "sink_rate: the weight on the first key, mean over layers (sink_rate_max: the "
+             "largest layer); act_ratio: the largest residual activation over the median, "
+             "kurtosis: that stream's, max_logit: the largest logit, each the largest "
+             f"layer; seed means (per layer: {name}_layers)."])
   paths += reporting.write_tables(
-      claim_rows(rows), args.out, "normalisers_claims", floats=".3f",
-      title="Normalisers: the sources' claims against softmax",
-      notes=[*(f"{c.claim} {c.source}: {c.says} ({', '.join(c.labels)})."
-               for c in CLAIMS),
+      claim_rows(rows, claims), out, f"{name}_claims", floats=".3f",
+      title=f"Normalisers{what}: the sources' claims against softmax",
+      notes=[*(f"{c.claim} {c.source}: {c.says} ({', '.join(c.labels)})." for c in claims),
              "difference: the label minus softmax on the measure, each at its best rate, "
              "95% t, paired by seed (attnscale.experiments.stats.compare); seeds: those "
              "both have. val_loss: eval.py's, the whole validation split at the training "
-             "length; loss@L: in windows of L; sink_rate, act_ratio, kurtosis: as in "
-             "normalisers.md, per seed. predicts: the source's sign. verdict: holds (the "
+             f"length; loss@L: in windows of L; sink_rate, act_ratio, kurtosis: as in "
+             f"{name}.md, per seed. predicts: the source's sign. verdict: holds (the "
              "interval on the predicted side of 0), contradicted (the other side), "
              "consistent (a no-worse claim within noise), not shown (a lower claim within "
              f"noise); pending (n seeds) with fewer than {stats.MIN_SEEDS} shared seeds.",
              code])
   layers = layer_rows(rows)
   paths += reporting.write_tables(
-      layers, args.out, "normalisers_layers", floats=".3f", formats=rate,
-      title="Normalisers: attention diagnostics per layer",
+      layers, out, f"{name}_layers", floats=".3f", formats=rate,
+      title=f"Normalisers{what}: attention diagnostics per layer",
       notes=["eval.py's diagnostics on the first validation batch (eval.json 'attention'): "
              "sink_rate (weight on the first key), sink_heads (the share of heads whose "
              "mean weight on it exceeds 0.3, Gu et al. 2025), act_ratio and kurtosis of "
              "the residual stream the layer's block writes, max_logit; seed means at the "
              "best rate (seeds: the evaluated ones).", code])
+  for fig_name, fig in ((name, plot_rates(rows)), (f"{name}_sinks", plot_sinks(layers))):
+    paths.append(reporting.save_figure(fig, out, fig_name))
+  return paths
+
+
+def _runs_csv(rows: Sequence[dict], path: str) -> str:
+  """Every run: its row, its validation loss at each length and (the BERT's) accuracy."""
+  lengths = lengths_of(rows)
+  results = [f"val_loss_L{L}" for L in lengths] + ["accuracy"] * has_accuracy(rows)
+  sweep_results.write_runs_csv(
+      [{**r, **{f"val_loss_L{L}": value(r, _at_length(L)) for L in lengths},
+        "accuracy": value(r, lambda e: float(e["accuracy"]))} for r in rows],
+      path, hyperparameters=(), results=results)
+  return path
+
+
+def run_cli(args) -> tuple[list[str], list[str]]:
+  """`python -m attnscale.studies normalisers --out DIR --workdirs STORE_OR_SWEEP_DIR`."""
+  if len(args.workdirs) != 1:
+    raise SystemExit("normalisers: give --workdirs STORE_OR_DIR, the normalisers sweep's "
+                     "store (docs/results/normalisers/runs.parquet) or workdir")
+  rows, shown = _read(args.workdirs[0], "--workdirs")
+  code = registry.code_note(rows, args, "normalisers")
+  notes = _notes(rows, shown, code)
+  lengths = lengths_of(rows)
+  paths = write_label_tables(
+      rows, args.out, "normalisers", what="", notes=notes, code=code, claims=CLAIMS)
   paths += reporting.write_tables(
-      length_rows(rows), args.out, "normalisers_lengths", formats=rate,
+      length_rows(rows), args.out, "normalisers_lengths",
+      formats={"best_lr": reporting.power_of_two},
       title="Normalisers: validation loss against evaluated length",
       notes=["eval.py --lengths: the loss over the whole validation split in windows of "
              "each length (trained at 64); mean [95% t] over the seeds at the best rate; "
              "last column: the longest minus the shortest.", code])
-  for name, fig in (("normalisers", plot_rates(rows)), ("normalisers_sinks", plot_sinks(layers)),
-                    ("normalisers_lengths", plot_lengths(rows))):
-    paths.append(reporting.save_figure(fig, args.out, name))
+  if lengths:
+    paths.append(reporting.save_figure(plot_lengths(rows), args.out, "normalisers_lengths"))
   if args.sink_runs:
     paths += reporting.write_tables(
         sink_hunt_rows(args.sink_runs), args.out, "normalisers_sink_hunt", floats=".3f",
@@ -636,21 +699,48 @@ def run_cli(args) -> tuple[list[str], list[str]]:
                "(sink_rate_max_head: the largest head); uniform: that weight under uniform "
                "attention; sink_heads: the share of heads above 0.3 (Gu et al. 2025, arXiv "
                "2410.10781); act_ratio, kurtosis: the residual stream the block writes."])
-  path = os.path.join(args.out, "runs.csv")
-  results = [f"val_loss_L{L}" for L in lengths]
-  sweep_results.write_runs_csv(
-      [{**r, **{f"val_loss_L{L}": value(r, _at_length(L)) for L in lengths}} for r in rows],
-      path, hyperparameters=(), results=results)
-  return paths + [path], notes
+  if args.bert_runs:
+    paths += bert_tables(args.bert_runs, args.out, args)
+  paths.append(_runs_csv(rows, os.path.join(args.out, "runs.csv")))
+  return paths, notes
+
+
+def bert_tables(path: str, out: str, args) -> list[str]:
+  """--bert_runs: the small BERT's runs (bert_normalisers): normalisers_bert*.md/csv,
+  its figures and normalisers_bert_runs.csv."""
+  rows, shown = _read(path, "--bert_runs")
+  code = registry.code_note(rows, args, "normalisers")
+  claims = [dataclasses.replace(c, labels=tuple(k for k in c.labels if k in BERT_LABELS))
+            for c in CLAIMS if set(c.labels) & set(BERT_LABELS)]
+  best = best_runs(rows)
+  short = [f"{k} ({len(best.get(k, (0, []))[1])})" for k in BERT_LABELS
+           if len(best.get(k, (0, []))[1]) < stats.MIN_SEEDS]
+  notes = [f"{len(rows)} finished runs of the bert_normalisers sweep ({shown}), "
+           f"{sum(r['eval'] is not None for r in rows)} evaluated: the small BERT "
+           "(configs/bert_small.py preset=cpu: post-LN, RoPE, bidirectional, padded keys "
+           "excluded), the first key its [CLS]; uniform attention puts 1/T on it, T the "
+           "row's real tokens (<= 128)."]
+  if short:
+    notes.append(f"Fewer than {stats.MIN_SEEDS} seeds at the best rate (still running): "
+                 + ", ".join(short) + ".")
+  paths = write_label_tables(rows, out, "normalisers_bert", what=" in the small BERT",
+                             notes=notes + [code], code=code, claims=claims)
+  return paths + [_runs_csv(rows, os.path.join(out, "normalisers_bert_runs.csv"))]
 
 
 # Reads the normalisers sweep's layout: only when asked for.
 def add_arguments(p) -> None:
-  p.add_argument_group("normalisers").add_argument(
+  g = p.add_argument_group("normalisers")
+  g.add_argument(
       "--sink_runs", nargs="*", default=[], metavar="STORE_OR_DIR",
       help="evaluated runs outside the sweep (the sink hunt's: "
            "docs/results/normalisers/sink_hunt.parquet): normalisers_sink_hunt.md/csv, "
            "their sinks and activations per layer")
+  g.add_argument(
+      "--bert_runs", default=None, metavar="STORE_OR_DIR",
+      help="the bert_normalisers sweep's runs (configs/bert_small_sweeps.py; "
+           "docs/results/normalisers/bert_runs.parquet): normalisers_bert*.md/csv and "
+           "figures, the same tables for the small BERT")
 
 
 STUDY = registry.Study(run_cli, in_all=False, needs_workdirs=True, arguments=add_arguments)
