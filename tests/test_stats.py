@@ -42,6 +42,12 @@ def test_mean_interval_uses_t_and_drops_diverged_seeds():
   assert one.mean == 2.5 and math.isnan(one.lo) and math.isnan(one.hi)
 
 
+def test_an_interval_is_one_table_cell():
+  assert stats.format_interval([1.0, 2.0, 3.0, math.nan]) == "2.000 [-0.484, 4.484]"
+  assert stats.format_interval([2.5], ".2f") == "2.50"  # one seed: no interval
+  assert stats.format_interval([math.nan]) == ""
+
+
 @pytest.mark.parametrize("seeds", [2, 3])
 def test_shared_seeds_are_paired_and_that_is_what_finds_a_constant_difference(seeds):
   # Seed offsets of +-0.3 nats, b = a + 0.08 (+-0.001) on every seed: paired, b is

@@ -67,6 +67,14 @@ class Interval:
   def half(self) -> float:
     return self.hi - self.mean
 
+  def format(self, fmt: str = ".3f") -> str:
+    """One table cell: "mean [lo, hi]" (each by `fmt`), the mean alone for one value,
+    "" for none."""
+    if self.n == 0:
+      return ""
+    return (format(self.mean, fmt) if self.n < 2 else
+            f"{self.mean:{fmt}} [{self.lo:{fmt}}, {self.hi:{fmt}}]")
+
 
 def _finite(values: Iterable[float]) -> list[float]:
   return [float(v) for v in values if math.isfinite(v)]
@@ -139,6 +147,11 @@ def _verdict(lo: float, hi: float) -> str:
   if hi < 0:
     return "better"
   return "within noise"
+
+
+def format_interval(values: Iterable[float], fmt: str = ".3f") -> str:
+  """The finite `values`' mean and 95% t-interval as one table cell (`Interval.format`)."""
+  return mean_interval(values).format(fmt)
 
 
 def compare(a_by_seed: Mapping[Hashable, float], b_by_seed: Mapping[Hashable, float],

@@ -96,21 +96,11 @@ def entropy_rows(r: LengthResult) -> list[dict]:
                               run.lengths[L]["entropy_by_keys"]])) for run in runs]
     rows.append({"label": label, "positions": positions, "seeds": len(runs),
                  "slope dH/dlog n (n > L_train)":
-                     interval([entropy_slope(run, L) for run in runs]),
-                 f"H at n ~ {runs[0].train_len}": interval(h_train),
-                 f"H at n ~ {L}": interval(h_last),
+                     stats.format_interval([entropy_slope(run, L) for run in runs]),
+                 f"H at n ~ {runs[0].train_len}": stats.format_interval(h_train),
+                 f"H at n ~ {L}": stats.format_interval(h_last),
                  f"log {L}": math.log(L)})
   return rows
-
-
-def interval(values, fmt: str = ".3f") -> str:
-  """"mean [lo, hi]" (95% t over the finite values, each by `fmt`), "mean" alone for
-  one value, "" for none."""
-  iv = stats.mean_interval(values)
-  if iv.n == 0:
-    return ""
-  return (format(iv.mean, fmt) if iv.n < 2 else
-          f"{iv.mean:{fmt}} [{iv.lo:{fmt}}, {iv.hi:{fmt}}]")
 
 
 def _bin_of(run: RunLengths, n: int) -> int:

@@ -103,7 +103,6 @@ from attnscale.experiments import reporting, results_store, run_records, stats, 
 from attnscale.runtime import configlib
 from attnscale.studies import registry, transfer_sensitivity
 from attnscale.studies import sensitivity as sensitivity_study
-from attnscale.studies.critical_trained import interval
 
 REFERENCE = "softmax"
 # The sweep's labels (configs/shakespeare_char_sweeps.py NORMALISERS) -> the
@@ -261,11 +260,12 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
   for label in order(r["label"] for r in rows):
     lr, runs = best.get(label, (math.nan, []))
     row = {"label": label, "best_lr": lr, "seeds": len(runs),
-           "train_loss": interval(_train_loss(runs).values()),
-           "val_loss": interval(by_seed(runs, m["val_loss"][1]).values())}
+           "train_loss": stats.format_interval(_train_loss(runs).values()),
+           "val_loss": stats.format_interval(by_seed(runs, m["val_loss"][1]).values())}
     row["val_vs_softmax"] = _versus(label, ref, runs, m["val_loss"][1])
     if "accuracy" in m:  # the masked LM's: higher is better
-      row["accuracy_pct"] = interval(by_seed(runs, m["accuracy"][1]).values(), ".2f")
+      accuracy = by_seed(runs, m["accuracy"][1]).values()
+      row["accuracy_pct"] = stats.format_interval(accuracy, ".2f")
       row["acc_vs_softmax"] = _versus(label, ref, runs, m["accuracy"][1], higher=True)
     s = sens.get(label, {})
     row |= {"S": s.get("S", math.nan), "S_rates": s.get("rates", 0)}
@@ -393,8 +393,10 @@ def length_rows(rows: Sequence[dict]) -> list[dict]:
   out = []
   for label, (lr, runs) in _ordered_best(rows):
     row = {"label": label, "best_lr": lr, "seeds": len(by_seed(runs, _at_length(lengths[-1])))}
-    row |= {f"L={L}": interval(by_seed(runs, _at_length(L)).values()) for L in lengths}
-    row[f"L={lengths[-1]} - L={lengths[0]}"] = interval(by_seed(runs, growth).values(), "+.3f")
+    row |= {f"L={L}": stats.format_interval(by_seed(runs, _at_length(L)).values())
+            for L in lengths}
+    row[f"L={lengths[-1]} - L={lengths[0]}"] = stats.format_interval(
+        by_seed(runs, growth).values(), "+.3f")
     out.append(row)
   return out
 
