@@ -127,3 +127,29 @@ def test_sink_heads_is_the_share_of_heads_over_gu_et_al_s_threshold():
   assert np.all(np.asarray(stats["heads"]["sink_rate"][:2]) > 0.9)
   assert np.all(np.asarray(stats["heads"]["sink_rate"][2:]) < 0.3)
   assert float(stats["sink_heads"]) == 0.5
+
+
+def test_top_key_weight_finds_a_sink_wherever_it_sits_and_never_on_padding():
+  """Bidirectional, rows of 12 real keys and 4 padded: uniform attention puts 1/12 on
+  every key, first or heaviest; a sink planted on key 5 (a [SEP]) in heads 0 and 1
+  is the heaviest key there and not the first; padded keys never count, however
+  long their keys are."""
+  kq, kk, kv = jax.random.split(jax.random.key(2), 3)
+  B, T, N, H = 2, 16, 4, 8
+  real_BT = jnp.arange(T)[None, :] < 12
+  mask = jnp.broadcast_to(real_BT[:, None, None, :], (B, 1, 1, T))
+  zeros = jnp.zeros((B, T, N, H))
+  v_BSKH = jax.random.normal(kv, (B, T, N, H))
+  uniform = diagnostics.attention_stats(zeros, zeros, v_BSKH, mask=mask,
+                                        query_mask_BT=real_BT)
+  assert float(uniform["top_key_weight"]) == pytest.approx(1 / 12, rel=1e-5)
+  assert float(uniform["sink_rate"]) == pytest.approx(1 / 12, rel=1e-5)
+  q_BTNH = jax.random.normal(kq, (B, T, N, H)).at[:, :, :2].set(1.0)
+  k_BSKH = jax.random.normal(kk, (B, T, N, H)).at[:, 5, :2].set(10.0)
+  k_BSKH = k_BSKH.at[:, 14].set(50.0)  # a padded key: masked out, never the heaviest
+  stats = diagnostics.attention_stats(q_BTNH, k_BSKH, v_BSKH, mask=mask,
+                                      query_mask_BT=real_BT)
+  top_N, first_N = (np.asarray(stats["heads"][k]) for k in ("top_key_weight", "sink_rate"))
+  assert np.all(top_N[:2] > 0.9) and np.all(first_N[:2] < 0.05)
+  assert np.all(top_N[2:] < 0.5)
+  assert float(stats["sink_heads"]) == 0.0  # Gu et al.'s first-token count misses it

@@ -361,9 +361,10 @@ def test_tiny_run_learns_and_eval_json(run_a):
   assert len(out["attention"]) == config.model.num_layers
   for layer in out["attention"]:
     assert set(layer) == {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
-                          "max_act", "median_act", "act_ratio", "kurtosis", "heads"}
+                          "top_key_weight", "max_act", "median_act", "act_ratio", "kurtosis",
+                          "heads"}
     assert all(np.isfinite(v) for k, v in layer.items() if k != "heads")
-    assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate"}
+    assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate", "top_key_weight"}
     assert all(len(v) == config.model.num_heads for v in layer["heads"].values())
   with open(os.path.join(workdir, "eval.json")) as f:
     assert json.load(f) == json.loads(json.dumps(out))
@@ -422,7 +423,8 @@ def test_training_sink_stats_keep_padding_out():
   want = diagnostics.task_attention_stats(model, task, {"inputs": inputs[:3]})
   unmasked = diagnostics.model_attention_stats(model, jnp.asarray(inputs[:3]))
   for g, w, u in zip(got, want, unmasked, strict=True):
-    for name in ("sink_rate", "sink_heads", "max_act", "act_ratio", "kurtosis"):
+    for name in ("sink_rate", "sink_heads", "top_key_weight", "max_act", "act_ratio",
+                 "kurtosis"):
       np.testing.assert_allclose(g[name], w[name], rtol=1e-5, err_msg=name)
     np.testing.assert_allclose(g["heads"]["sink_rate"], w["heads"]["sink_rate"], rtol=1e-5)
     assert abs(g["sink_rate"] - u["sink_rate"]) > 1e-4  # padding would count otherwise

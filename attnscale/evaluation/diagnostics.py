@@ -71,9 +71,9 @@ def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
 
   Returns:
     Per layer, {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
-    "max_act", "median_act", "act_ratio", "kurtosis"} as floats (the last four of
-    the residual stream the layer's block writes) and "heads": {"entropy",
-    "max_logit", "sink_rate"}, a list per head.
+    "top_key_weight", "max_act", "median_act", "act_ratio", "kurtosis"} as floats
+    (the last four of the residual stream the layer's block writes) and "heads":
+    {"entropy", "max_logit", "sink_rate", "top_key_weight"}, a list per head.
   """
   if batch is None:
     batch = next(iter(task.eval_batches()))

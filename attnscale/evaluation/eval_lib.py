@@ -11,6 +11,7 @@ how its attention is masked for the per-layer diagnostics
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -131,12 +132,12 @@ def format_summary(result: dict, config: ml_collections.ConfigDict | None = None
   lines = [f"{result['workdir']} @ step {result['step']} ({result['scaling']})"]
   lines += tasks.task_class(config).format_summary(result)
   lines.append("  layer | attn output std | entropy (nats) | max logit | first-key weight | "
-               "sink heads | max/median act | kurtosis")
+               "top-key weight | sink heads | max/median act | kurtosis")
   for i, layer in enumerate(result["attention"]):
     # Runs evaluated before the sink and activation measures lack them.
-    extra = (f" | {layer['sink_rate']:16.3f} | {layer['sink_heads']:10.2f} | "
-             f"{layer['act_ratio']:14.1f} | {layer['kurtosis']:8.2f}"
-             if "act_ratio" in layer else "")
+    extra = (f" | {layer['sink_rate']:16.3f} | {layer.get('top_key_weight', math.nan):14.3f}"
+             f" | {layer['sink_heads']:10.2f} | {layer['act_ratio']:14.1f} | "
+             f"{layer['kurtosis']:8.2f}" if "act_ratio" in layer else "")
     lines.append(f"  {i:5d} | {layer['output_std']:15.3f} | {layer['entropy']:14.3f} | "
                  f"{layer['max_logit']:9.2f}{extra}")
   if "lengths" in result:

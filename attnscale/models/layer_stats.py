@@ -33,9 +33,13 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
   [B, N, T] of -sum_s p_s log p_s (nats); max_logit = max over [B, N, T, S] of
   the scaled logits; sink_rate = mean over [B, N, T'] of p_i0, the weight on
   the first key, over the queries T' that see more than one key (under
-  causality query 0 sees only key 0, which says nothing). "heads" holds the
-  last three per head ([N] each), what tells a head that sinks its attention
-  into the first token from one that spreads it.
+  causality query 0 sees only key 0, which says nothing); top_key_weight = the
+  same for the heaviest key of each row, wherever it sits: max over s of the mean
+  over those queries of p_is, then the mean over rows (a sink on a BERT's [SEP]
+  or a delimiter, not only on the first token; uniform attention gives 1/T over
+  T real keys, Gu et al.'s sink threshold is 0.3). "heads" holds the last four per
+  head ([N] each), what tells a head that sinks its attention into one token from
+  one that spreads it.
 
   Entropy, logits and weights come from the reference path (the T x S
   weights); the output is the fused path's, what the model computes.
@@ -65,13 +69,23 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
   several_B1T = w_B1T * (jnp.arange(T) > 0)[None, None, :] if is_causal else w_B1T
   sink_N = (jnp.sum(probs_BNTS[..., 0] * several_B1T, axis=(0, 2))
             / jnp.maximum(jnp.sum(several_B1T), 1.0))
+  # Each key's mean weight over its row's counted queries; the heaviest per row
+  # (padded keys have weight 0, so never), averaged over the rows that have queries.
+  count_B11 = jnp.sum(several_B1T, axis=-1, keepdims=True)
+  key_mean_BNS = (jnp.sum(probs_BNTS * several_B1T[..., None], axis=2)
+                  / jnp.maximum(count_B11, 1.0))
+  rows_B1 = (count_B11[..., 0] > 0).astype(jnp.float32)
+  top_key_N = (jnp.sum(jnp.max(key_mean_BNS, axis=-1) * rows_B1, axis=0)
+               / jnp.maximum(jnp.sum(rows_B1), 1.0))
   return {
       "output_std": jnp.sqrt(var),
       "entropy": jnp.mean(entropy_N),
       "max_logit": jnp.max(max_logit_N),
       "sink_rate": jnp.mean(sink_N),
       "sink_heads": jnp.mean(sink_N > SINK_THRESHOLD),
-      "heads": {"entropy": entropy_N, "max_logit": max_logit_N, "sink_rate": sink_N},
+      "top_key_weight": jnp.mean(top_key_N),
+      "heads": {"entropy": entropy_N, "max_logit": max_logit_N, "sink_rate": sink_N,
+                "top_key_weight": top_key_N},
   }
 
 

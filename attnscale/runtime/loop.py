@@ -392,7 +392,8 @@ def output_logits_row(metrics: list[dict]) -> dict[str, float]:
 def layer_stats_row(layers: list[dict]) -> dict[str, float | list[float]]:
   """The sink and massive-activation entries of a log row, per layer i, from
   `layer_stats.layer_stats` (read to the host) on the log step's batch:
-  train/attn/{sink_rate, sink_heads, max_act, act_ratio, kurtosis}/layer_<i> to
+  train/attn/{sink_rate, sink_heads, top_key_weight, max_act, act_ratio,
+  kurtosis}/layer_<i> to
   TensorBoard and metrics.jsonl, train/attn/sink_rate_heads/layer_<i> (one per
   query head) to metrics.jsonl only."""
   row = {}

@@ -41,13 +41,14 @@ CLIPPED_HEADS = "train/attn/clipped_heads"  # QK-clip's head rescalings over the
 # (`layer_stats.layer_stats`, eval.py's definitions; config.sink_metrics_rows > 0).
 SINK_RATE = "train/attn/sink_rate/layer_"  # mean weight on the first key, mean over heads
 SINK_HEADS = "train/attn/sink_heads/layer_"  # share of heads with sink rate > 0.3 (Gu et al.)
+TOP_KEY = "train/attn/top_key_weight/layer_"  # the heaviest key's mean weight, wherever it sits
 MAX_ACT = "train/attn/max_act/layer_"  # max |x| of the residual stream the block writes
 ACT_RATIO = "train/attn/act_ratio/layer_"  # max |x| / median |x| (Sun et al.)
 KURTOSIS = "train/attn/kurtosis/layer_"  # mean over tokens of the kurtosis over dimensions
 SINK_RATE_HEADS = "train/attn/sink_rate_heads/layer_"  # one per query head (metrics.jsonl)
 # The extra pass's scalars: prefix -> the name of `layer_stats.layer_stats`' value.
-LAYER_STATS = {SINK_RATE: "sink_rate", SINK_HEADS: "sink_heads", MAX_ACT: "max_act",
-               ACT_RATIO: "act_ratio", KURTOSIS: "kurtosis"}
+LAYER_STATS = {SINK_RATE: "sink_rate", SINK_HEADS: "sink_heads", TOP_KEY: "top_key_weight",
+               MAX_ACT: "max_act", ACT_RATIO: "act_ratio", KURTOSIS: "kurtosis"}
 # Every per-layer prefix (`attention_key`).
 PER_LAYER = (MAX_LOGIT, ENTROPY, MAX_LOGIT_HEADS, ENTROPY_HEADS, *LAYER_STATS, SINK_RATE_HEADS)
 

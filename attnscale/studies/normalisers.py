@@ -67,7 +67,8 @@ The claims (b - a = the label minus softmax; "lower" is what the source predicts
       Activations with Rectified Softmax", arXiv 2504.20966 (softpick,
       softpick_qk_rmsnorm): they remove attention sinks and massive activations at no
       loss cost. Measured: validation loss (no worse), sink rate, act_ratio and
-      kurtosis (lower).
+      kurtosis (lower), and the heaviest key's weight where eval.json has it (the
+      BERT's runs: its sinks may sit on [SEP]).
   (b) Wortsman et al. 2023, "Replacing softmax with ReLU in Vision Transformers",
       arXiv 2309.08586 (relu, relu_qk_rmsnorm): ReLU divided by the sequence length
       matches softmax. Measured: validation loss (no worse).
@@ -168,6 +169,17 @@ def has_accuracy(rows: Sequence[dict]) -> bool:
   return any(r["eval"] and "accuracy" in r["eval"] for r in rows)
 
 
+def has_top_key(rows: Sequence[dict]) -> bool:
+  """Whether any run's eval.json has the heaviest key's weight (evaluated since
+  `layer_stats` measures it; the char LM's sweep was evaluated before)."""
+  return any(r["eval"] and "top_key_weight" in (r["eval"].get("attention") or [{}])[0]
+             for r in rows)
+
+
+def _measures(rows: Sequence[dict]) -> dict[str, tuple[str, Measure]]:
+  return measures(lengths_of(rows), accuracy=has_accuracy(rows), top_key=has_top_key(rows))
+
+
 def lengths_of(rows: Sequence[dict]) -> list[int]:
   """The evaluated lengths of any run, ascending."""
   return sorted({int(L) for r in rows if r["eval"] for L in r["eval"].get("lengths", {})})
@@ -199,17 +211,21 @@ def _at_length(L: int) -> Measure:
   return lambda e: float(e["lengths"][str(L)]["val_loss"])
 
 
-def measures(lengths: Sequence[int], accuracy: bool = False) -> dict[str, tuple[str, Measure]]:
+def measures(lengths: Sequence[int], accuracy: bool = False,
+             top_key: bool = False) -> dict[str, tuple[str, Measure]]:
   """name -> (what it is, its function of eval.json): the validation loss, the
   attention diagnostics (mean or largest over layers), the loss at the longest
   evaluated length and its growth from the shortest; with `accuracy` (the masked
-  LM's eval.json), the masked-token accuracy in points."""
+  LM's eval.json), the masked-token accuracy in points; with `top_key` (runs
+  evaluated since eval.json has it), the heaviest key's weight (largest layer)."""
   out = {"val_loss": ("val_loss", lambda e: float(e["val_loss"])),
          "sink_rate": ("sink_rate (mean over layers)", _layers("sink_rate", np.mean)),
          "sink_rate_max": ("sink_rate (largest layer)", _layers("sink_rate", max)),
          "act_ratio": ("act_ratio (largest layer)", _layers("act_ratio", max)),
          "kurtosis": ("kurtosis (largest layer)", _layers("kurtosis", max)),
          "max_logit": ("max_logit (largest layer)", _layers("max_logit", max))}
+  if top_key:
+    out["top_key_weight"] = ("top_key_weight (largest layer)", _layers("top_key_weight", max))
   if accuracy:
     out["accuracy"] = ("masked-token accuracy (points)", lambda e: 100 * float(e["accuracy"]))
   if lengths:
@@ -252,7 +268,7 @@ def _mean(values) -> float:
 def summary_rows(rows: Sequence[dict]) -> list[dict]:
   """One row per label in table order (module docstring, normalisers.md)."""
   best, lengths = best_runs(rows), lengths_of(rows)
-  m = measures(lengths, accuracy=has_accuracy(rows))
+  m = _measures(rows)
   sens = {r["label"]: r for r in transfer_sensitivity.sensitivity_rows(rows)}
   ref = best.get(REFERENCE, (math.nan, []))[1]
   longest = f"loss@{lengths[-1]}" if lengths else "loss@longest"
@@ -269,8 +285,10 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
       row["acc_vs_softmax"] = _versus(label, ref, runs, m["accuracy"][1], higher=True)
     s = sens.get(label, {})
     row |= {"S": s.get("S", math.nan), "S_rates": s.get("rates", 0)}
-    for name in ("sink_rate", "sink_rate_max", "act_ratio", "kurtosis", "max_logit"):
-      row[name] = _mean(by_seed(runs, m[name][1]).values())
+    for name in ("sink_rate", "sink_rate_max", "top_key_weight", "act_ratio", "kurtosis",
+                 "max_logit"):
+      if name in m:
+        row[name] = _mean(by_seed(runs, m[name][1]).values())
     if lengths:
       row[longest] = _mean(by_seed(runs, m["loss_longest"][1]).values())
       row[f"{longest}_vs_softmax"] = _versus(label, ref, runs, m["loss_longest"][1])
@@ -305,8 +323,8 @@ class Claim:
   predicts: tuple[tuple[str, str], ...]
 
 
-_NO_SINKS = (("val_loss", "no worse"), ("sink_rate", "lower"), ("act_ratio", "lower"),
-             ("kurtosis", "lower"))
+_NO_SINKS = (("val_loss", "no worse"), ("sink_rate", "lower"), ("top_key_weight", "lower"),
+             ("act_ratio", "lower"), ("kurtosis", "lower"))
 _EXTRAPOLATES = (("loss_longest", "lower"), ("growth", "lower"))
 CLAIMS = (
     Claim("(a)", "Qiu et al. 2025, arXiv 2505.06708",
@@ -346,14 +364,16 @@ def claim_rows(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> list[d
   """Each claim's label and measure: the label minus softmax, each at its best rate,
   paired by seed (`stats.compare`), and the verdict. Every claimed label has its rows,
   one not in the store yet too ("pending (0 seeds)")."""
-  best, lengths = best_runs(rows), lengths_of(rows)
-  m = measures(lengths, accuracy=has_accuracy(rows))
+  best = best_runs(rows)
+  m = _measures(rows)
   ref = best.get(REFERENCE, (math.nan, []))[1]
   out = []
   for c in claims:
     for label in c.labels:
       runs = best.get(label, (math.nan, []))[1]
       for name, predicts in c.predicts:
+        if name == "top_key_weight" and name not in m:
+          continue  # runs evaluated before eval.json had it
         what, f = m.get(name, (name, None))
         a, b = (by_seed(ref, f), by_seed(runs, f)) if f else ({}, {})
         shared = len(set(a) & set(b))
@@ -365,12 +385,14 @@ def claim_rows(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> list[d
   return out
 
 
-LAYER_KEYS = ("sink_rate", "sink_heads", "act_ratio", "kurtosis", "max_logit")
+LAYER_KEYS = ("sink_rate", "top_key_weight", "sink_heads", "act_ratio", "kurtosis",
+              "max_logit")
 
 
 def layer_rows(rows: Sequence[dict]) -> list[dict]:
   """Per label and layer: LAYER_KEYS, seed means over the evaluated runs at the best
   rate."""
+  keys = [k for k in LAYER_KEYS if k != "top_key_weight" or has_top_key(rows)]
   out = []
   for label, (lr, runs) in _ordered_best(rows):
     evaluated = [r for r in runs if r["eval"] and r["eval"].get("attention")]
@@ -379,7 +401,7 @@ def layer_rows(rows: Sequence[dict]) -> list[dict]:
     for i in range(min(len(r["eval"]["attention"]) for r in evaluated)):
       out.append({"label": label, "best_lr": lr, "seeds": len(evaluated), "layer": i,
                   **{k: _mean(float(r["eval"]["attention"][i].get(k, math.nan))
-                              for r in evaluated) for k in LAYER_KEYS}})
+                              for r in evaluated) for k in keys}})
   return out
 
 
@@ -612,6 +634,11 @@ def write_label_tables(rows: Sequence[dict], out: str, name: str, *, what: str,
   longest = f", loss@{lengths[-1]}_vs_softmax" if lengths else ""
   accuracy = (" accuracy_pct: masked-token accuracy in points, mean [95% t]; "
               "acc_vs_softmax: its difference, better = higher." if has_accuracy(rows) else "")
+  top_key = ("top_key_weight: the heaviest key's mean weight in each row, wherever it "
+             "sits (a [CLS], [SEP] or delimiter sink too), largest layer; "
+             if has_top_key(rows) else "")
+  top_key_layer = ("top_key_weight (the heaviest key's, wherever it sits), "
+                   if has_top_key(rows) else "")
   rate = {"best_lr": reporting.power_of_two}
   paths = reporting.write_tables(
       summary_rows(rows), out, name, floats=".3f", formats=rate,
@@ -630,7 +657,8 @@ def write_label_tables(rows: Sequence[dict], out: str, name: str, *, what: str,
              "(attnscale/studies/transfer_sensitivity.py); S_rates: those rates (5 once the "
              "window is complete).",
              "sink_rate: the weight on the first key, mean over layers (sink_rate_max: the "
-             "largest layer); act_ratio: the largest residual activation over the median, "
+             f"largest layer); {top_key}act_ratio: the largest residual activation over the "
+             "median, "
              "kurtosis: that stream's, max_logit: the largest logit, each the largest "
              f"layer; seed means (per layer: {name}_layers)."])
   paths += reporting.write_tables(
@@ -651,8 +679,9 @@ def write_label_tables(rows: Sequence[dict], out: str, name: str, *, what: str,
       layers, out, f"{name}_layers", floats=".3f", formats=rate,
       title=f"Normalisers{what}: attention diagnostics per layer",
       notes=["eval.py's diagnostics on the first validation batch (eval.json 'attention'): "
-             "sink_rate (weight on the first key), sink_heads (the share of heads whose "
-             "mean weight on it exceeds 0.3, Gu et al. 2025), act_ratio and kurtosis of "
+             f"sink_rate (weight on the first key), {top_key_layer}sink_heads (the share of heads "
+             "whose mean weight on the first key exceeds 0.3, Gu et al. 2025), act_ratio "
+             "and kurtosis of "
              "the residual stream the layer's block writes, max_logit; seed means at the "
              "best rate (seeds: the evaluated ones).", code])
   for fig_name, fig in ((name, plot_rates(rows)), (f"{name}_sinks", plot_sinks(layers))):
