@@ -11,7 +11,7 @@ import os
 import pytest
 
 from attnscale import testing
-from attnscale.experiments import stats
+from attnscale.experiments import results_store, stats
 from attnscale.studies import __main__ as cli
 from attnscale.studies import normalisers
 from configs import bert_small, bert_small_sweeps, shakespeare_char
@@ -247,8 +247,10 @@ def test_bert_runs_give_the_same_tables_for_the_bert(full, tmp_path):
       _bert_run(bert, label, BEST, seed, accuracy=0.30 + 0.01 * i + 0.001 * seed)
   root, _ = full
   out = tmp_path / "out"
+  store = str(tmp_path / "bert_runs.parquet")  # as the sweep's --archive_to leaves them
+  results_store.archive(str(bert), store)
   cli.main(["normalisers", "--out", str(out), "--workdirs", str(root),
-            "--bert_runs", str(bert)])
+            "--bert_runs", store])
   table = {r["label"]: r for r in _csv(out / "normalisers_bert.csv")}
   assert list(table) == list(normalisers.BERT_LABELS)
   assert table["softmax"]["best_lr"] == str(2.0**-BEST) and table["relu"]["seeds"] == "3"

@@ -69,7 +69,8 @@ CASES = {
                                 "--workdirs", _store("critical_length")],
     "normalisers": [*STUDIES.split(), "normalisers", "--out", "OUT", "--workdirs",
                     _store("normalisers"), "--sink_runs",
-                    f"{RESULTS}/normalisers/sink_hunt.parquet"],
+                    f"{RESULTS}/normalisers/sink_hunt.parquet", "--bert_runs",
+                    f"{RESULTS}/normalisers/bert_runs.parquet"],
 }
 
 

@@ -616,6 +616,7 @@ def sink_hunt_rows(paths: Sequence[str]) -> list[dict]:
 
 def _read(path: str, flag: str) -> tuple[list[dict], str]:
   """The runs of one store or sweep folder, and how the tables name it."""
+  path = results_store.workdir(path) if os.path.isfile(path) else path  # a store: unpacked
   if not os.path.isdir(path):
     raise SystemExit(f"normalisers: {flag} must be a store or sweep folder "
                      f"(docs/results/normalisers/runs.parquet); got {path!r}")
