@@ -42,6 +42,15 @@ def test_mean_interval_uses_t_and_drops_diverged_seeds():
   assert one.mean == 2.5 and math.isnan(one.lo) and math.isnan(one.hi)
 
 
+def test_higher_is_better_reads_compare_s_verdict_the_other_way():
+  # b's accuracy is 2 points higher on every seed: compare calls that "worse".
+  c = stats.compare({0: 30.0, 1: 31.0, 2: 29.0}, {0: 32.0, 1: 33.0, 2: 31.0})
+  assert c.verdict == "worse" and c.read(higher_is_better=True) == "better"
+  assert c.format(higher_is_better=True) == "+2.000 [+2.000, +2.000] paired n=3: better"
+  same = stats.compare({0: 1.0, 1: 2.0}, {0: 1.5, 1: 1.5})
+  assert same.read(higher_is_better=True) == same.verdict == "within noise"
+
+
 def test_an_interval_is_one_table_cell():
   assert stats.format_interval([1.0, 2.0, 3.0, math.nan]) == "2.000 [-0.484, 4.484]"
   assert stats.format_interval([2.5], ".2f") == "2.50"  # one seed: no interval

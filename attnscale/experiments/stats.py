@@ -128,8 +128,15 @@ class Comparison:
   n_b: int = 0
   unpaired: int = 0  # paired only: seeds of one label only, left out
 
-  def format(self, verdict: bool = True) -> str:
-    """One table cell: "+0.080 [+0.052, +0.108] paired n=3: worse"."""
+  def read(self, higher_is_better: bool = False) -> str:
+    """The verdict; for a measure where higher is better (accuracy) compare's "worse"
+    (b higher than a) reads "better", and "better" reads "worse"."""
+    if not higher_is_better:
+      return self.verdict
+    return {"worse": "better", "better": "worse"}.get(self.verdict, self.verdict)
+
+  def format(self, verdict: bool = True, higher_is_better: bool = False) -> str:
+    """One table cell: "+0.080 [+0.052, +0.108] paired n=3: worse" (`read`'s verdict)."""
     if self.method == "none":
       text = (f"{self.effect:+.3f} n={self.n_a}+{self.n_b}" if math.isfinite(self.effect)
               else f"n={self.n_a}+{self.n_b}")
@@ -138,7 +145,7 @@ class Comparison:
       text = f"{self.effect:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}] {self.method} {n}"
       if self.unpaired:
         text += f" ({self.unpaired} unpaired left out)"
-    return f"{text}: {self.verdict}" if verdict else text
+    return f"{text}: {self.read(higher_is_better)}" if verdict else text
 
 
 def _verdict(lo: float, hi: float) -> str:

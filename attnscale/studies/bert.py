@@ -146,9 +146,7 @@ def label_rows(best: Mapping[str, dict]) -> list[dict]:
       row["val_vs_standard"] = c.format()
       points = lambda x: {s: 100 * v for s, v in _by_seed(x, "accuracy").items()}
       a = stats.compare(points(best[BASELINE]), points(b))
-      # compare's "worse" is a higher value: for accuracy, better.
-      flipped = {"worse": "better", "better": "worse"}.get(a.verdict, a.verdict)
-      row["acc_vs_standard"] = f"{a.format(verdict=False)}: {flipped}"
+      row["acc_vs_standard"] = a.format(higher_is_better=True)
     else:
       row["val_vs_standard"] = row["acc_vs_standard"] = (
           "baseline" if label == BASELINE else "-")
@@ -168,9 +166,7 @@ def claim_rows(best: Mapping[str, dict]) -> list[dict]:
       scale = 100.0 if metric == "accuracy" else 1.0  # accuracy in points
       c = stats.compare({s: scale * v for s, v in _by_seed(best[ref], metric).items()},
                         {s: scale * v for s, v in _by_seed(best[label], metric).items()})
-      verdict = c.verdict
-      if metric == "accuracy":  # compare's "worse" is a higher value: for accuracy, better
-        verdict = {"worse": "better", "better": "worse"}.get(verdict, verdict)
+      verdict = c.read(higher_is_better=metric == "accuracy")
       out.append({"comparison": f"{label} - {ref}", "metric": name, "effect": c.effect,
                   "lo": c.lo, "hi": c.hi, "method": c.method, "n": c.n, "verdict": verdict})
   return out

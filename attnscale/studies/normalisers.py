@@ -305,10 +305,8 @@ def _versus(label: str, ref: Sequence[dict], runs: Sequence[dict], measure: Meas
     return "reference"
   if not runs:
     return ""
-  c = stats.compare(by_seed(ref, measure), by_seed(runs, measure))
-  if not higher or c.verdict not in ("better", "worse"):
-    return c.format()
-  return f"{c.format(verdict=False)}: {'better' if c.verdict == 'worse' else 'worse'}"
+  return stats.compare(by_seed(ref, measure), by_seed(runs, measure)).format(
+      higher_is_better=higher)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -616,7 +614,8 @@ def sink_hunt_rows(paths: Sequence[str]) -> list[dict]:
 
 def _read(path: str, flag: str) -> tuple[list[dict], str]:
   """The runs of one store or sweep folder, and how the tables name it."""
-  path = results_store.workdir(path) if os.path.isfile(path) else path  # a store: unpacked
+  if results_store.is_store(path) and os.path.exists(results_store.split(path)[0]):
+    path = results_store.workdir(path)  # unpacked, as --workdirs is
   if not os.path.isdir(path):
     raise SystemExit(f"normalisers: {flag} must be a store or sweep folder "
                      f"(docs/results/normalisers/runs.parquet); got {path!r}")
