@@ -13,7 +13,7 @@ import pytest
 from attnscale import testing
 from attnscale.experiments import results_store, stats
 from attnscale.studies import __main__ as cli
-from attnscale.studies import normalisers
+from attnscale.studies import normalisers, normalisers_runs
 from configs import bert_small, bert_small_sweeps, shakespeare_char
 from configs import shakespeare_char_sweeps as sweep_configs
 
@@ -82,13 +82,13 @@ def _csv(path) -> dict[str, dict]:
 
 
 def test_every_sweep_label_maps_back_from_its_config():
-  assert list(normalisers.LABELS) == normalisers.order(sweep_configs.NORMALISERS)
+  assert list(normalisers_runs.LABELS) == normalisers_runs.order(sweep_configs.NORMALISERS)
   for label, (scaling, overrides) in sweep_configs.NORMALISERS.items():
     config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=0")
     config.update_from_flattened_dict(overrides)
-    assert normalisers.normaliser_label(config.to_dict()) == label
+    assert normalisers_runs.normaliser_label(config.to_dict()) == label
   config = shakespeare_char.get_config("preset=graphcore_cpu,scaling=standard,seed=0")
-  assert normalisers.normaliser_label(config.to_dict()) == "standard+positions_learned"
+  assert normalisers_runs.normaliser_label(config.to_dict()) == "standard+positions_learned"
 
 
 def test_the_full_store_gives_every_table_in_order(full):
@@ -99,7 +99,7 @@ def test_the_full_store_gives_every_table_in_order(full):
   for name in ("normalisers", "normalisers_sinks", "normalisers_lengths"):
     assert (out / f"{name}.png").stat().st_size > 0
   table = {r["label"]: r for r in _csv(out / "normalisers.csv")}
-  assert list(table) == list(normalisers.LABELS)  # softmax family, then each twin beside
+  assert list(table) == list(normalisers_runs.LABELS)  # softmax family, then each twin beside
   assert list(table)[8:10] == ["sigmoid", "sigmoid_qk_rmsnorm"]
   softmax, softpick = table["softmax"], table["softpick"]
   assert softmax["best_lr"] == str(2.0**-BEST) and softmax["seeds"] == "3"
@@ -238,9 +238,9 @@ def test_bert_runs_give_the_same_tables_for_the_bert(full, tmp_path):
   """--bert_runs: the bert_normalisers sweep's labels, read back from the BERT's
   (post-LN) configs, with masked-token accuracy (higher is better) and only the
   claims that need no causal order."""
-  assert normalisers.BERT_LABELS == tuple(bert_small_sweeps.BERT_NORMALISERS)
+  assert normalisers_runs.BERT_LABELS == tuple(bert_small_sweeps.BERT_NORMALISERS)
   bert = tmp_path / "bert"
-  for i, label in enumerate(normalisers.BERT_LABELS):
+  for i, label in enumerate(normalisers_runs.BERT_LABELS):
     for e in (BEST - 1, BEST, BEST + 1):
       _bert_run(bert, label, e, 0, accuracy=0.30 + 0.01 * i)
     for seed in (1, 2):
@@ -252,7 +252,7 @@ def test_bert_runs_give_the_same_tables_for_the_bert(full, tmp_path):
   cli.main(["normalisers", "--out", str(out), "--workdirs", str(root),
             "--bert_runs", store])
   table = {r["label"]: r for r in _csv(out / "normalisers_bert.csv")}
-  assert list(table) == list(normalisers.BERT_LABELS)
+  assert list(table) == list(normalisers_runs.BERT_LABELS)
   assert table["softmax"]["best_lr"] == str(2.0**-BEST) and table["relu"]["seeds"] == "3"
   assert table["softmax"]["accuracy_pct"] == "30.10 [29.85, 30.35]"
   assert table["relu"]["acc_vs_softmax"] == "+3.000 [+3.000, +3.000] paired n=3: better"

@@ -87,6 +87,9 @@ no-worse claim) or "not shown" (a lower claim); fewer shared seeds: "pending (n
 seeds)". The sink rate is the mean weight on the first key; act_ratio the largest
 residual activation over the median (massive activations: Sun et al. 2024, arXiv
 2402.17762), kurtosis that stream's (attnscale/models/layer_stats.py).
+
+The runs, their labels and the measures read off eval.json live in
+normalisers_runs.py; the figures in normalisers_figures.py.
 """
 
 from __future__ import annotations
@@ -95,180 +98,46 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 
-import ml_collections
 import numpy as np
 
 from attnscale.experiments import reporting, results_store, run_records, stats, sweep_results
-from attnscale.runtime import configlib
 from attnscale.studies import registry, transfer_sensitivity
-from attnscale.studies import sensitivity as sensitivity_study
-
-REFERENCE = "softmax"
-# The sweep's labels (configs/shakespeare_char_sweeps.py NORMALISERS) -> the
-# `configlib.run_label` of their runs, in the tables' order: the softmax family, then
-# each non-softmax normaliser beside its RMS QK-norm twin.
-SOFTMAX_FAMILY = {"softmax": "standard", "sink_learned": "standard+sink_learned",
-                  "sink_zero": "standard+sink_zero",
-                  "gate_headwise": "standard+gate_headwise",
-                  "gate_elementwise": "standard+gate_elementwise", "fox": "standard+fox",
-                  "differential": "standard+diff", "selective": "standard+selective"}
-NON_SOFTMAX = ("sigmoid", "softpick", "relu", "stickbreaking")
-LABELS = SOFTMAX_FAMILY | {
-    f"{n}{twin}": f"{scaling}+{n}" for n in NON_SOFTMAX
-    for twin, scaling in (("", "standard"), ("_qk_rmsnorm", "qk_rmsnorm"))}
-POSITIONS = "rope"
-# The BERT's labels (configs/bert_small_sweeps.py BERT_NORMALISERS): the claims that need
-# no causal order, (a) and (b); stick-breaking, FoX and selective attention are causal.
-BERT_LABELS = ("softmax", "gate_elementwise", "softpick", "relu")
-_BY_RUN_LABEL = {v: k for k, v in LABELS.items()}
-
-
-def normaliser_label(config: Mapping) -> str:
-  """The sweep's label of a run from its config.json (`LABELS`); a run the sweep does
-  not define (other positions, another option) keeps its run_label, never averaged
-  into a sweep label."""
-  # The BERT's runs (post-LN) take the char LM's labels: their own store keeps them apart.
-  run_label = configlib.run_label(ml_collections.ConfigDict(dict(config)))
-  run_label = run_label.replace("+post_ln", "")
-  positions = config["model"].get("positions", "learned")
-  if positions != POSITIONS:
-    return f"{run_label}+positions_{positions}"
-  return _BY_RUN_LABEL.get(run_label, run_label)
-
-
-def order(labels) -> list[str]:
-  """The labels in the tables' order: the sweep's (`LABELS`), then any other, sorted."""
-  present = set(labels)
-  return [k for k in LABELS if k in present] + sorted(present - set(LABELS))
-
+from attnscale.studies.normalisers_figures import plot_lengths, plot_rates, plot_sinks
+from attnscale.studies.normalisers_runs import (
+  BERT_LABELS,
+  LABELS,
+  LATER_MEASURES,
+  REFERENCE,
+  Measure,
+  at_length,
+  best_runs,
+  by_seed,
+  has_accuracy,
+  has_top_key,
+  lengths_of,
+  mean_finite,
+  measures,
+  measures_of,
+  order,
+  ordered_best,
+  read_rows,
+  value,
+)
 
 # ---------------------------------------------------------------------------
-# Reading the runs.
-
-def read_rows(workdir: str) -> list[dict]:
-  """The sweep's finished (or diverged) runs (`sensitivity.read_rows`), each with its
-  label, width (what `transfer_sensitivity` groups by: one here), training length and
-  its eval.json (None until eval.py has evaluated its last step), in table order."""
-  rows = sensitivity_study.read_rows(workdir, lambda config: {
-      "label": normaliser_label(config), "width": config["model"]["width"],
-      "train_len": config["seq_len"]})
-  for row in rows:
-    run = os.path.join(workdir, row["run"])
-    row["eval"] = None
-    if run_records.evaluated(run):
-      with open(os.path.join(run, "eval.json")) as f:
-        row["eval"] = json.load(f)
-  rank = {k: i for i, k in enumerate(order(r["label"] for r in rows))}
-  return sorted(rows, key=lambda r: (rank[r["label"]], r["learning_rate"], r["seed"]))
-
-
-def has_accuracy(rows: Sequence[dict]) -> bool:
-  """Whether any run's eval.json has a masked-token accuracy (the BERT's)."""
-  return any(r["eval"] and "accuracy" in r["eval"] for r in rows)
-
-
-def has_top_key(rows: Sequence[dict]) -> bool:
-  """Whether any run's eval.json has the heaviest key's weight (evaluated since
-  `layer_stats` measures it; the char LM's sweep was evaluated before)."""
-  return any(r["eval"] and "top_key_weight" in (r["eval"].get("attention") or [{}])[0]
-             for r in rows)
-
-
-def _measures(rows: Sequence[dict]) -> dict[str, tuple[str, Measure]]:
-  return measures(lengths_of(rows), accuracy=has_accuracy(rows), top_key=has_top_key(rows))
-
-
-def lengths_of(rows: Sequence[dict]) -> list[int]:
-  """The evaluated lengths of any run, ascending."""
-  return sorted({int(L) for r in rows if r["eval"] for L in r["eval"].get("lengths", {})})
-
-
-def best_runs(rows: Sequence[dict]) -> dict[str, tuple[float, list[dict]]]:
-  """{label: (best rate, its finished runs)}: the lowest seed mean of the final
-  training loss among the label's rates with the most finished seeds
-  (`sweep_results.best_per_scaling`, the staged search's own choice). A label whose
-  every run diverged has none."""
-  best = sweep_results.best_per_scaling([dict(r, scaling=r["label"]) for r in rows])
-  return {label: (b["learning_rate"],
-                  [r for r in rows if r["label"] == label and r["status"] == "done"
-                   and r["learning_rate"] == b["learning_rate"]])
-          for label, b in best.items()}
-
-
-# ---------------------------------------------------------------------------
-# What is measured on a run: a function of its eval.json.
-
-Measure = Callable[[dict], float]
-
-
-def _layers(key: str, reduce) -> Measure:
-  return lambda e: float(reduce([layer[key] for layer in e["attention"]]))
-
-
-def _at_length(L: int) -> Measure:
-  return lambda e: float(e["lengths"][str(L)]["val_loss"])
-
-
-def measures(lengths: Sequence[int], accuracy: bool = False,
-             top_key: bool = False) -> dict[str, tuple[str, Measure]]:
-  """name -> (what it is, its function of eval.json): the validation loss, the
-  attention diagnostics (mean or largest over layers), the loss at the longest
-  evaluated length and its growth from the shortest; with `accuracy` (the masked
-  LM's eval.json), the masked-token accuracy in points; with `top_key` (runs
-  evaluated since eval.json has it), the heaviest key's weight (largest layer)."""
-  out = {"val_loss": ("val_loss", lambda e: float(e["val_loss"])),
-         "sink_rate": ("sink_rate (mean over layers)", _layers("sink_rate", np.mean)),
-         "sink_rate_max": ("sink_rate (largest layer)", _layers("sink_rate", max)),
-         "act_ratio": ("act_ratio (largest layer)", _layers("act_ratio", max)),
-         "kurtosis": ("kurtosis (largest layer)", _layers("kurtosis", max)),
-         "max_logit": ("max_logit (largest layer)", _layers("max_logit", max))}
-  if top_key:
-    out["top_key_weight"] = ("top_key_weight (largest layer)", _layers("top_key_weight", max))
-  if accuracy:
-    out["accuracy"] = ("masked-token accuracy (points)", lambda e: 100 * float(e["accuracy"]))
-  if lengths:
-    first, last = lengths[0], lengths[-1]
-    out["loss_longest"] = (f"loss@{last}", _at_length(last))
-    out["growth"] = (f"loss@{last} - loss@{first}",
-                     lambda e: _at_length(last)(e) - _at_length(first)(e))
-  return out
-
-
-def value(run: dict, measure: Measure) -> float:
-  """`measure` of the run's eval.json; NaN where it has none or lacks the field."""
-  if not run["eval"]:
-    return math.nan
-  try:
-    return measure(run["eval"])
-  except (KeyError, TypeError, ValueError):
-    return math.nan
-
-
-def by_seed(runs: Sequence[dict], measure: Measure) -> dict[int, float]:
-  """{seed: measure} over the runs where it is finite."""
-  values = {r["seed"]: value(r, measure) for r in runs}
-  return {s: v for s, v in values.items() if math.isfinite(v)}
-
+# The tables.
 
 def _train_loss(runs: Sequence[dict]) -> dict[int, float]:
   return {r["seed"]: r["final_train_loss"] for r in runs
           if math.isfinite(r["final_train_loss"])}
 
 
-def _mean(values) -> float:
-  values = [v for v in values if math.isfinite(v)]
-  return float(np.mean(values)) if values else math.nan
-
-
-# ---------------------------------------------------------------------------
-# The tables.
-
 def summary_rows(rows: Sequence[dict]) -> list[dict]:
   """One row per label in table order (module docstring, normalisers.md)."""
   best, lengths = best_runs(rows), lengths_of(rows)
-  m = _measures(rows)
+  m = measures_of(rows)
   sens = {r["label"]: r for r in transfer_sensitivity.sensitivity_rows(rows)}
   ref = best.get(REFERENCE, (math.nan, []))[1]
   longest = f"loss@{lengths[-1]}" if lengths else "loss@longest"
@@ -288,9 +157,9 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
     for name in ("sink_rate", "sink_rate_max", "top_key_weight", "act_ratio", "kurtosis",
                  "max_logit"):
       if name in m:
-        row[name] = _mean(by_seed(runs, m[name][1]).values())
+        row[name] = mean_finite(by_seed(runs, m[name][1]).values())
     if lengths:
-      row[longest] = _mean(by_seed(runs, m["loss_longest"][1]).values())
+      row[longest] = mean_finite(by_seed(runs, m["loss_longest"][1]).values())
       row[f"{longest}_vs_softmax"] = _versus(label, ref, runs, m["loss_longest"][1])
     out.append(row)
   return out
@@ -363,15 +232,15 @@ def claim_rows(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> list[d
   paired by seed (`stats.compare`), and the verdict. Every claimed label has its rows,
   one not in the store yet too ("pending (0 seeds)")."""
   best = best_runs(rows)
-  m = _measures(rows)
+  m = measures_of(rows)
   ref = best.get(REFERENCE, (math.nan, []))[1]
   out = []
   for c in claims:
     for label in c.labels:
       runs = best.get(label, (math.nan, []))[1]
       for name, predicts in c.predicts:
-        if name == "top_key_weight" and name not in m:
-          continue  # runs evaluated before eval.json had it
+        if name in LATER_MEASURES and name not in m:
+          continue  # the runs were evaluated before eval.json had it
         what, f = m.get(name, (name, None))
         a, b = (by_seed(ref, f), by_seed(runs, f)) if f else ({}, {})
         shared = len(set(a) & set(b))
@@ -390,16 +259,16 @@ LAYER_KEYS = ("sink_rate", "top_key_weight", "sink_heads", "act_ratio", "kurtosi
 def layer_rows(rows: Sequence[dict]) -> list[dict]:
   """Per label and layer: LAYER_KEYS, seed means over the evaluated runs at the best
   rate."""
-  keys = [k for k in LAYER_KEYS if k != "top_key_weight" or has_top_key(rows)]
+  keys = [k for k in LAYER_KEYS if k not in LATER_MEASURES or has_top_key(rows)]
   out = []
-  for label, (lr, runs) in _ordered_best(rows):
+  for label, (lr, runs) in ordered_best(rows):
     evaluated = [r for r in runs if r["eval"] and r["eval"].get("attention")]
     if not evaluated:
       continue
     for i in range(min(len(r["eval"]["attention"]) for r in evaluated)):
       out.append({"label": label, "best_lr": lr, "seeds": len(evaluated), "layer": i,
-                  **{k: _mean(float(r["eval"]["attention"][i].get(k, math.nan))
-                              for r in evaluated) for k in keys}})
+                  **{k: mean_finite(float(r["eval"]["attention"][i].get(k, math.nan))
+                                    for r in evaluated) for k in keys}})
   return out
 
 
@@ -411,147 +280,14 @@ def length_rows(rows: Sequence[dict]) -> list[dict]:
     return []
   growth = measures(lengths)["growth"][1]
   out = []
-  for label, (lr, runs) in _ordered_best(rows):
-    row = {"label": label, "best_lr": lr, "seeds": len(by_seed(runs, _at_length(lengths[-1])))}
-    row |= {f"L={L}": stats.format_interval(by_seed(runs, _at_length(L)).values())
+  for label, (lr, runs) in ordered_best(rows):
+    row = {"label": label, "best_lr": lr, "seeds": len(by_seed(runs, at_length(lengths[-1])))}
+    row |= {f"L={L}": stats.format_interval(by_seed(runs, at_length(L)).values())
             for L in lengths}
     row[f"L={lengths[-1]} - L={lengths[0]}"] = stats.format_interval(
         by_seed(runs, growth).values(), "+.3f")
     out.append(row)
   return out
-
-
-def _ordered_best(rows: Sequence[dict]) -> list[tuple[str, tuple[float, list[dict]]]]:
-  best = best_runs(rows)
-  return [(label, best[label]) for label in order(best)]
-
-
-# ---------------------------------------------------------------------------
-# The figures.
-
-def _family(label: str) -> int:
-  """0 for the softmax family, 1 for the non-softmax normalisers (and any other)."""
-  return 0 if label in SOFTMAX_FAMILY else 1
-
-
-def plot_rates(rows: Sequence[dict]):
-  """Final training loss against learning rate, a panel per label (4 a row, each
-  normaliser beside its QK-norm twin): seed dots, the seed-mean line, the best rate
-  ringed, diverged seeds as x on the top edge, softmax's seed means in grey."""
-  labels = order(r["label"] for r in rows)
-  best = best_runs(rows)
-  finite = [r["final_train_loss"] for r in rows if math.isfinite(r["final_train_loss"])]
-  low = min(finite) if finite else 0.0
-  top = low + 0.8  # the near-best region: diverged and far rates sit on the edge
-  cols = 4
-  fig = reporting.new_figure(3.2 * cols, 2.6 * math.ceil(len(labels) / cols))
-  axes = fig.subplots(math.ceil(len(labels) / cols), cols, squeeze=False, sharex=True,
-                      sharey=True)
-  reference = _seed_means(rows, REFERENCE)
-  for ax, label in zip(axes.flat, labels):
-    if label != REFERENCE and reference:
-      ax.plot(*zip(*reference), color="0.6", ls="--", lw=1, label=REFERENCE)
-    style = reporting.style(_family(label))
-    means = _seed_means(rows, label)
-    if means:
-      ax.plot(*zip(*means), color=style["color"], lw=1.5)
-    runs = [r for r in rows if r["label"] == label]
-    done = [r for r in runs if math.isfinite(r["final_train_loss"])]
-    ax.plot([r["learning_rate"] for r in done],
-            [min(r["final_train_loss"], top) for r in done], ".", color=style["color"],
-            alpha=0.6, ms=6)
-    diverged = [r["learning_rate"] for r in runs if not math.isfinite(r["final_train_loss"])]
-    ax.plot(diverged, [top] * len(diverged), "x", color="tab:red", ms=6)
-    if label in best:
-      lr, at = best[label]
-      ax.plot([lr], [_mean(r["final_train_loss"] for r in at)], "o", mfc="none",
-              color="k", ms=10)
-    seeds = len(best.get(label, (0, []))[1])
-    ax.set_title(f"{label} ({seeds} seed{'s' * (seeds != 1)} at best)", fontsize=9)
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(low - 0.05, top + 0.05)
-    ax.grid(True, alpha=0.3)
-  for ax in axes.flat[len(labels):]:
-    ax.set_visible(False)
-  for ax in axes[-1]:
-    ax.set_xlabel("learning rate")
-  for ax in axes[:, 0]:
-    ax.set_ylabel("final training loss")
-  if reference and len(labels) > 1:  # softmax's panel is the first: its line, the second's
-    axes.flat[1].legend(fontsize=7, loc="upper left")
-  fig.suptitle("Loss against learning rate: dots seeds, line seed mean, ring the best "
-               "rate, x diverged (drawn at the top)")
-  return fig
-
-
-def _seed_means(rows: Sequence[dict], label: str) -> list[tuple[float, float]]:
-  """(rate, seed mean) of the rates where every seed of `label` finished."""
-  by_rate: dict[float, list[float]] = {}
-  for r in rows:
-    if r["label"] == label:
-      by_rate.setdefault(r["learning_rate"], []).append(r["final_train_loss"])
-  return [(lr, float(np.mean(v))) for lr, v in sorted(by_rate.items())
-          if all(map(math.isfinite, v))]
-
-
-def plot_sinks(layers: Sequence[dict]):
-  """Sink rate and kurtosis per label (rows) and layer (columns), seed means at the
-  best rate, each cell written in; kurtosis on a log colour scale (massive activations
-  put it in the hundreds, a Gaussian stream has 3)."""
-  from matplotlib.colors import LogNorm, Normalize
-
-  labels = list(dict.fromkeys(r["label"] for r in layers))
-  depth = max((r["layer"] for r in layers), default=-1) + 1
-  fig = reporting.new_figure(12, 1.0 + 0.38 * max(len(labels), 1))
-  for ax, key, fmt in zip(fig.subplots(1, 2), ("sink_rate", "kurtosis"), (".2f", ".1f")):
-    grid_LY = np.full((max(len(labels), 1), max(depth, 1)), np.nan)
-    for r in layers:
-      grid_LY[labels.index(r["label"]), r["layer"]] = r[key]
-    finite = grid_LY[np.isfinite(grid_LY)]
-    norm = (LogNorm(finite.min(), max(finite.max(), finite.min() * 1.01))
-            if key == "kurtosis" and finite.size and finite.min() > 0 else
-            Normalize(0.0, max(finite.max(), 1e-6) if finite.size else 1.0))
-    image = ax.imshow(grid_LY, aspect="auto", cmap="viridis", norm=norm)
-    for (i, j), v in np.ndenumerate(grid_LY):
-      if math.isfinite(v):  # dark text on the bright end of viridis
-        ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7,
-                color="k" if norm(v) > 0.6 else "w")
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.set_xticks(range(depth))
-    fig.colorbar(image, ax=ax, shrink=0.8)
-    ax.set_xlabel("layer")
-    ax.set_title(f"{key} (seed mean at the best rate)")
-  return fig
-
-
-def plot_lengths(rows: Sequence[dict]):
-  """Validation loss against evaluated length, the softmax family and the non-softmax
-  normalisers in two panels: seed mean at the best rate, band the seeds' range; the
-  QK-norm twins dashed; the training length dotted."""
-  lengths = lengths_of(rows)
-  fig = reporting.new_figure(13, 4.8)
-  axes = fig.subplots(1, 2, sharey=True)
-  colours: list[dict[str, int]] = [{}, {}]  # per panel: a twin takes its normaliser's
-  for label, (_, runs) in _ordered_best(rows):
-    loss_RL = np.array([[value(r, _at_length(L)) for L in lengths] for r in runs])
-    loss_RL = loss_RL[np.all(np.isfinite(loss_RL), axis=1)] if loss_RL.size else loss_RL
-    if not lengths or not len(loss_RL):
-      continue
-    family, base = _family(label), label.removesuffix("_qk_rmsnorm")
-    ax = axes[family]
-    style = reporting.style(colours[family].setdefault(base, len(colours[family])))
-    ax.plot(lengths, loss_RL.mean(0), label=f"{label} ({len(loss_RL)})",
-            ls="--" if label.endswith("_qk_rmsnorm") else "-", **style)
-    ax.fill_between(lengths, loss_RL.min(0), loss_RL.max(0), color=style["color"], alpha=0.12)
-  train = {r["train_len"] for r in rows}
-  for ax, title in zip(axes, ("softmax and its amendments", "non-softmax normalisers "
-                              "(dashed: + RMS QK-norm)")):
-    ax.set_xscale("log", base=2)
-    for L in train:
-      ax.axvline(L, color="k", lw=0.8, ls=":")
-    reporting.label_axes(ax, xlabel="evaluation length", ylabel="validation loss (nats)",
-                         title=title + "; (n): seeds")
-  return fig
 
 
 # ---------------------------------------------------------------------------
@@ -694,7 +430,7 @@ def _runs_csv(rows: Sequence[dict], path: str) -> str:
   lengths = lengths_of(rows)
   results = [f"val_loss_L{L}" for L in lengths] + ["accuracy"] * has_accuracy(rows)
   sweep_results.write_runs_csv(
-      [{**r, **{f"val_loss_L{L}": value(r, _at_length(L)) for L in lengths},
+      [{**r, **{f"val_loss_L{L}": value(r, at_length(L)) for L in lengths},
         "accuracy": value(r, lambda e: float(e["accuracy"]))} for r in rows],
       path, hyperparameters=(), results=results)
   return path

@@ -1,0 +1,182 @@
+"""The normalisers sweeps' runs (docs/experiments/normalisers.md): each run's label
+from its config.json, the finished runs of a store or folder as rows with their
+eval.json, each label's best rate, and the measures the tables and figures read off an
+eval.json (attnscale/studies/normalisers.py, normalisers_figures.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+import ml_collections
+import numpy as np
+
+from attnscale.experiments import run_records, sweep_results
+from attnscale.runtime import configlib
+from attnscale.studies import sensitivity as sensitivity_study
+
+REFERENCE = "softmax"
+# The sweep's labels (configs/shakespeare_char_sweeps.py NORMALISERS) -> the
+# `configlib.run_label` of their runs, in the tables' order: the softmax family, then
+# each non-softmax normaliser beside its RMS QK-norm twin.
+SOFTMAX_FAMILY = {"softmax": "standard", "sink_learned": "standard+sink_learned",
+                  "sink_zero": "standard+sink_zero",
+                  "gate_headwise": "standard+gate_headwise",
+                  "gate_elementwise": "standard+gate_elementwise", "fox": "standard+fox",
+                  "differential": "standard+diff", "selective": "standard+selective"}
+NON_SOFTMAX = ("sigmoid", "softpick", "relu", "stickbreaking")
+LABELS = SOFTMAX_FAMILY | {
+    f"{n}{twin}": f"{scaling}+{n}" for n in NON_SOFTMAX
+    for twin, scaling in (("", "standard"), ("_qk_rmsnorm", "qk_rmsnorm"))}
+POSITIONS = "rope"
+# The BERT's labels (configs/bert_small_sweeps.py BERT_NORMALISERS): the claims that need
+# no causal order, (a) and (b); stick-breaking, FoX and selective attention are causal.
+BERT_LABELS = ("softmax", "gate_elementwise", "softpick", "relu")
+_BY_RUN_LABEL = {v: k for k, v in LABELS.items()}
+
+
+def normaliser_label(config: Mapping) -> str:
+  """The sweep's label of a run from its config.json (`LABELS`); a run the sweep does
+  not define (other positions, another option) keeps its run_label, never averaged
+  into a sweep label."""
+  # The BERT's runs (post-LN) take the char LM's labels: their own store keeps them apart.
+  run_label = configlib.run_label(ml_collections.ConfigDict(dict(config)))
+  run_label = run_label.replace("+post_ln", "")
+  positions = config["model"].get("positions", "learned")
+  if positions != POSITIONS:
+    return f"{run_label}+positions_{positions}"
+  return _BY_RUN_LABEL.get(run_label, run_label)
+
+
+def order(labels) -> list[str]:
+  """The labels in the tables' order: the sweep's (`LABELS`), then any other, sorted."""
+  present = set(labels)
+  return [k for k in LABELS if k in present] + sorted(present - set(LABELS))
+
+
+# ---------------------------------------------------------------------------
+# Reading the runs.
+
+def read_rows(workdir: str) -> list[dict]:
+  """The sweep's finished (or diverged) runs (`sensitivity.read_rows`), each with its
+  label, width (what `transfer_sensitivity` groups by: one here), training length and
+  its eval.json (None until eval.py has evaluated its last step), in table order."""
+  rows = sensitivity_study.read_rows(workdir, lambda config: {
+      "label": normaliser_label(config), "width": config["model"]["width"],
+      "train_len": config["seq_len"]})
+  for row in rows:
+    run = os.path.join(workdir, row["run"])
+    row["eval"] = None
+    if run_records.evaluated(run):
+      with open(os.path.join(run, "eval.json")) as f:
+        row["eval"] = json.load(f)
+  rank = {k: i for i, k in enumerate(order(r["label"] for r in rows))}
+  return sorted(rows, key=lambda r: (rank[r["label"]], r["learning_rate"], r["seed"]))
+
+
+def has_accuracy(rows: Sequence[dict]) -> bool:
+  """Whether any run's eval.json has a masked-token accuracy (the BERT's)."""
+  return any(r["eval"] and "accuracy" in r["eval"] for r in rows)
+
+
+def has_top_key(rows: Sequence[dict]) -> bool:
+  """Whether any run's eval.json has the heaviest key's weight (evaluated since
+  `layer_stats` measures it; the char LM's sweep was evaluated before)."""
+  return any(r["eval"] and "top_key_weight" in (r["eval"].get("attention") or [{}])[0]
+             for r in rows)
+
+
+def lengths_of(rows: Sequence[dict]) -> list[int]:
+  """The evaluated lengths of any run, ascending."""
+  return sorted({int(L) for r in rows if r["eval"] for L in r["eval"].get("lengths", {})})
+
+
+def best_runs(rows: Sequence[dict]) -> dict[str, tuple[float, list[dict]]]:
+  """{label: (best rate, its finished runs)}: the lowest seed mean of the final
+  training loss among the label's rates with the most finished seeds
+  (`sweep_results.best_per_scaling`, the staged search's own choice). A label whose
+  every run diverged has none."""
+  best = sweep_results.best_per_scaling([dict(r, scaling=r["label"]) for r in rows])
+  return {label: (b["learning_rate"],
+                  [r for r in rows if r["label"] == label and r["status"] == "done"
+                   and r["learning_rate"] == b["learning_rate"]])
+          for label, b in best.items()}
+
+
+# ---------------------------------------------------------------------------
+# What is measured on a run: a function of its eval.json.
+
+Measure = Callable[[dict], float]
+# Measures eval.json has only since layer_stats recorded them: a table or claim leaves
+# one out where no run has it (the char LM's sweep was evaluated before top_key_weight).
+LATER_MEASURES = ("top_key_weight",)
+
+
+def _layers(key: str, reduce) -> Measure:
+  return lambda e: float(reduce([layer[key] for layer in e["attention"]]))
+
+
+def at_length(L: int) -> Measure:
+  return lambda e: float(e["lengths"][str(L)]["val_loss"])
+
+
+def measures(lengths: Sequence[int], accuracy: bool = False,
+             top_key: bool = False) -> dict[str, tuple[str, Measure]]:
+  """name -> (what it is, its function of eval.json): the validation loss, the
+  attention diagnostics (mean or largest over layers), the loss at the longest
+  evaluated length and its growth from the shortest; with `accuracy` (the masked
+  LM's eval.json), the masked-token accuracy in points; with `top_key` (runs
+  evaluated since eval.json has it), the heaviest key's weight (largest layer)."""
+  out = {"val_loss": ("val_loss", lambda e: float(e["val_loss"])),
+         "sink_rate": ("sink_rate (mean over layers)", _layers("sink_rate", np.mean)),
+         "sink_rate_max": ("sink_rate (largest layer)", _layers("sink_rate", max)),
+         "act_ratio": ("act_ratio (largest layer)", _layers("act_ratio", max)),
+         "kurtosis": ("kurtosis (largest layer)", _layers("kurtosis", max)),
+         "max_logit": ("max_logit (largest layer)", _layers("max_logit", max))}
+  if top_key:
+    out["top_key_weight"] = ("top_key_weight (largest layer)", _layers("top_key_weight", max))
+  if accuracy:
+    out["accuracy"] = ("masked-token accuracy (points)", lambda e: 100 * float(e["accuracy"]))
+  if lengths:
+    first, last = lengths[0], lengths[-1]
+    out["loss_longest"] = (f"loss@{last}", at_length(last))
+    out["growth"] = (f"loss@{last} - loss@{first}",
+                     lambda e: at_length(last)(e) - at_length(first)(e))
+  return out
+
+
+def measures_of(rows: Sequence[dict]) -> dict[str, tuple[str, Measure]]:
+  """`measures` for these runs: their lengths, and accuracy and the heaviest key's
+  weight where some run's eval.json has them."""
+  return measures(lengths_of(rows), accuracy=has_accuracy(rows), top_key=has_top_key(rows))
+
+
+def value(run: dict, measure: Measure) -> float:
+  """`measure` of the run's eval.json; NaN where it has none or lacks the field."""
+  if not run["eval"]:
+    return math.nan
+  try:
+    return measure(run["eval"])
+  except (KeyError, TypeError, ValueError):
+    return math.nan
+
+
+def by_seed(runs: Sequence[dict], measure: Measure) -> dict[int, float]:
+  """{seed: measure} over the runs where it is finite."""
+  values = {r["seed"]: value(r, measure) for r in runs}
+  return {s: v for s, v in values.items() if math.isfinite(v)}
+
+
+def mean_finite(values) -> float:
+  """The mean of the finite values; NaN where there are none."""
+  values = [v for v in values if math.isfinite(v)]
+  return float(np.mean(values)) if values else math.nan
+
+
+def ordered_best(rows: Sequence[dict]) -> list[tuple[str, tuple[float, list[dict]]]]:
+  """`best_runs` in the tables' order."""
+  best = best_runs(rows)
+  return [(label, best[label]) for label in order(best)]
