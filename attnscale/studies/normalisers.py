@@ -39,7 +39,8 @@ whatever stage it is, with its seed count, and a claim that needs 3 seeds says
                              over the seeds at the best rate
   normalisers.png            final training loss against learning rate, a panel per
                              label (seed dots, seed-mean line, softmax's line in grey)
-  normalisers_sinks.png      sink rate and kurtosis per label and layer
+  normalisers_sinks.png      sink rate, the heaviest key's weight (where eval.json has
+                             it) and kurtosis per label and layer
   normalisers_lengths.png    validation loss against evaluated length (log2), softmax
                              family and non-softmax normalisers in two panels
   runs.csv                   every run: its row and its validation loss at each length

@@ -36,7 +36,10 @@ def plot_rates(rows: Sequence[dict]):
   best = best_runs(rows)
   finite = [r["final_train_loss"] for r in rows if math.isfinite(r["final_train_loss"])]
   low = min(finite) if finite else 0.0
-  top = low + 0.8  # the near-best region: diverged and far rates sit on the edge
+  # The near-best region, tall enough for every label's best seed mean (the BERT's
+  # labels lie 1.2 nats apart): diverged and far rates sit on the top edge.
+  best_means = [mean_finite(r["final_train_loss"] for r in at) for _, at in best.values()]
+  top = max([low + 0.8] + [m + 0.4 for m in best_means if math.isfinite(m)])
   cols = 4
   fig = reporting.new_figure(3.2 * cols, 2.6 * math.ceil(len(labels) / cols))
   axes = fig.subplots(math.ceil(len(labels) / cols), cols, squeeze=False, sharex=True,
@@ -89,15 +92,19 @@ def _seed_means(rows: Sequence[dict], label: str) -> list[tuple[float, float]]:
 
 
 def plot_sinks(layers: Sequence[dict]):
-  """Sink rate and kurtosis per label (rows) and layer (columns), seed means at the
-  best rate, each cell written in; kurtosis on a log colour scale (massive activations
-  put it in the hundreds, a Gaussian stream has 3)."""
+  """Sink rate, the heaviest key's weight (where eval.json has it) and kurtosis per
+  label (rows) and layer (columns), seed means at the best rate, each cell written in;
+  kurtosis on a log colour scale (massive activations put it in the hundreds, a
+  Gaussian stream has 3)."""
   from matplotlib.colors import LogNorm, Normalize
 
   labels = list(dict.fromkeys(r["label"] for r in layers))
   depth = max((r["layer"] for r in layers), default=-1) + 1
-  fig = reporting.new_figure(12, 1.0 + 0.38 * max(len(labels), 1))
-  for ax, key, fmt in zip(fig.subplots(1, 2), ("sink_rate", "kurtosis"), (".2f", ".1f")):
+  keys = [k for k in ("sink_rate", "top_key_weight", "kurtosis")
+          if any(k in r for r in layers)] or ["sink_rate", "kurtosis"]
+  fig = reporting.new_figure(6 * len(keys), 1.0 + 0.38 * max(len(labels), 1))
+  for ax, key in zip(fig.subplots(1, len(keys), squeeze=False)[0], keys):
+    fmt = ".1f" if key == "kurtosis" else ".2f"
     grid_LY = np.full((max(len(labels), 1), max(depth, 1)), np.nan)
     for r in layers:
       grid_LY[labels.index(r["label"]), r["layer"]] = r[key]
