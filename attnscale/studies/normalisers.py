@@ -116,7 +116,8 @@ from attnscale.studies.normalisers_runs import (
   best_runs,
   by_seed,
   has_accuracy,
-  has_top_key,
+  has_layer_key,
+  later_measures,
   lengths_of,
   mean_finite,
   measures,
@@ -260,7 +261,7 @@ LAYER_KEYS = ("sink_rate", "top_key_weight", "sink_heads", "act_ratio", "kurtosi
 def layer_rows(rows: Sequence[dict]) -> list[dict]:
   """Per label and layer: LAYER_KEYS, seed means over the evaluated runs at the best
   rate."""
-  keys = [k for k in LAYER_KEYS if k not in LATER_MEASURES or has_top_key(rows)]
+  keys = [k for k in LAYER_KEYS if k not in LATER_MEASURES or k in later_measures(rows)]
   out = []
   for label, (lr, runs) in ordered_best(rows):
     evaluated = [r for r in runs if r["eval"] and r["eval"].get("attention")]
@@ -373,9 +374,9 @@ def write_label_tables(rows: Sequence[dict], out: str, name: str, *, what: str,
               "acc_vs_softmax: its difference, better = higher." if has_accuracy(rows) else "")
   top_key = ("top_key_weight: the heaviest key's mean weight in each row, wherever it "
              "sits (a [CLS], [SEP] or delimiter sink too), largest layer; "
-             if has_top_key(rows) else "")
+             if has_layer_key(rows, "top_key_weight") else "")
   top_key_layer = ("top_key_weight (the heaviest key's, wherever it sits), "
-                   if has_top_key(rows) else "")
+                   if has_layer_key(rows, "top_key_weight") else "")
   rate = {"best_lr": reporting.power_of_two}
   paths = reporting.write_tables(
       summary_rows(rows), out, name, floats=".3f", formats=rate,

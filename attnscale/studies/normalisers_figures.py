@@ -38,8 +38,8 @@ def plot_rates(rows: Sequence[dict]):
   low = min(finite) if finite else 0.0
   # The near-best region, tall enough for every label's best seed mean (the BERT's
   # labels lie 1.2 nats apart): diverged and far rates sit on the top edge.
-  best_means = [mean_finite(r["final_train_loss"] for r in at) for _, at in best.values()]
-  top = max([low + 0.8] + [m + 0.4 for m in best_means if math.isfinite(m)])
+  best_mean = {k: mean_finite(r["final_train_loss"] for r in at) for k, (_, at) in best.items()}
+  top = max([low + 0.8] + [m + 0.4 for m in best_mean.values() if math.isfinite(m)])
   cols = 4
   fig = reporting.new_figure(3.2 * cols, 2.6 * math.ceil(len(labels) / cols))
   axes = fig.subplots(math.ceil(len(labels) / cols), cols, squeeze=False, sharex=True,
@@ -60,9 +60,7 @@ def plot_rates(rows: Sequence[dict]):
     diverged = [r["learning_rate"] for r in runs if not math.isfinite(r["final_train_loss"])]
     ax.plot(diverged, [top] * len(diverged), "x", color="tab:red", ms=6)
     if label in best:
-      lr, at = best[label]
-      ax.plot([lr], [mean_finite(r["final_train_loss"] for r in at)], "o", mfc="none",
-              color="k", ms=10)
+      ax.plot([best[label][0]], [best_mean[label]], "o", mfc="none", color="k", ms=10)
     seeds = len(best.get(label, (0, []))[1])
     ax.set_title(f"{label} ({seeds} seed{'s' * (seeds != 1)} at best)", fontsize=9)
     ax.set_xscale("log", base=2)

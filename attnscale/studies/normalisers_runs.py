@@ -82,11 +82,15 @@ def has_accuracy(rows: Sequence[dict]) -> bool:
   return any(r["eval"] and "accuracy" in r["eval"] for r in rows)
 
 
-def has_top_key(rows: Sequence[dict]) -> bool:
-  """Whether any run's eval.json has the heaviest key's weight (evaluated since
-  `layer_stats` measures it; the char LM's sweep was evaluated before)."""
-  return any(r["eval"] and "top_key_weight" in (r["eval"].get("attention") or [{}])[0]
-             for r in rows)
+def has_layer_key(rows: Sequence[dict], key: str) -> bool:
+  """Whether any run's eval.json has `key` per layer (a `LATER_MEASURES` key only
+  where the run was evaluated since `layer_stats` recorded it)."""
+  return any(r["eval"] and key in (r["eval"].get("attention") or [{}])[0] for r in rows)
+
+
+def later_measures(rows: Sequence[dict]) -> tuple[str, ...]:
+  """The `LATER_MEASURES` some run's eval.json has."""
+  return tuple(k for k in LATER_MEASURES if has_layer_key(rows, k))
 
 
 def lengths_of(rows: Sequence[dict]) -> list[int]:
@@ -124,20 +128,21 @@ def at_length(L: int) -> Measure:
 
 
 def measures(lengths: Sequence[int], accuracy: bool = False,
-             top_key: bool = False) -> dict[str, tuple[str, Measure]]:
+             later: Sequence[str] = ()) -> dict[str, tuple[str, Measure]]:
   """name -> (what it is, its function of eval.json): the validation loss, the
   attention diagnostics (mean or largest over layers), the loss at the longest
   evaluated length and its growth from the shortest; with `accuracy` (the masked
-  LM's eval.json), the masked-token accuracy in points; with `top_key` (runs
-  evaluated since eval.json has it), the heaviest key's weight (largest layer)."""
+  LM's eval.json), the masked-token accuracy in points; each of `later` (the
+  `LATER_MEASURES` the runs have: top_key_weight, the heaviest key's weight), its
+  largest layer."""
   out = {"val_loss": ("val_loss", lambda e: float(e["val_loss"])),
          "sink_rate": ("sink_rate (mean over layers)", _layers("sink_rate", np.mean)),
          "sink_rate_max": ("sink_rate (largest layer)", _layers("sink_rate", max)),
          "act_ratio": ("act_ratio (largest layer)", _layers("act_ratio", max)),
          "kurtosis": ("kurtosis (largest layer)", _layers("kurtosis", max)),
          "max_logit": ("max_logit (largest layer)", _layers("max_logit", max))}
-  if top_key:
-    out["top_key_weight"] = ("top_key_weight (largest layer)", _layers("top_key_weight", max))
+  for key in later:
+    out[key] = (f"{key} (largest layer)", _layers(key, max))
   if accuracy:
     out["accuracy"] = ("masked-token accuracy (points)", lambda e: 100 * float(e["accuracy"]))
   if lengths:
@@ -149,9 +154,9 @@ def measures(lengths: Sequence[int], accuracy: bool = False,
 
 
 def measures_of(rows: Sequence[dict]) -> dict[str, tuple[str, Measure]]:
-  """`measures` for these runs: their lengths, and accuracy and the heaviest key's
-  weight where some run's eval.json has them."""
-  return measures(lengths_of(rows), accuracy=has_accuracy(rows), top_key=has_top_key(rows))
+  """`measures` for these runs: their lengths, and accuracy and the later measures
+  where some run's eval.json has them."""
+  return measures(lengths_of(rows), accuracy=has_accuracy(rows), later=later_measures(rows))
 
 
 def value(run: dict, measure: Measure) -> float:
