@@ -43,15 +43,15 @@ Presets and what to expect:
 import ml_collections
 from ml_collections import config_dict
 
-from attnscale.runtime import configlib
+from attnscale.config import builders
 
 PRESETS = ("mini", "cpu", "base", "test")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, seed=0, ln="post")
-  configlib.check_choice("preset", arg.preset, PRESETS)
-  configlib.check_choice("ln", arg.ln, ("post", "pre"))
+  arg = builders.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, seed=0, ln="post")
+  builders.check_choice("preset", arg.preset, PRESETS)
+  builders.check_choice("ln", arg.ln, ("post", "pre"))
 
   c = ml_collections.ConfigDict()
   c.task = "mlm"  # what train.py trains: masked-LM pretraining (attnscale.tasks.MLMTask)
@@ -77,7 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seq_len = 128  # row length including [CLS] and [SEP] (<= model.block_size)
   c.num_train_steps = 10_000  # total optimizer steps
   # optimizer (adamw), its Muon options, learning_rate and lr_schedule (cosine)
-  configlib.add_optimizer(c, learning_rate=5e-4)
+  builders.add_optimizer(c, learning_rate=5e-4)
   c.warmup_steps = 500  # linear warm-up from 0 (post-LN needs one)
   c.min_learning_rate = 5e-5  # end of the cosine decay
   c.b1 = 0.9  # Adam beta1
@@ -92,12 +92,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  configlib.add_devices(c)  # config.mesh (data x fsdp) and config.remat
-  configlib.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
+  builders.add_devices(c)  # mesh, remat, grad_accum_steps, loggers, profile_steps, point
+  builders.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
 
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md) with the
   # config argument's scaling. What differs from its defaults (a GPT):
-  c.model = configlib.model(arg.scaling, p=arg.p)
+  c.model = builders.model(arg.scaling, p=arg.p)
   m = c.model
   m.vocab_size = 8192  # the subword vocabulary (checked against the tokenizer)
   m.block_size = 128  # learned positions = longest row

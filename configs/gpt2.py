@@ -46,7 +46,7 @@ Presets and what to expect:
 
 import ml_collections
 
-from attnscale.runtime import configlib
+from attnscale.config import builders
 
 PRESETS = ("small", "medium", "cpu", "test")
 # tokenizer -> (model.vocab_size, the default data_dir): what prepare_tokens writes there.
@@ -56,11 +56,11 @@ TOKENIZERS = {"gpt2": (50304, "data/fineweb_edu_10b"), "bytes": (320, "data/shak
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, preset="small", scaling="standard", p=2.0, temperature=0.0,
+  arg = builders.parse_arg(arg, preset="small", scaling="standard", p=2.0, temperature=0.0,
                             s=0.0, gamma=1.0, a=0.0, seed=0, tokenizer="")
-  configlib.check_choice("preset", arg.preset, PRESETS)
+  builders.check_choice("preset", arg.preset, PRESETS)
   tokenizer = arg.tokenizer or ("gpt2" if arg.preset in ("small", "medium") else "bytes")
-  configlib.check_choice("tokenizer", tokenizer, TOKENIZERS)
+  builders.check_choice("tokenizer", tokenizer, TOKENIZERS)
   vocab_size, data_dir = TOKENIZERS[tokenizer]
 
   c = ml_collections.ConfigDict()
@@ -78,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seq_len = 1024  # training window length (<= model.block_size)
   c.num_train_steps = 19073  # total optimizer steps (10B tokens at 524,288 a step)
   # optimizer (adamw), its Muon options, learning_rate and lr_schedule (cosine)
-  configlib.add_optimizer(c, learning_rate=6e-4)
+  builders.add_optimizer(c, learning_rate=6e-4)
   c.warmup_steps = 700  # linear warm-up from 0 (llm.c's 124M run)
   c.min_learning_rate = 6e-5  # end of the cosine decay (a tenth of the peak, nanoGPT)
   c.b1 = 0.9  # Adam beta1
@@ -96,8 +96,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  configlib.add_devices(c)  # config.mesh (data x fsdp), config.remat, config.grad_accum_steps
-  configlib.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
+  builders.add_devices(c)  # mesh, remat, grad_accum_steps, loggers, profile_steps, point
+  builders.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
   # The sink metrics' pass holds [rows, heads, T, T] weights a layer: 2 rows at T = 1024
   # are 100 MB a layer (8 would be 400 MB).
   c.sink_metrics_rows = 2
@@ -107,7 +107,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Model: GPT-2 small (nanoGPT's GPTConfig: tied embedding, learned positions, pre-LN,
   # GELU MLP x4), with the config argument's scaling.
-  c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s,
+  c.model = builders.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s,
                             gamma=arg.gamma, a=arg.a)
   m = c.model
   m.vocab_size, m.block_size = vocab_size, 1024

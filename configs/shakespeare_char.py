@@ -39,15 +39,15 @@ Presets and what to expect:
 import ml_collections
 from ml_collections import config_dict
 
-from attnscale.runtime import configlib
+from attnscale.config import builders
 
 PRESETS = ("nanogpt", "nanogpt_cpu", "graphcore", "graphcore_cpu", "cpu", "test")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arg = configlib.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, temperature=0.0,
+  arg = builders.parse_arg(arg, preset="cpu", scaling="standard", p=2.0, temperature=0.0,
                             s=0.0, gamma=1.0, a=0.0, seed=0)
-  configlib.check_choice("preset", arg.preset, PRESETS)
+  builders.check_choice("preset", arg.preset, PRESETS)
 
   c = ml_collections.ConfigDict()
   c.task = "char_lm"  # what train.py trains: the task decides data, loss and eval
@@ -66,7 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seq_len = 256  # training window length (<= model.block_size)
   c.num_train_steps = 5000  # total optimizer steps
   # optimizer (adamw), its Muon options, learning_rate and lr_schedule (cosine)
-  configlib.add_optimizer(c, learning_rate=1e-3)
+  builders.add_optimizer(c, learning_rate=1e-3)
   c.warmup_steps = 100  # linear warm-up from 0
   c.min_learning_rate = 1e-4  # end of the cosine decay
   c.b1 = 0.9  # Adam beta1
@@ -81,13 +81,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 500  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  configlib.add_devices(c)  # config.mesh (data x fsdp) and config.remat
-  configlib.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
+  builders.add_devices(c)  # mesh, remat, grad_accum_steps, loggers, profile_steps, point
+  builders.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
 
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md), whose
   # defaults are nanoGPT's shakespeare_char model (65 characters, 6 layers, 6 heads,
   # width 384, block 256), with the config argument's scaling. What differs here:
-  c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s,
+  c.model = builders.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s,
                             gamma=arg.gamma, a=arg.a)
   m = c.model
   m.dropout = 0.2  # nanoGPT's shakespeare_char (the smaller presets below set their own)

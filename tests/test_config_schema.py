@@ -77,7 +77,8 @@ def test_config_reference_documents_every_field():
     assert f"| `model.{path}` |" in text, path
   for key in shakespeare_char.get_config().keys():
     assert f"| `{key}` |" in text or key == "model", key
-  assert "| `mask_rate` | `0.15` | fraction of each row's real tokens" in text
+  assert ("| `mask_rate` | `0.15` |  |  |  | program | fraction of each row's real tokens"
+          in text)
   assert "| `model.dropout` | `0.0` |" in text
 
 

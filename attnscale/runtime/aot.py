@@ -278,7 +278,7 @@ def compile_report(config, target_name: str) -> dict[str, Any]:
     batch = info["train_batch" if name == "train_step" else "eval_batch"]
     # XLA's cost analysis counts a loop's body once: the accumulated train step's
     # micro-batch loop runs grad_accum_steps times.
-    trips = int(config.get("grad_accum_steps", 1)) if name == "train_step" else 1
+    trips = run_config.of(config).grad_accum_steps if name == "train_step" else 1
     report[name] = _compile(low, t, fixed, memory_bytes, analytic, params, batch, len(devs),
                             (cfg.num_heads, cfg.kv_heads, cfg.head_dim), loop_trips=trips)
   report["fits"] = all(report[name]["memory"]["fits"] for name in lowered)

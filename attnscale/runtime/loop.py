@@ -43,7 +43,7 @@ import numpy as np
 
 from attnscale import tasks
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import hostmem, interrupts, metrics_writer, profiling, rundir, trackers
+from attnscale.runtime import hostmem, interrupts, metrics_writer, profiling, rundir
 from attnscale.runtime import metric_keys as keys
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
@@ -109,8 +109,7 @@ class Slot:
     # writer drops it, and the running time continues from the checkpoint's row.
     elapsed = metrics_writer.value_at(self.workdir, keys.ELAPSED_S, self.step) or 0.0
     self.writer = MetricsWriter(self.workdir, resume_step=self.step,
-                                loggers=trackers.parse(self.config.get("loggers",
-                                                                       trackers.DEFAULT)))
+                                loggers=self.run.logger_names)
     self.start_time = time.perf_counter() - elapsed
     if self.step >= self.config.num_train_steps:
       self.status = "done"
@@ -157,7 +156,7 @@ class Program(Protocol):
     """Slot k's train state in the unpacked layout (what its checkpoints hold)."""
 
 
-def attn_stats_on_log_steps(config) -> bool:
+def attn_stats_on_log_steps(run: RunConfig) -> bool:
   """Attention metrics on, QK-clip off: the stats only on the logged steps.
 
   The attention metrics cost ~10% of a step (the kernel's extra row reductions):
@@ -165,7 +164,7 @@ def attn_stats_on_log_steps(config) -> bool:
   them, in a second program compiled with the first, so every other step runs the
   plain one and the interval's speed excludes the compilation.
   """
-  return bool(config.get("attn_metrics", False)) and not config.get("qk_clip", 0.0)
+  return run.attn_metrics and not run.qk_clip
 
 
 def logs_after(config, step: int) -> bool:
@@ -190,8 +189,8 @@ def train(program: Program, slots: list[Slot], state, *, release=None):
   # Each slot's speed interval: since its last log row (time, step).
   ticks, tick_steps = [time.perf_counter()] * len(slots), [s.step for s in slots]
   last_batch = [None] * len(slots)  # a stopped slot reuses its last batch
-  # config.profile_steps, parsed once: one run's steps (a pack is not traced).
-  profile = None if many else profiling.parse(slots[0].config.get("profile_steps", ""))
+  # config.profile_steps: one run's steps (a pack is not traced).
+  profile = None if many else slots[0].run.profile_window
   with interrupts.Preemption(before_exit=release) as preemption:
     while any(s.active for s in slots):
       if profile is not None:

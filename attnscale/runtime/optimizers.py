@@ -3,7 +3,7 @@ clipping, and muP's per-parameter learning-rate multipliers.
 
 `build(run, hparams)` is the one place a run's optimizer and its schedule are built
 (the train step, `train_state.create_state`'s initial optimizer state, `compile.py`).
-`hparams` are the run's `packing.TRACED_FIELDS`: the config's Python numbers for a
+`hparams` are the run's traced fields (`RunConfig.hparams`): the config's Python numbers for a
 single run (`RunConfig.hparams`: folded in as constants, as they always were), or
 traced arrays in a packed step (attnscale/runtime/packing.py says why), so the
 learning rate, weight decay and clipping threshold may differ between the runs of
@@ -30,13 +30,14 @@ class Optimizer(NamedTuple):
   schedule: optax.Schedule
 
 
-def learning_rate_schedule(config, hparams) -> optax.Schedule:
+def learning_rate_schedule(run, hparams) -> optax.Schedule:
   """Linear warm-up to the learning rate, then constant or cosine decay.
 
   The rates come from `hparams` (`RunConfig.hparams`, or a packed step's traced
-  arrays); the schedule's form (warm-up steps, decay length) from the ConfigDict
-  `config`.
+  arrays); the schedule's form (warm-up steps, decay length) from the `RunConfig`
+  `run` (or a ConfigDict, read by `run_config.of`).
   """
+  config = run_config.of(run)
   lr = hparams["learning_rate"]
   warmup = optax.linear_schedule(0.0, lr, max(config.warmup_steps, 1))
   if config.lr_schedule == "constant":
@@ -60,8 +61,8 @@ def build(run: run_config.RunConfig, hparams) -> Optimizer:
   `hparams`: the traced fields' values: `run.hparams` (the config's numbers), or a
   packed step's arrays (its optimizer state has the same layout).
   """
-  config, cfg = run.config, run.model
-  schedule = learning_rate_schedule(config, hparams)
+  config, cfg = run, run.model
+  schedule = learning_rate_schedule(run, hparams)
   # optax's default epsilon; the depth rule scales it (mup.adam_eps_mult, 1 otherwise).
   eps = {} if not cfg.depth_alpha else {"eps": 1e-8 * mup.adam_eps_mult(cfg)}
   if config.optimizer == "adam":
@@ -131,8 +132,7 @@ def muon(run: run_config.RunConfig, schedule, adamw: optax.GradientTransformatio
   opt_state layout depends on the parameters' shapes only, not on the traced
   learning rate or decay.
   """
-  config = run.config
-  rule = config.get("muon_lr_rule", "moonlight")
+  rule = run.muon_lr_rule
   consistent_rms = MOONLIGHT_RMS if rule == "moonlight" else None
   matrices = optax.chain(
       scale_by_muon(),
@@ -141,9 +141,9 @@ def muon(run: run_config.RunConfig, schedule, adamw: optax.GradientTransformatio
       optax.scale_by_learning_rate(schedule))
   labels = lambda params: jax.tree_util.tree_map_with_path(
       lambda path, p: "muon" if is_muon_matrix(path, p) else "adam", params)
-  adam_mult = config.get("muon_adam_lr_mult", 1.0)
-  if config.get("muon_adam_lr_base_width", 0):  # Adam's 1/width, equal at the base
-    adam_mult *= config.muon_adam_lr_base_width / run.model.width
+  adam_mult = run.muon_adam_lr_mult
+  if run.muon_adam_lr_base_width:  # Adam's 1/width, equal at the base
+    adam_mult *= run.muon_adam_lr_base_width / run.model.width
   if adam_mult != 1:  # only then: Muon checkpoints at 1 keep their opt_state layout
     adamw = optax.chain(adamw, optax.scale(adam_mult))
   return optax.partition({"muon": matrices, "adam": adamw}, labels)

@@ -194,7 +194,7 @@ class Pack:
   def __init__(self, task, run: run_config.RunConfig, graphdef, shardings_K, mesh, hparams_K):
     self.task, self.hparams_K = task, hparams_K
     self.batch_sharding = NamedSharding(mesh, P(None, ts.MESH_AXES))
-    stats_on_logs = loop.attn_stats_on_log_steps(run.config)
+    stats_on_logs = loop.attn_stats_on_log_steps(run)
 
     def packed(attn_metrics):
       step_fn = steps.train_step_fn(graphdef, task, run, attn_metrics=attn_metrics)

@@ -23,19 +23,16 @@ import os
 
 import ml_collections
 
+from attnscale.config import run as run_config
 from attnscale.runtime import configlib
 
-# The fields a packed step takes as arrays (`run_config.RunConfig.hparams`).
-TRACED_FIELDS = ("seed", "learning_rate", "min_learning_rate", "weight_decay", "grad_clip",
-                 "qk_clip", "z_loss")
-# TRACED_FIELDS that are also a branch (on when > 0): on in every run of a pack or in none.
-SWITCHES = ("grad_clip", "qk_clip", "z_loss")
-# What may differ between the runs of a pack: the traced fields and bookkeeping
-# (configlib.RESUMABLE_CHANGES less mesh, remat, grad_accum_steps and
-# sink_metrics_rows, which change the pack's programs).
-PACK_FREE_FIELDS = TRACED_FIELDS + tuple(
-    f for f in configlib.RESUMABLE_CHANGES
-    if f not in ("mesh", "remat", "grad_accum_steps", "sink_metrics_rows"))
+# The fields a packed step takes as arrays (`RunConfig.hparams`), those that are
+# also a branch (on when > 0: on in every run of a pack or in none), and what may
+# differ between the runs of a pack (the traced fields and bookkeeping): each field's
+# declared kind (attnscale/config/run.py).
+TRACED_FIELDS = run_config.TRACED_FIELDS
+SWITCHES = run_config.SWITCHES
+PACK_FREE_FIELDS = run_config.pack_free_fields()
 
 
 def pack_key(config: ml_collections.ConfigDict) -> str:

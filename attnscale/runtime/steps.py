@@ -79,7 +79,7 @@ def make_train_step(graphdef, task, run, state_shardings, batch_sharding, *,
 def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
   """The train step as a plain function (not jitted): `step(state, batch, hparams)`.
 
-  `hparams`: the run's `packing.TRACED_FIELDS` (seed, learning rates, weight decay,
+  `hparams`: the run's traced fields (`RunConfig.hparams`: seed, learning rates, weight decay,
   clipping thresholds, z-loss coefficient), from which the step builds its optimizer
   and schedule (`optimizers.build`, once), dropout key, QK-clip threshold and z-loss
   term. `make_train_step` passes the config's Python numbers (`RunConfig.hparams`:
@@ -89,12 +89,11 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
   `make_train_step`'s.
   """
   run = run_config.of(run)
-  config = run.config
   if attn_metrics is None:
-    attn_metrics = bool(config.get("attn_metrics", False))
-  clip = float(config.get("qk_clip", 0.0)) > 0  # whether, not how much: a branch
-  z_on = float(config.get("z_loss", 0.0)) > 0  # likewise: off, the step is as it was
-  accum_steps = int(config.get("grad_accum_steps", 1))
+    attn_metrics = run.attn_metrics
+  clip = run.qk_clip > 0  # whether, not how much: a branch
+  z_on = run.z_loss > 0  # likewise: off, the step is as it was
+  accum_steps = run.grad_accum_steps
   with_stats = attn_metrics or clip  # QK-clip reads the stats even when not logged
 
   def train_step(state, batch, hparams):
@@ -247,7 +246,7 @@ def make_layer_stats(graphdef, task, run, mesh, *, packed: bool = False):
   path's [rows, N, T, T] attention weights per layer. Replicated, for every
   process to read.
   """
-  rows = int(run_config.of(run).config.get("sink_metrics_rows", 0))
+  rows = run_config.of(run).sink_metrics_rows
   if rows == 0:
     return None
 

@@ -55,7 +55,7 @@ class OneRun:
 
   def __init__(self, run: run_config.RunConfig, task, graphdef, shardings, batch_sharding):
     self.task, self.run, self.batch_sharding = task, run, batch_sharding
-    stats_on_logs = loop.attn_stats_on_log_steps(run.config)
+    stats_on_logs = loop.attn_stats_on_log_steps(run)
     self.train_step = steps.make_train_step(graphdef, task, run, shardings, batch_sharding,
                                             attn_metrics=False if stats_on_logs else None)
     self.log_step = (steps.make_train_step(graphdef, task, run, shardings, batch_sharding)

@@ -63,6 +63,11 @@ class Task(abc.ABC):
 
   # The corpora this task can load: the allowed values of config.dataset.
   DATASETS: ClassVar[tuple[str, ...]] = ()
+  # The top-level config fields only this task reads: a frozen dataclass declared with
+  # `attnscale.config.fields.field` (default, doc, kind), or None. They are read as
+  # top-level fields (config.mask_rate), checked, documented and classified for
+  # packing and resume as the shared ones are (attnscale/config/run.py).
+  CONFIG_FIELDS: ClassVar[type | None] = None
 
   def __init__(self, config):
     """Loads the data of `config.dataset`; expects a config that passed
@@ -169,7 +174,7 @@ class NextTokenTask(Task):
   @classmethod
   def validate_config(cls, config) -> None:
     super().validate_config(config)
-    if not config.model.get("causal", True):
+    if not config.model.causal:
       raise ValueError(f"model.causal must be True for task {config.task!r} (next-{cls.UNIT} "
                        "prediction needs a causal decoder)")
 

@@ -11,11 +11,13 @@ Dimension legend: B batch, T sequence, P prediction slots, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
+from attnscale.config.fields import field
 from attnscale.data import mlm, tokenizer, wikitext
 from attnscale.tasks import losses
 from attnscale.tasks.base import Task, cross_entropy, this_process_rows
@@ -39,27 +41,44 @@ def full_head_loss(model, batch, dropout_key=None):
   return cross_entropy(logits_BPV, batch["targets"], batch["weights"])
 
 
+@dataclasses.dataclass(frozen=True)
+class MLMFields:
+  """The masked LM's own config fields (Devlin et al. 2019), redrawn each step from
+  (seed, step)."""
+
+  mask_rate: float = field(0.15, "fraction of each row's real tokens selected for prediction")
+  mask_token_rate: float = field(0.8, "of those: replaced by [MASK]")
+  random_token_rate: float = field(
+      0.1, "replaced by a random real token (the rest stay as they are)")
+  max_predictions_per_seq: int | None = field(
+      None, "BERT's max_predictions_per_seq: prediction slots P per row (at most P tokens "
+      "of a row are selected); the MLM head runs on these P gathered positions only. None "
+      "= ceil(mask_rate * (seq_len - 2)): 19 at 128, 77 at 512")
+
+
 class MLMTask(Task):
   """BERT masked-LM pretraining on WikiText (`attnscale.data.mlm`): padded rows,
   dynamic 80/10/10 masking, loss and accuracy on the masked tokens only."""
 
   DATASETS = tuple(wikitext.WikitextParagraphs.builder_configs)  # wikitext2, wikitext2_2k, wikitext103
+  CONFIG_FIELDS = MLMFields
 
   @classmethod
   def validate_config(cls, config) -> None:
     super().validate_config(config)
-    if config.model.get("causal", True):
+    if config.model.causal:
       raise ValueError("model.causal must be False for task 'mlm' (a bidirectional encoder)")
     if config.seq_len < 3:
       raise ValueError(f"config.seq_len must be >= 3 for task 'mlm' ([CLS], a token, [SEP]), "
                        f"got {config.seq_len}")
-    for field in ("mask_rate", "mask_token_rate", "random_token_rate"):
-      if not 0 <= config[field] <= 1:
-        raise ValueError(f"config.{field} must be in [0, 1], got {config[field]}")
+    for name in ("mask_rate", "mask_token_rate", "random_token_rate"):
+      value = getattr(config, name)
+      if not 0 <= value <= 1:
+        raise ValueError(f"config.{name} must be in [0, 1], got {value}")
     if config.mask_rate == 0:
       raise ValueError("config.mask_rate must be > 0, got 0")
     mlm.num_predictions(config.seq_len, config.mask_rate,
-                        config.get("max_predictions_per_seq"))  # checks it
+                        config.max_predictions_per_seq)  # checks it
     if config.mask_token_rate + config.random_token_rate > 1:
       raise ValueError(f"config.mask_token_rate + config.random_token_rate must be <= 1, got "
                        f"{config.mask_token_rate} + {config.random_token_rate}")
@@ -78,14 +97,14 @@ class MLMTask(Task):
     self.mask_args = {"mask_rate": config.mask_rate,
                       "mask_token_rate": config.mask_token_rate,
                       "random_token_rate": config.random_token_rate,
-                      "max_predictions": config.get("max_predictions_per_seq")}
+                      "max_predictions": config.max_predictions_per_seq}
 
   @classmethod
   def batch_spec(cls, config, *, train=True):
     del train  # training and evaluation batches have one layout
     B, T = config.batch_size, config.seq_len
     # Configs saved before the field existed lack it: None, the same default.
-    P = mlm.num_predictions(T, config.mask_rate, config.get("max_predictions_per_seq"))
+    P = mlm.num_predictions(T, config.mask_rate, config.max_predictions_per_seq)
     return {"inputs": jax.ShapeDtypeStruct((B, T), jnp.int32),
             "positions": jax.ShapeDtypeStruct((B, P), jnp.int32),
             "targets": jax.ShapeDtypeStruct((B, P), jnp.int32),

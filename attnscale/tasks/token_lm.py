@@ -15,15 +15,26 @@ Dimension legend: T sequence, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
 
 import jax
 
+from attnscale.config.fields import field
 from attnscale.data import lm_tokenizers, tokens
 from attnscale.tasks.base import NextTokenTask, Sampler
 from attnscale.tasks.char_lm import sample
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLMFields:
+  """The token LM's own config fields."""
+
+  eval_tokens: int = field(
+      0, "validation targets eval.py scores: the split's first N (modded-nanogpt's "
+      "10,485,760); 0 = the whole split (also eval.py --whole_split)", kind="bookkeeping")
 
 
 class TokenLMTask(NextTokenTask):
@@ -32,11 +43,12 @@ class TokenLMTask(NextTokenTask):
   UNIT = "token"
   get_batch = staticmethod(tokens.get_batch)
   DATASETS = tokens.FORMATS  # config.dataset: the shards' format (auto reads each header)
+  CONFIG_FIELDS = TokenLMFields
 
   @classmethod
   def validate_config(cls, config) -> None:
     super().validate_config(config)
-    if config.get("eval_tokens", 0) < 0:
+    if config.eval_tokens < 0:
       raise ValueError(f"config.eval_tokens must be >= 0 (0 = the whole validation split), "
                        f"got {config.eval_tokens}")
 
@@ -54,7 +66,7 @@ class TokenLMTask(NextTokenTask):
     targets (0: the whole split), every one of them once."""
     return tokens.eval_batches(
         self.data.validation, batch_size=batch_size or self.config.batch_size,
-        seq_len=self.config.seq_len, max_tokens=self.config.get("eval_tokens", 0),
+        seq_len=self.config.seq_len, max_tokens=self.config.eval_tokens,
         process_index=jax.process_index(), process_count=jax.process_count())
 
   def eval_metrics(self, sums):
