@@ -51,7 +51,9 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   from attnscale.evaluation import eval_lib, length_eval
   try:
     lengths = length_eval.parse_lengths(h.lengths.value) if h.lengths.value else None
-    result = eval_lib.evaluate_run(h.workdir.value, step=h.step.value, prompt=h.prompt.value,
+    config = eval_lib.load_config(h.workdir.value)  # read once: evaluation and summary
+    result = eval_lib.evaluate_run(h.workdir.value, config=config, step=h.step.value,
+                                   prompt=h.prompt.value,
                                    sample_length=h.length.value,
                                    temperature=h.temperature.value, top_k=h.top_k.value or None,
                                    seed=h.seed.value, lengths=lengths,
@@ -60,7 +62,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     cli.fail(str(e))
   import jax
   if jax.process_index() == 0:
-    print(eval_lib.format_summary(result))
+    print(eval_lib.format_summary(result, config))
 
 
 def run() -> None:

@@ -294,21 +294,27 @@ def convert(config: ml_collections.ConfigDict, *, check: bool = True) -> RunConf
   return RunConfig(**top, model=model, task_fields=task_fields, config=config)
 
 
-def read(config: ml_collections.ConfigDict, num_devices: int) -> RunConfig:
+def read(config: ml_collections.ConfigDict, num_devices: int | None, *,
+         recorded: Mapping[str, str] | None = None) -> RunConfig:
   """Validates `config` for `num_devices` devices and converts it: the one reading
-  of a start (train.py, a pack, eval.py, compile.py).
+  of a start (train.py, a pack, eval.py, compile.py). `num_devices` None: the checks
+  that depend on the devices are left out (eval.py: a checkpoint trained on 8
+  devices evaluates on 1).
 
   First imports `config.imports` (the user's scalings, variants, tasks: before they
   are checked). Then each field against its declaration, the model's fields
   (`ModelConfig`), the checks across fields here and the task's own
   (`Task.validate_config`), all before any data is loaded.
 
+  `recorded`: the files a run's imports came from (eval.py: its provenance.json),
+  for an entry that cannot be found from here.
+
   Raises:
     ValueError: a bad field (one line, naming it and what is allowed).
   """
   from attnscale.config import validation
   from attnscale.runtime.config_imports import import_modules
-  import_modules(config)
+  import_modules(config, recorded=recorded)
   run = convert(config)
   validation.check_run(run, num_devices)
   return run

@@ -41,24 +41,26 @@ def mesh_shape(mesh, num_devices: int) -> tuple[int, int]:
   return data, fsdp
 
 
-def check_run(run, num_devices: int) -> None:
+def check_run(run, num_devices: int | None) -> None:
   """The checks across `run`'s fields (a `RunConfig` whose fields each passed their
-  declaration) on `num_devices` devices, then the task's own."""
+  declaration) on `num_devices` devices (None: none of the device checks), then the
+  task's own."""
   from attnscale import tasks
   from attnscale.models import base  # the model layer's rule of what QK-clip can scale
   if run.learning_rate == 0:
     raise ValueError("config.learning_rate must be > 0, got 0")
-  mesh_shape(run.mesh, num_devices)
-  if run.batch_size % num_devices:
-    raise ValueError(f"config.batch_size ({run.batch_size}) must be divisible by the "
-                     f"number of devices ({num_devices}): the batch is sharded on "
-                     "config.mesh.data x config.mesh.fsdp, every device")
-  accum = run.grad_accum_steps
-  if run.batch_size % (accum * num_devices):
-    raise ValueError(f"config.batch_size ({run.batch_size}) must be divisible by "
-                     f"config.grad_accum_steps x the number of devices ({accum} x "
-                     f"{num_devices} = {accum * num_devices}): each device's rows are split "
-                     "into grad_accum_steps micro-batches")
+  if num_devices is not None:  # eval.py reads a run for other devices than its own
+    mesh_shape(run.mesh, num_devices)
+    accum = run.grad_accum_steps
+    if run.batch_size % num_devices:
+      raise ValueError(f"config.batch_size ({run.batch_size}) must be divisible by the "
+                       f"number of devices ({num_devices}): the batch is sharded on "
+                       "config.mesh.data x config.mesh.fsdp, every device")
+    if run.batch_size % (accum * num_devices):
+      raise ValueError(f"config.batch_size ({run.batch_size}) must be divisible by "
+                       f"config.grad_accum_steps x the number of devices ({accum} x "
+                       f"{num_devices} = {accum * num_devices}): each device's rows are "
+                       "split into grad_accum_steps micro-batches")
   tasks.task_class(run).validate_config(run)
   run.logger_names  # noqa: B018 (parsed once, here: a bad name fails at start)
   run.profile_window  # noqa: B018

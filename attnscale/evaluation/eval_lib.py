@@ -22,7 +22,7 @@ from flax import nnx
 from attnscale import tasks
 from attnscale.evaluation import diagnostics, length_eval
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import configlib, provenance, steps
+from attnscale.runtime import configlib, provenance, run_config, startup, steps
 from attnscale.runtime import train_state as ts
 
 
@@ -40,41 +40,59 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
-def restore(config, workdir, step=None):
+def restore(config, workdir, step=None, *, start: startup.Start | None = None):
   """(model, step, mesh) from the checkpoint `step` of `workdir`.
 
   By default the newest checkpoint that can be read: newer ones that cannot (a
   truncated file) get one warning line on stderr and stay where they are
-  (evaluating changes no checkpoint; train.py's rerun sets them aside).
+  (evaluating changes no checkpoint; train.py's rerun sets them aside). The state
+  is restored into its shapes (nothing is initialised first), and only the
+  parameters are kept.
+
+  Args:
+    config: the run's config (`load_config`), or None with `start`.
+    start: the run's start-up on the evaluation mesh (`evaluation_start`), when the
+      caller already made it.
 
   Raises:
     ValueError: no checkpoint (that can be read), or `step` cannot be read;
       one line (the latter naming the steps that can).
   """
-  mesh = ts.evaluation_mesh(config)  # the run's FSDP sharding when it fits the devices here
-  graphdef, state, shardings = ts.create_state(config, mesh)
-  checkpoints = ckpt.Checkpoints(workdir, config.keep_checkpoints)
+  s = evaluation_start(config, data=False) if start is None else start
+  state = s.shapes
+  checkpoints = ckpt.Checkpoints(workdir, s.run.keep_checkpoints)
   try:
     if step is None:
       if checkpoints.latest_step() is None:
         raise ValueError(f"--workdir {workdir} has no checkpoint to evaluate")
-      state, step, damaged = checkpoints.restore_newest_intact(state, shardings)
+      state, step, damaged = checkpoints.restore_newest_intact(state, s.shardings)
       if damaged and jax.process_index() == 0:
         print(f"warning: {ckpt.describe_damaged(damaged)}; evaluating step {step}",
               file=sys.stderr, flush=True)
     else:
       try:
-        state = checkpoints.restore(state, shardings, step)
+        state = checkpoints.restore(state, s.shardings, step)
       except ckpt.DamagedCheckpointError as e:
-        intact = [s for s in checkpoints.intact_steps(state, shardings) if s != step]
+        intact = [k for k in checkpoints.intact_steps(state, s.shardings) if k != step]
         raise ValueError(f"--step={step}: {e}; steps that can be read: "
                          f"{', '.join(map(str, intact)) or 'none'}") from None
   finally:
     checkpoints.close()
-  return nnx.merge(graphdef, state["params"]), step, mesh
+  return nnx.merge(s.graphdef, state["params"]), step, s.mesh
 
 
-def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
+def evaluation_start(config, *, data: bool = True, workdir: str | None = None
+                     ) -> startup.Start:
+  """The run's start-up for evaluating it here: its config read and checked once
+  (not against these devices: a checkpoint trained on 8 evaluates on 1; its imports
+  from the files `workdir`'s provenance records), on `train_state.evaluation_mesh`."""
+  recorded = provenance.import_files(workdir) if workdir else None
+  run = run_config.read(config, num_devices=None, recorded=recorded)
+  return startup.start(run, mesh=ts.evaluation_mesh(run), data=data)
+
+
+def evaluate_run(workdir: str, *, config: ml_collections.ConfigDict | None = None,
+                 step: int | None = None, prompt: str = "\n",
                  sample_length: int = 300, temperature: float = 0.8, top_k: int | None = 200,
                  seed: int = 0, lengths: list[int] | None = None,
                  whole_split: bool = False) -> dict:
@@ -83,15 +101,17 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
   `lengths`: also the loss at each of these context lengths and by position in
   the window (`attnscale.evaluation.length_eval`), under eval.json's "lengths" key.
   `whole_split`: a config that scores only the first `eval_tokens` validation
-  targets (the token LM) scores all of them.
+  targets (the token LM) scores all of them. `config`: the run's (`load_config`),
+  when the caller read it already.
   """
-  config = load_config(workdir)
+  config = load_config(workdir) if config is None else config
   if whole_split and "eval_tokens" in config:
     config.eval_tokens = 0
-  task = tasks.get_task(config)
+  s = evaluation_start(config, workdir=workdir)
+  task = s.task
   if lengths:  # a length the model cannot take fails before any work
-    length_eval.check_lengths(configlib.model_config(config), task, lengths)
-  model, step, mesh = restore(config, workdir, step)
+    length_eval.check_lengths(s.run.model, task, lengths)
+  model, step, mesh = restore(None, workdir, step, start=s)
   sharding = ts.batch_sharding(mesh)
   graphdef, params = nnx.split(model, nnx.Param)
   eval_step = steps.make_eval_step(graphdef, task, None, sharding)
@@ -99,7 +119,7 @@ def evaluate_run(workdir: str, *, step: int | None = None, prompt: str = "\n",
   result = {
       "workdir": workdir,
       "step": int(step),
-      "scaling": configlib.run_label(config),
+      "scaling": s.run.label,
       **task.eval_metrics(sums),
       # On the whole first batch: each process holds only its rows of it.
       "attention": diagnostics.task_attention_stats(

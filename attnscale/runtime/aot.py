@@ -36,10 +36,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from attnscale import tasks
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import configlib, run_config, steps
-from attnscale.runtime import train_state as ts
+from attnscale.runtime import startup, steps
 
 # The HLO readers and the report's text, in their own modules; re-exported here.
 from attnscale.runtime.aot_report import (  # noqa: F401
@@ -222,25 +220,21 @@ def lower_steps(config, target_name: str):
   (on splash and cuDNN, a stats-only XLA pass: docs/guides/training.md).
   """
   devs = devices(target_name)
-  run = run_config.read(config, num_devices=len(devs))
-  task = tasks.task_class(config).without_data(config)
-  mesh = ts.make_mesh(config, devs)
-  shapes = ts.state_shapes(run)
-  shardings = ts.state_shardings(shapes, mesh)
-  state = ckpt.abstract_state(shapes, shardings)
-  graphdef = ts.graph_def(run)
-  batch_sharding = ts.batch_sharding(mesh)
-  train_batch = ckpt.abstract_state(type(task).batch_spec(config),
-                                    {k: batch_sharding for k in type(task).batch_spec(config)})
-  eval_spec = type(task).batch_spec(config, train=False)
+  s = startup.start(config, devices=devs, data=False)
+  run, task, mesh, graphdef, shardings = s.run, s.task, s.mesh, s.graphdef, s.shardings
+  state = ckpt.abstract_state(s.shapes, shardings)
+  batch_sharding = s.batch_sharding
+  train_spec = type(task).batch_spec(run)
+  train_batch = ckpt.abstract_state(train_spec, {k: batch_sharding for k in train_spec})
+  eval_spec = type(task).batch_spec(run, train=False)
   eval_batch = ckpt.abstract_state(eval_spec, {k: batch_sharding for k in eval_spec})
   train_step = steps.make_train_step(graphdef, task, run, shardings, batch_sharding,
                                      attn_metrics=False)
   eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)
   lowered = {"train_step": train_step.lower(state, train_batch),
              "eval_step": eval_step.lower(state["params"], eval_batch)}
-  info = {"mesh": dict(mesh.shape), "devices": devs, "model": run.model, "state": state,
-          "train_batch": train_batch, "eval_batch": eval_batch}
+  info = {"mesh": dict(mesh.shape), "devices": devs, "run": run, "model": run.model,
+          "state": state, "train_batch": train_batch, "eval_batch": eval_batch}
   return lowered, info
 
 
@@ -261,12 +255,13 @@ def compile_report(config, target_name: str) -> dict[str, Any]:
       "target": target_name, "platform": t.platform,
       "device_kind": devs[0].device_kind, "num_devices": len(devs), "mesh": info["mesh"],
       "chip": t.chip or devs[0].device_kind, "cores_per_chip": t.cores_per_chip,
-      "label": configlib.run_label(config), "dtype": cfg.dtype, "remat": cfg.remat,
+      "label": info["run"].label, "dtype": cfg.dtype, "remat": cfg.remat,
       "num_params": num_params, "device_memory_bytes": memory_bytes,
       "peak_flops": t.peak_flops, "bandwidth": t.bandwidth,
   }
-  tokens = {"train_step": config.batch_size * config.seq_len,
-            "eval_step": config.batch_size * config.seq_len}
+  run = info["run"]
+  tokens = {"train_step": run.batch_size * run.seq_len,
+            "eval_step": run.batch_size * run.seq_len}
   for name, low in lowered.items():
     fixed = {"parameters": _sharded_bytes(params),
              "optimizer_state": (_sharded_bytes(info["state"]["opt_state"])
@@ -278,7 +273,7 @@ def compile_report(config, target_name: str) -> dict[str, Any]:
     batch = info["train_batch" if name == "train_step" else "eval_batch"]
     # XLA's cost analysis counts a loop's body once: the accumulated train step's
     # micro-batch loop runs grad_accum_steps times.
-    trips = run_config.of(config).grad_accum_steps if name == "train_step" else 1
+    trips = run.grad_accum_steps if name == "train_step" else 1
     report[name] = _compile(low, t, fixed, memory_bytes, analytic, params, batch, len(devs),
                             (cfg.num_heads, cfg.kv_heads, cfg.head_dim), loop_trips=trips)
   report["fits"] = all(report[name]["memory"]["fits"] for name in lowered)

@@ -72,7 +72,7 @@ class _NotFound(ValueError):
 
 
 def _entries(config) -> tuple[str, ...]:
-  entries = config.get("imports") or ()
+  entries = getattr(config, "imports", None) or ()
   if isinstance(entries, str) or not all(isinstance(e, str) and e for e in entries):
     raise ValueError(f"config.imports must be a tuple of module names or .py paths, e.g. "
                      f"--config.imports='(\"my_scalings\",)', got {entries!r}")

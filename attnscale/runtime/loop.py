@@ -94,8 +94,8 @@ class Slot:
     return self.status == "running"
 
   @property
-  def config(self):
-    return self.run.config
+  def config(self) -> RunConfig:
+    return self.run
 
   def open(self, state: ckpt.State, shardings) -> ckpt.State:
     """Opens the slot's checkpoints and writer; returns `state` (the slot's, in the

@@ -67,13 +67,13 @@ from jax.sharding import PartitionSpec as P
 
 from attnscale import tasks
 from attnscale.runtime import (
-  configlib,
   interrupts,
   loop,
   packing,
   provenance,
   run_config,
   rundir,
+  startup,
   steps,
 )
 from attnscale.runtime import train_state as ts
@@ -107,13 +107,17 @@ def train_packed(configs, workdirs, *, pack_size: int | None = None,
                      f"pack, got {pack_size!r}")
   runs = [run_config.read(c, num_devices=jax.device_count()) for c in configs]
   packing.check_packable(configs)
-  base = runs[0]
-  mesh = ts.make_mesh(base.config)
-  slots = [loop.Slot(r, w, tasks.get_task(r.config)) for r, w in zip(runs, workdirs)]
+  # Before any workdir: a bad config, or a parameter that config.mesh.fsdp cannot
+  # split, fails here. The data is loaded once for the runs that read the same.
+  s = startup.start(runs[0])
+  loaded = {(s.run.dataset, s.run.data_dir): s.task}
+  slots = []
+  for r, w in zip(runs, workdirs):
+    task = loaded.get((r.dataset, r.data_dir))
+    task = task.for_run(r) if task is not None else tasks.task_class(r)(r)
+    loaded.setdefault((r.dataset, r.data_dir), task)
+    slots.append(loop.Slot(r, w, task))
   slots += [loop.Slot.padding(slots[-1]) for _ in range(pack_size - len(slots))]
-  # Before any workdir: a parameter that config.mesh.fsdp cannot split fails here.
-  shardings = ts.state_shardings(ts.state_shapes(base), mesh)
-  graphdef = ts.graph_def(base)
   for run in slots[:len(runs)]:
     os.makedirs(run.workdir, exist_ok=True)
   with contextlib.ExitStack() as stack:
@@ -121,7 +125,7 @@ def train_packed(configs, workdirs, *, pack_size: int | None = None,
     for config, workdir in zip(configs, workdirs):
       rundir.save_config(config, workdir)
     try:
-      return _train(slots, graphdef, shardings, mesh, locks)
+      return _train(slots, s, locks)
     finally:
       for slot in slots:
         slot.close()
@@ -141,8 +145,8 @@ def stacked_hparams(runs) -> dict[str, jax.Array]:
           for k in packing.TRACED_FIELDS}
 
 
-def _train(slots: list[loop.Slot], graphdef, shardings, mesh, locks) -> list[dict]:
-  base = slots[0].run
+def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
+  base, shardings, mesh = s.run, s.shardings, s.mesh
   shardings_K = _stacked_shardings(shardings, mesh)
   # Every slot's initial state at once: the init vmapped over the seeds (the only
   # field the init reads that may differ in a pack).
@@ -158,16 +162,16 @@ def _train(slots: list[loop.Slot], graphdef, shardings, mesh, locks) -> list[dic
   for k, slot in enumerate(real):  # after every resume: which runs shared the program
     provenance.write(slot.workdir, pack=[os.path.abspath(s.workdir) for s in real],
                      pack_size=len(slots), slot=k, **rundir.provenance_imports(slot.config))
-  program = Pack(slots[0].task, base, graphdef, shardings_K, mesh, hparams_K)
+  program = Pack(slots[0].task, base, s.graphdef, shardings_K, mesh, hparams_K)
   num_params = sum(x[0].size for x in jax.tree.leaves(state_K["params"]))
   padding = f" (+{len(slots) - len(real)} padding)" if len(slots) > len(real) else ""
-  rundir.log(f"{base.config.task} | a pack of {len(real)} runs{padding} | "
+  rundir.log(f"{base.task} | a pack of {len(real)} runs{padding} | "
              f"{num_params / 1e6:.2f}M params each | {jax.device_count()} devices "
              f"({jax.devices()[0].platform})")
-  for i, s in enumerate(real):
-    rundir.log(f"  [{i}] {configlib.run_label(s.config)} | lr {s.config.learning_rate:g} "
-               f"| seed {s.config.seed} | {s.workdir} | "
-               f"{'done' if not s.active else f'from step {s.step}'}")
+  for i, slot in enumerate(real):
+    rundir.log(f"  [{i}] {slot.run.label} | lr {slot.run.learning_rate:g} "
+               f"| seed {slot.run.seed} | {slot.workdir} | "
+               f"{'done' if not slot.active else f'from step {slot.step}'}")
   loop.train(program, slots, state_K, release=lambda: [lock.release() for lock in locks])
   return [{"step": s.step, "status": s.status, **s.summary} for s in real]
 
@@ -268,18 +272,16 @@ def lower(config, num_runs: int, target_name: str):
   unlogged steps run (`aot.lower_steps`' counterpart)."""
   from attnscale.runtime import aot
   devs = aot.devices(target_name)
-  run = run_config.read(config, num_devices=len(devs))
-  task = tasks.task_class(config).without_data(config)
-  mesh = ts.make_mesh(config, devs)
-  shapes = ts.state_shapes(run)
-  shardings_K = _stacked_shardings(ts.state_shardings(shapes, mesh), mesh)
+  s = startup.start(config, devices=devs, data=False)
+  run, task, mesh, shapes = s.run, s.task, s.mesh, s.shapes
+  shardings_K = _stacked_shardings(s.shardings, mesh)
   hparams_K = {k: jax.ShapeDtypeStruct((num_runs,), v.dtype)
                for k, v in stacked_hparams([run]).items()}
-  program = Pack(task, run, ts.graph_def(run), shardings_K, mesh, hparams_K)
+  program = Pack(task, run, s.graphdef, shardings_K, mesh, hparams_K)
   stacked = lambda x, s: jax.ShapeDtypeStruct((num_runs, *x.shape), x.dtype, sharding=s)
   state_K = jax.tree.map(stacked, shapes, shardings_K)
   batch = {k: stacked(x, program.batch_sharding)
-           for k, x in type(task).batch_spec(config).items()}
+           for k, x in type(task).batch_spec(run).items()}
   active_K = jax.ShapeDtypeStruct((num_runs,), np.bool_)
   lowered = program.train_step.lower(state_K, batch, hparams_K, active_K)
   return lowered, {"devices": devs, "model": run.model, "state": state_K,

@@ -2,7 +2,7 @@
 
     train_and_evaluate(config, workdir)
 
-* The config is read once (`run_config.read`: validated, the model config
+* The config is read once (`startup.start`: validated and typed, the model config
   converted) and passed down; everything that can be wrong with it fails before
   the workdir is created or touched.
 * One jitted train step with donated state over a `data` x `fsdp` mesh of all
@@ -39,9 +39,7 @@ import os
 import jax
 import ml_collections
 
-from attnscale import tasks
-from attnscale.runtime import configlib, loop, provenance, run_config, rundir, steps
-from attnscale.runtime import train_state as ts
+from attnscale.runtime import loop, provenance, rundir, startup, steps
 
 
 class OneRun:
@@ -53,8 +51,10 @@ class OneRun:
   (`steps.make_layer_stats`) are a third program, on the state after the step.
   """
 
-  def __init__(self, run: run_config.RunConfig, task, graphdef, shardings, batch_sharding):
-    self.task, self.run, self.batch_sharding = task, run, batch_sharding
+  def __init__(self, s: startup.Start):
+    run, task, graphdef, shardings = s.run, s.task, s.graphdef, s.shardings
+    self.task, self.run, self.batch_sharding = task, run, s.batch_sharding
+    batch_sharding = self.batch_sharding
     stats_on_logs = loop.attn_stats_on_log_steps(run)
     self.train_step = steps.make_train_step(graphdef, task, run, shardings, batch_sharding,
                                             attn_metrics=False if stats_on_logs else None)
@@ -81,7 +81,7 @@ class OneRun:
     return None if self.layer_stats_fn is None else self.layer_stats_fn(state["params"], batch)
 
   def evaluate(self, state, slots, ks):
-    batches = (self.task.val_batch(i) for i in range(self.run.config.eval_batches))
+    batches = (self.task.val_batch(i) for i in range(self.run.eval_batches))
     return {0: steps.evaluate(self.eval_step, state["params"], batches, self.batch_sharding)}
 
   def slot_state(self, state, k):
@@ -101,27 +101,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       that can be read (one line each).
     loop.NonFiniteLossError: the loss became NaN/inf.
   """
-  run = run_config.read(config, num_devices=jax.device_count())
-  task = tasks.get_task(config)
-  mesh = ts.make_mesh(config)
-  batch_sharding = ts.batch_sharding(mesh)
-  # Before the workdir: a parameter that config.mesh.fsdp cannot split fails here.
-  graphdef, state, shardings = ts.create_state(run, mesh)
-  slot = loop.Slot(run, workdir, task)
+  # Before the workdir: a bad config, or a parameter that config.mesh.fsdp cannot
+  # split, fails here.
+  s = startup.start(config)
+  run, mesh = s.run, s.mesh
+  state = startup.init_state(s)
+  slot = loop.Slot(run, workdir, s.task)
   os.makedirs(workdir, exist_ok=True)
   with rundir.workdir_lock(workdir, force_lock) as lock:
     rundir.save_config(config, workdir)
     try:
-      state = slot.open(state, shardings)
+      state = slot.open(state, s.shardings)
       # Which code, versions and devices: one record a (re)start that trains (after
       # the resume, so a run that cannot resume leaves its directory as it was), with
       # the files of config.imports, which eval.py imports again from any folder.
       provenance.write(workdir, pack_size=1, slot=0, **rundir.provenance_imports(config))
-      program = OneRun(run, task, graphdef, shardings, batch_sharding)
+      program = OneRun(s)
       num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
       processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
       fsdp = f", fsdp {mesh.shape['fsdp']}" if mesh.shape["fsdp"] > 1 else ""
-      rundir.log(f"{config.task} | {configlib.run_label(config)} | "
+      rundir.log(f"{run.task} | {run.label} | "
                  f"{num_params / 1e6:.2f}M params | {jax.device_count()} devices{processes} "
                  f"({jax.devices()[0].platform}{fsdp}) | workdir {workdir}")
       loop.train(program, [slot], state, release=lock.release)

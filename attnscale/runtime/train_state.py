@@ -83,7 +83,7 @@ def evaluation_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
   try:
     return _mesh(*configlib.mesh_shape(config, num_devices))
   except ValueError:  # trained on another device count
-    mesh = config.get("mesh")
+    mesh = getattr(config, "mesh", None)
     fsdp = mesh.fsdp if mesh is not None and mesh.fsdp > 0 else 1
     fsdp = fsdp if num_devices % fsdp == 0 else 1
     return _mesh(num_devices // fsdp, fsdp)
@@ -189,8 +189,9 @@ def _dotted(path) -> str:
 def create_state(run, mesh) -> tuple[nnx.GraphDef, State, Any]:
   """Initialises the train state directly into its shardings (`state_shardings`).
 
-  Shapes first (jax.eval_shape), then shardings, then a jitted init: no
-  device ever holds an unsharded copy (big_vision/nanodo style).
+  Shapes first (`abstract_state`), then shardings, then a jitted init: no device
+  ever holds an unsharded copy (big_vision/nanodo style). A start builds these
+  once (`attnscale.runtime.startup`); this is the same for a test or a tool.
 
   Args:
     run: the run's `RunConfig` (or a ConfigDict: `run_config.of`).
@@ -204,18 +205,24 @@ def create_state(run, mesh) -> tuple[nnx.GraphDef, State, Any]:
       device work).
   """
   run = run_config.of(run)
-  init = init_fn(run)
-  shardings = state_shardings(jax.eval_shape(init), mesh)
+  graphdef, shapes = abstract_state(run)
+  shardings = state_shardings(shapes, mesh)
   with threefry_kernel_on_gpu():
-    state = jax.jit(init, out_shardings=shardings)()
-  return graph_def(run), state, shardings
+    state = jax.jit(init_fn(run), out_shardings=shardings)()
+  return graphdef, state, shardings
+
+
+def abstract_state(run) -> tuple[nnx.GraphDef, State]:
+  """(graphdef, the train state as jax.ShapeDtypeStructs), from one abstract
+  initialisation of the model and its optimizer state: nothing is allocated."""
+  init = init_fn(run)
+  shapes = jax.eval_shape(init)
+  return init.graphdef, shapes
 
 
 def graph_def(run) -> nnx.GraphDef:
   """The model's structure (what `nnx.merge` rebuilds it from), from shapes alone."""
-  run = run_config.of(run)
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: init_model(run)), nnx.Param)
-  return graphdef
+  return abstract_state(run)[0]
 
 
 @contextlib.contextmanager
@@ -241,19 +248,20 @@ def threefry_kernel_on_gpu():
 
 def state_shapes(run) -> State:
   """The train state as jax.ShapeDtypeStructs (`jax.eval_shape`): nothing allocated."""
-  return jax.eval_shape(init_fn(run))
+  return abstract_state(run)[1]
 
 
 def init_fn(run):
   """The function that returns the initial train state (to jit): `init()` from
   the run's seed, `init(seed)` from another (a packed sweep vmaps it over its seeds).
   The optimizer state is `optimizers.build`'s at the run's own numbers (its layout
-  does not depend on the traced values)."""
+  does not depend on the traced values). Once traced, `init.graphdef` is the model's
+  structure (`abstract_state` reads it)."""
   run = run_config.of(run)
   tx = optimizers.build(run, run.hparams).tx
 
   def init(seed=None):
-    graphdef, params = nnx.split(init_model(run, seed), nnx.Param)
+    init.graphdef, params = nnx.split(init_model(run, seed), nnx.Param)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(params), "last_losses": init_last_losses()}
   return init

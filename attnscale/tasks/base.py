@@ -13,6 +13,7 @@ Dimension legend: B batch, T sequence, V vocabulary.
 from __future__ import annotations
 
 import abc
+import copy
 from collections.abc import Iterator
 from typing import Any, ClassVar, Protocol
 
@@ -83,6 +84,16 @@ class Task(abc.ABC):
     extend it (call super() for the dataset check).
     """
     checks.check_choice("config.dataset", config.dataset, cls.DATASETS)
+
+  def for_run(self, config) -> Task:
+    """This task, its loaded data shared, for another run whose program is the same
+    (a pack's runs: they differ only in traced and bookkeeping fields, which a task
+    reads when it makes a batch, never when it loads). The caller checks that the
+    two read the same data (`dataset`, `data_dir`)."""
+    task = copy.copy(self)
+    task.__dict__.pop("sampler", None)  # a cached sampler reads its run's config
+    task.config = config
+    return task
 
   @classmethod
   def without_data(cls, config) -> Task:
