@@ -92,7 +92,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  builders.add_devices(c)  # mesh, remat, grad_accum_steps, loggers, profile_steps, point
+  builders.add_devices(c)  # mesh, remat, grad_accum_steps, loggers, profile_steps, label
   builders.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
 
   # Model: attnscale.models.ModelConfig's fields (docs/reference/config.md) with the

@@ -96,7 +96,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 1000  # steps between checkpoints (plus one at the end)
   c.keep_checkpoints = 3  # how many recent checkpoints to keep
 
-  builders.add_devices(c)  # mesh, remat, grad_accum_steps, loggers, profile_steps, point
+  builders.add_devices(c)  # mesh, remat, grad_accum_steps, loggers, profile_steps, label
   builders.add_attention_health(c)  # attn_metrics, qk_clip, sink_metrics_rows, z_loss
   # The sink metrics' pass holds [rows, heads, T, T] weights a layer: 2 rows at T = 1024
   # are 100 MB a layer (8 would be 400 MB).

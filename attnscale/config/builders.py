@@ -90,9 +90,10 @@ def add_devices(c: ml_collections.ConfigDict) -> None:
 
 
 def add_outputs(c: ml_collections.ConfigDict) -> None:
-  """What a run writes besides checkpoints: loggers (attnscale/runtime/trackers.py),
-  profile_steps (runtime/profiling.py) and its sweep point (`point`)."""
-  set_defaults(c, "loggers", "profile_steps", "point")
+  """What a run writes besides checkpoints and how it is named: loggers
+  (attnscale/runtime/trackers.py), profile_steps (runtime/profiling.py) and its
+  sweep's label for it (`label`)."""
+  set_defaults(c, "loggers", "profile_steps", "label")
 
 
 def add_optimizer(c: ml_collections.ConfigDict, *, learning_rate: float) -> None:

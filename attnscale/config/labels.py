@@ -1,7 +1,7 @@
 """A run's label when no sweep declared one: the attention setup, derived from the config.
 
-A sweep declares each run's label and axes in `config.point` (`RunConfig.point`),
-and `RunConfig.label` reads it there; this is the name of a run started by hand
+A sweep declares each run's label in `config.label`, and `RunConfig.run_label`
+reads it there; this is the name of a run started by hand
 (its log line, eval.json's "scaling") and of runs made before sweeps declared them.
 """
 

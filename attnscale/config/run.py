@@ -8,8 +8,8 @@ field overridable on the command line); `read` is the one conversion and
 validation a start makes, into a frozen `RunConfig`: the typed top-level fields
 declared below (each with its default, doc, kind and history: `fields.field`), the
 mesh, the model's `ModelConfig`, the task's own fields (declared by the task:
-`Task.CONFIG_FIELDS`) and the run's declared identity (`RunConfig.point`, the sweep
-point that made it). Packing, resuming, the migration of old config.json files and
+`Task.CONFIG_FIELDS`) and the run's declared identity (`RunConfig.label`, the sweep's
+name for it). Packing, resuming, the migration of old config.json files and
 the config reference (docs/reference/config.md) all read the declarations, so a
 new field is one declaration here (and its use).
 
@@ -158,10 +158,10 @@ class RunConfig:
       since=0.0)
 
   # Identity: what the sweep that made this run declared of it.
-  point: Mapping[str, Any] = field(
-      doc="the sweep point that made this run: its label and axes (label, learning_rate, "
-      "seed, width, ...), declared by the sweep; {} for a run started by hand",
-      kind="bookkeeping", since={}, default_factory=dict)
+  label: str = field(
+      "", "the run's label in its sweep (the study's name for its attention setup, e.g. "
+      "sink_learned), declared by the sweep that made it; \"\" for a run started by hand "
+      "(its studies then group it by `RunConfig.run_label`)", kind="bookkeeping", since="")
 
   # Not top-level fields of their own: the model's, the task's, the ConfigDict.
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -192,14 +192,16 @@ class RunConfig:
   @property
   def hparams(self) -> Mapping[str, float | int]:
     """`TRACED_FIELDS` -> this run's number (what a packed step takes as arrays)."""
-    return types.MappingProxyType({k: getattr(self, k) for k in TRACED_FIELDS})
+    return types.MappingProxyType({k: getattr(self, k) for k in fields.traced(type(self))})
 
   @property
-  def label(self) -> str:
-    """The run's label: its sweep point's where declared, else derived from the config
-    (`attnscale.config.labels.derived_label`)."""
+  def run_label(self) -> str:
+    """The name of the run's attention setup, derived from the config ("standard",
+    "qk_rmsnorm+softpick", ...: `attnscale.config.labels.derived_label`): its log
+    line's and eval.json's. A study groups runs by their declared `label` where the
+    sweep gave one."""
     from attnscale.config import labels
-    return self.point.get("label") or labels.derived_label(self)
+    return labels.derived_label(self)
 
 
 def _task_schemas() -> list[type]:
@@ -237,7 +239,9 @@ def added_fields() -> dict[str, Any]:
   return out
 
 
-TOP_LEVEL = tuple(f.name for f in fields.declared(RunConfig))
+def top_level_fields() -> tuple[str, ...]:
+  """The names of `RunConfig`'s declared fields (the task's are its own)."""
+  return tuple(f.name for f in fields.declared(RunConfig))
 
 
 def _convert(schema: type, values: Mapping[str, Any], *, check: bool) -> dict[str, Any]:
@@ -248,8 +252,6 @@ def _convert(schema: type, values: Mapping[str, Any], *, check: bool) -> dict[st
     value = values[f.name]
     if f.name == "mesh":
       value = MeshConfig(**value) if isinstance(value, Mapping) else value
-    elif f.name == "point":
-      value = types.MappingProxyType(dict(value))
     elif check:
       value = fields.check(schema, f.name, value)
     elif isinstance(value, list):
@@ -279,12 +281,12 @@ def convert(config: ml_collections.ConfigDict, *, check: bool = True) -> RunConf
   schema = getattr(task_cls, "CONFIG_FIELDS", None)
   task_names = {f.name for f in dataclasses.fields(schema)} if schema else set()
   if check:
-    renamed = fields.renames(RunConfig)
+    renamed, top = fields.renames(RunConfig), top_level_fields()
     for name in values:
       if name in renamed:
         raise ValueError(f"config.{name} was renamed to config.{renamed[name]}")
-      if name not in TOP_LEVEL and name not in task_names and name != "model":
-        raise unknown_field_error(name, TOP_LEVEL + tuple(task_names))
+      if name not in top and name not in task_names and name != "model":
+        raise unknown_field_error(name, top + tuple(task_names))
   top = _convert(RunConfig, values, check=check)
   task_fields = None
   if schema is not None:

@@ -119,7 +119,7 @@ def evaluate_run(workdir: str, *, config: ml_collections.ConfigDict | None = Non
   result = {
       "workdir": workdir,
       "step": int(step),
-      "scaling": s.run.label,
+      "scaling": s.run.run_label,
       **task.eval_metrics(sums),
       # On the whole first batch: each process holds only its rows of it.
       "attention": diagnostics.task_attention_stats(

@@ -228,7 +228,7 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
   def point(t: Trial) -> dict:
     scaling, overrides = labels[t.label]
     return {"arg": f"preset={preset},scaling={scaling},seed={t.seed}",
-            "overrides": {"learning_rate": t.learning_rate, **overrides},
+            "overrides": {"learning_rate": t.learning_rate, **overrides}, "label": t.label,
             **({"eval": list(eval_flags)} if eval_flags else {})}
 
   def loss(t: Trial) -> float | None:

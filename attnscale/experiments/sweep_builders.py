@@ -38,7 +38,8 @@ class Sweep:
 
 
 def point(preset: str, scaling: str, seed: int, overrides: dict, **extra) -> dict:
-  """One point: `preset=P,scaling=S,seed=N` plus field overrides (and `eval` flags)."""
+  """One point: `preset=P,scaling=S,seed=N` plus field overrides (and `eval` flags,
+  and the `label` the sweep declares for the run: its config's `label`)."""
   return {"arg": f"preset={preset},scaling={scaling},seed={seed}", "overrides": overrides,
           **extra}
 
@@ -54,8 +55,8 @@ def grid(preset: str, scalings: Sequence[str], learning_rates: Sequence[float],
 def seeds_first(preset: str, labels: Labels, seeds: Sequence[int]) -> Sweep:
   """Every label at each seed, seed-major (after the first seed every label has a run)."""
   return Sweep(preset, lambda workdir: [
-      point(preset, scaling, seed, overrides)
-      for seed in seeds for scaling, overrides in labels.values()])
+      point(preset, scaling, seed, overrides, label=label)
+      for seed in seeds for label, (scaling, overrides) in labels.items()])
 
 
 def listed(preset: str, runs: Sequence[tuple[str, dict, Sequence[int]]]) -> Sweep:
@@ -119,7 +120,7 @@ def sensitivity(preset: str, labels: Labels, best: Mapping[str, int], seeds: Seq
   early has every label where they differ most (and the diverging runs are the
   short ones)."""
   return Sweep(preset, lambda workdir: [
-      point(preset, scaling, seed, {"learning_rate": 2.0**-e, **overrides})
+      point(preset, scaling, seed, {"learning_rate": 2.0**-e, **overrides}, label=label)
       for seed in seeds for e in range(top, max(best.values()) + 3)
       for label, (scaling, overrides) in labels.items() if e <= best[label] + 2])
 

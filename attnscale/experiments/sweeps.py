@@ -77,6 +77,9 @@ class Point:
   overrides: tuple[tuple[str, object], ...] = ()
   # eval.py flags to run after training (e.g. ("--lengths=64,128",)); () = no eval.
   eval_flags: tuple[str, ...] = ()
+  # The sweep's label for the run (config.label): what its study groups it by. Not
+  # part of `name`, so declaring it leaves every run directory where it was.
+  label: str = ""
 
   @property
   def name(self) -> str:
@@ -93,12 +96,15 @@ class Point:
     cmd = [python, "train.py", f"--config={config_file}:{self.arg}",
            f"--workdir={os.path.join(workdir, self.name)}"]
     # An argv list, not a shell line: a string goes as it is (shell_commands quotes).
-    return cmd + [f"--config.{key}={value}" for key, value in self.overrides]
+    return cmd + [f"--config.{key}={value}" for key, value in self._overrides()]
+
+  def _overrides(self) -> tuple[tuple[str, object], ...]:
+    return self.overrides + ((("label", self.label),) if self.label else ())
 
 
   def run_spec(self, config_file: str, workdir: str) -> dict:
     """This point as one run of a pack (`attnscale.runtime.packing.command`)."""
-    return {"config": f"{config_file}:{self.arg}", "overrides": dict(self.overrides),
+    return {"config": f"{config_file}:{self.arg}", "overrides": dict(self._overrides()),
             "workdir": os.path.join(workdir, self.name)}
 
   def eval_command(self, workdir: str, python: str = sys.executable) -> list[str]:
@@ -142,7 +148,7 @@ def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[
   else:
     specs = known[name].points(workdir)
   points = [Point(p["arg"], tuple(sorted(p.get("overrides", {}).items())),
-                  tuple(p.get("eval", ())))
+                  tuple(p.get("eval", ())), p.get("label", ""))
             for p in specs]
   names = [p.name for p in points]
   if len(set(names)) != len(names):

@@ -255,7 +255,7 @@ def compile_report(config, target_name: str) -> dict[str, Any]:
       "target": target_name, "platform": t.platform,
       "device_kind": devs[0].device_kind, "num_devices": len(devs), "mesh": info["mesh"],
       "chip": t.chip or devs[0].device_kind, "cores_per_chip": t.cores_per_chip,
-      "label": info["run"].label, "dtype": cfg.dtype, "remat": cfg.remat,
+      "label": info["run"].run_label, "dtype": cfg.dtype, "remat": cfg.remat,
       "num_params": num_params, "device_memory_bytes": memory_bytes,
       "peak_flops": t.peak_flops, "bandwidth": t.bandwidth,
   }

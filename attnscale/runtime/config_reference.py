@@ -57,12 +57,12 @@ def _top_level_rows(schema, configs, prefix: str = "") -> list[str]:
     kind = f.metadata["kind"]
     if dataclasses.is_dataclass(default):
       rows.append(f"| `{path}` | | {'| ' * len(configs)}{kind} | {_cell(f.metadata['doc'])} |")
-      rows += _top_level_rows(type(default), [c.get(f.name, {}) for c in configs], path + ".")
+      rows += _top_level_rows(type(default), [v.get(f.name, {}) for v in configs], path + ".")
       continue
     cells = []
-    for config in configs:
-      value = config.get(f.name, default)
-      cells.append("" if value == default or f.name not in config else _value(value))
+    for values in configs:
+      value = values.get(f.name, default)
+      cells.append("" if value == default or f.name not in values else _value(value))
     rows.append(f"| `{path}` | {_value(default)} | {' | '.join(cells)} | {kind} | "
                 f"{_cell(f.metadata['doc'])} |")
   return rows
@@ -79,8 +79,8 @@ def _model_rows(schema, configs, prefix: str = "") -> list[str]:
       continue
     top_level = f.metadata.get("top_level")
     cells = []
-    for config in configs:
-      value = config.get(f.name, default) if not top_level else default
+    for values in configs:
+      value = values.get(f.name, default) if not top_level else default
       cells.append("" if value == default else _value(value))
     doc = f.metadata["doc"] + (f" (set by the top-level `config.{top_level}`)"
                                if top_level else "")

@@ -45,17 +45,17 @@ RESUMABLE_CHANGES = run_config.resumable_fields()
 
 
 def run_label(config) -> str:
-  """The one name of a run's attention setup (log line, eval.json, sweeps, studies):
-  the label its sweep point declares (`config.point`), else the one derived from the
-  config (`attnscale.config.labels.derived_label`).
+  """The one name of a run's attention setup (log line, eval.json, sweep tables),
+  derived from its config (`attnscale.config.labels.derived_label`); a sweep's own
+  name for the run is its declared `config.label`.
 
   `config`: a `RunConfig`, a ConfigDict or a config.json's dict (migrated first, so a
   run saved before a rename keeps its label).
   """
   if isinstance(config, run_config.RunConfig):
-    return config.label
+    return config.run_label
   saved = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  return run_config.of(ml_collections.ConfigDict(migrate(copy.deepcopy(saved)))).label
+  return run_config.of(ml_collections.ConfigDict(migrate(copy.deepcopy(saved)))).run_label
 
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> ModelConfig:

@@ -169,7 +169,7 @@ def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
              f"{num_params / 1e6:.2f}M params each | {jax.device_count()} devices "
              f"({jax.devices()[0].platform})")
   for i, slot in enumerate(real):
-    rundir.log(f"  [{i}] {slot.run.label} | lr {slot.run.learning_rate:g} "
+    rundir.log(f"  [{i}] {slot.run.run_label} | lr {slot.run.learning_rate:g} "
                f"| seed {slot.run.seed} | {slot.workdir} | "
                f"{'done' if not slot.active else f'from step {slot.step}'}")
   loop.train(program, slots, state_K, release=lambda: [lock.release() for lock in locks])

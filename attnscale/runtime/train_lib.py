@@ -120,7 +120,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
       processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
       fsdp = f", fsdp {mesh.shape['fsdp']}" if mesh.shape["fsdp"] > 1 else ""
-      rundir.log(f"{run.task} | {run.label} | "
+      rundir.log(f"{run.task} | {run.run_label} | "
                  f"{num_params / 1e6:.2f}M params | {jax.device_count()} devices{processes} "
                  f"({jax.devices()[0].platform}{fsdp}) | workdir {workdir}")
       loop.train(program, [slot], state, release=lock.release)

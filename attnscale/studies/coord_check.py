@@ -103,21 +103,19 @@ def trajectory(config, steps: int) -> list[dict[str, float]]:
   import jax
   from flax import nnx
 
-  from attnscale import tasks
-  from attnscale.runtime import run_config
+  from attnscale.config import run as run_config
+  from attnscale.runtime import startup
   from attnscale.runtime import steps as steps_lib
-  from attnscale.runtime import train_state as ts
 
   run = run_config.of(config)
   cfg = run.model
   if cfg.variant != "standard" or cfg.ln_position != "pre":
     raise ValueError("coord_check needs model.variant='standard' and model.ln_position='pre', "
                      f"got {cfg.variant!r}, {cfg.ln_position!r}")
-  task = tasks.get_task(config)
-  mesh = ts.make_mesh(config)
-  batch_sharding = ts.batch_sharding(mesh)
-  graphdef, state, shardings = ts.create_state(run, mesh)
-  train_step = steps_lib.make_train_step(graphdef, task, run, shardings, batch_sharding)
+  s = startup.start(run)
+  task, graphdef, batch_sharding = s.task, s.graphdef, s.batch_sharding
+  state = startup.init_state(s)
+  train_step = steps_lib.make_train_step(graphdef, task, s.run, s.shardings, batch_sharding)
   measure = jax.jit(lambda params, tokens_BT: activation_scales(nnx.merge(graphdef, params),
                                                                 tokens_BT))
   tokens_BT = steps_lib.global_batch(task.train_batch(0), batch_sharding)["inputs"]

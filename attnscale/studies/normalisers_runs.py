@@ -42,7 +42,11 @@ def normaliser_label(config: Mapping) -> str:
   """The sweep's label of a run from its config.json (`LABELS`); a run the sweep does
   not define (other positions, another option) keeps its run_label, never averaged
   into a sweep label."""
-  # The BERT's runs (post-LN) take the char LM's labels: their own store keeps them apart.
+  if config.get("label"):  # the sweep's own name for the run
+    return config["label"]
+  # A run made before sweeps declared labels: its attention setup, mapped to the
+  # sweep's label. The BERT's runs (post-LN) take the char LM's labels: their own
+  # store keeps them apart.
   run_label = configlib.run_label(ml_collections.ConfigDict(dict(config)))
   run_label = run_label.replace("+post_ln", "")
   positions = config["model"].get("positions", "learned")

@@ -1,0 +1,112 @@
+"""The run declared once: `attnscale.config.RunConfig`.
+
+A field is one declaration: from it alone it is checked, documented in the
+generated reference, classified for packing and resume, and migrated for a run
+saved before it existed. Below the entry points nothing reads a ConfigDict by
+`config.get`. A start builds its optimizer, its abstract model and its task check
+once (train.py, a pack, eval.py).
+"""
+
+import dataclasses
+import json
+import os
+import re
+
+import pytest
+
+from attnscale import tasks
+from attnscale.config import fields, run
+from attnscale.config.fields import field
+from attnscale.runtime import config_reference, configlib, packing
+from configs import shakespeare_char
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithNewField(run.RunConfig):
+  """RunConfig with one field more, declared as a new field of the project would be."""
+
+  new_rate: float = field(0.5, "a rate that runs made before it did not have",
+                          kind="traced", positive=">= 0", since=0.0)
+
+
+def test_a_new_field_is_one_declaration(monkeypatch):
+  monkeypatch.setattr(run, "RunConfig", _WithNewField)
+  config = shakespeare_char.get_config("preset=test")
+  config.unlock()
+  config.new_rate = 0.25
+
+  # Validated and typed ...
+  read = run.read(config, num_devices=1)
+  assert isinstance(read, _WithNewField) and read.new_rate == 0.25
+  assert read.hparams["new_rate"] == 0.25  # ... a number a packed step takes as an array
+  config.new_rate = -1.0
+  with pytest.raises(ValueError, match=re.escape("config.new_rate must be >= 0, got -1.0")):
+    run.read(config, num_devices=1)
+  config.new_rate = 0.25
+  # ... documented in the generated reference ...
+  assert ("| `new_rate` | `0.5` |  |  |  | traced | a rate that runs made before it did not have |"
+          in config_reference.render())
+  # ... classified for packing (may differ in a pack) and resume (may not change) ...
+  assert "new_rate" in run.pack_free_fields() and "new_rate" not in run.resumable_fields()
+  assert "new_rate" in fields.traced(_WithNewField)
+  # ... and an old run's config.json gets the value that reproduces it.
+  saved = json.loads(shakespeare_char.get_config("preset=test").to_json())
+  assert configlib.migrate(saved)["new_rate"] == 0.0
+
+
+def test_packing_and_resume_rules_come_from_the_declarations():
+  kinds = {f.name: f.metadata["kind"] for f in fields.declared(run.RunConfig)}
+  assert packing.TRACED_FIELDS == tuple(k for k, v in kinds.items() if v in ("traced", "switch"))
+  assert packing.SWITCHES == ("grad_clip", "qk_clip", "z_loss")
+  assert set(configlib.RESUMABLE_CHANGES) == {
+      k for k, v in kinds.items() if v in ("bookkeeping", "layout")} | {"eval_tokens"}
+  assert "mesh" in configlib.RESUMABLE_CHANGES and "mesh" not in packing.PACK_FREE_FIELDS
+  # Every field of the configs is declared: by RunConfig, the model or the task.
+  for name in shakespeare_char.get_config().keys():
+    assert name in run.top_level_fields() or name == "model", name
+
+
+def test_a_field_declared_nowhere_fails_in_one_line():
+  config = shakespeare_char.get_config("preset=test")
+  config.unlock()
+  config.lerning_rate = 0.1
+  with pytest.raises(ValueError, match=re.escape(
+      "config.lerning_rate is not a config field (did you mean 'learning_rate'?)")):
+    run.read(config, num_devices=1)
+
+
+def test_task_fields_are_declared_by_the_task_and_read_as_top_level():
+  from configs import bert_small
+  r = run.read(bert_small.get_config("preset=test"), num_devices=1)
+  assert r.mask_rate == 0.15 and r.max_predictions_per_seq is None
+  assert isinstance(r.task_fields, tasks.TASKS["mlm"].CONFIG_FIELDS)
+  with pytest.raises(AttributeError, match="RunConfig has no field 'mask_rat'"):
+    r.mask_rat  # noqa: B018
+
+
+def test_a_sweep_declares_the_label_and_the_study_reads_it():
+  from attnscale.studies import normalisers_runs
+  config = json.loads(shakespeare_char.get_config("preset=test").to_json())
+  config["model"]["positions"] = "rope"
+  assert normalisers_runs.normaliser_label(config) == "softmax"  # derived: a run by hand
+  config["label"] = "my_label"
+  assert normalisers_runs.normaliser_label(config) == "my_label"
+  assert configlib.run_label(config) == "standard"  # the attention setup, still derived
+
+
+def test_no_config_get_below_the_entry_points():
+  # The runtime, evaluation, tasks and models read a `RunConfig`'s typed fields; only
+  # attnscale/config/ (which converts the ConfigDict) reads it as written.
+  offenders = []
+  for package in ("runtime", "evaluation", "tasks", "models", "core"):
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "attnscale", package)):
+      for name in files:
+        if name.endswith(".py"):
+          path = os.path.join(dirpath, name)
+          with open(path) as f:
+            for i, line in enumerate(f, 1):
+              if re.search(r"\bconfig\.get\(", line):
+                offenders.append(f"{os.path.relpath(path, ROOT)}:{i}")
+  assert not offenders, offenders
