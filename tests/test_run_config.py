@@ -110,3 +110,50 @@ def test_no_config_get_below_the_entry_points():
               if re.search(r"\bconfig\.get\(", line):
                 offenders.append(f"{os.path.relpath(path, ROOT)}:{i}")
   assert not offenders, offenders
+
+
+@pytest.mark.slow
+def test_a_start_builds_once(monkeypatch, tmp_path, tfds_dir):
+  """train.py, a pack and eval.py each: one read of the config, one task check, one
+  abstract initialisation (shapes and graphdef), and the optimizer built once at the
+  run's numbers; a pack's step programs also build it from their traced numbers."""
+  from attnscale.evaluation import eval_lib
+  from attnscale.runtime import optimizers, packed, train_lib
+  from attnscale.runtime import train_state as ts
+
+  counts = {}
+
+  def counting(owner, name):
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+      counts[name] = counts.get(name, 0) + 1
+      return original(*args, **kwargs)
+    monkeypatch.setattr(owner, name, wrapper)
+
+  counting(optimizers, "build")
+  counting(ts, "abstract_state")
+  counting(run, "convert")
+  checked = []
+  original_check = tasks.CharLMTask.validate_config.__func__
+  monkeypatch.setattr(tasks.CharLMTask, "validate_config",
+                      classmethod(lambda cls, c: (checked.append(1), original_check(cls, c))))
+
+  def config(seed=0):
+    c = shakespeare_char.get_config(f"preset=test,seed={seed}")
+    c.data_dir, c.num_train_steps, c.eval_every, c.checkpoint_every = tfds_dir, 4, 4, 4
+    return c
+
+  train_lib.train_and_evaluate(config(), str(tmp_path / "one"))
+  assert counts == {"build": 1, "abstract_state": 1, "convert": 1} and len(checked) == 1
+
+  counts.clear(), checked.clear()
+  packed.train_packed([config(0), config(1)], [str(tmp_path / "a"), str(tmp_path / "b")])
+  # Each run's config is read once; one start (its init's optimizer state layout); the
+  # packed step and its logged twin build the optimizer from their traced numbers.
+  assert counts == {"build": 3, "abstract_state": 1, "convert": 2} and len(checked) == 2
+
+  counts.clear(), checked.clear()
+  eval_lib.evaluate_run(str(tmp_path / "one"), config=eval_lib.load_config(
+      str(tmp_path / "one")))
+  assert counts == {"build": 1, "abstract_state": 1, "convert": 1} and len(checked) == 1

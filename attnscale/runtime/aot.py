@@ -229,7 +229,7 @@ def lower_steps(config, target_name: str):
   eval_spec = type(task).batch_spec(run, train=False)
   eval_batch = ckpt.abstract_state(eval_spec, {k: batch_sharding for k in eval_spec})
   train_step = steps.make_train_step(graphdef, task, run, shardings, batch_sharding,
-                                     attn_metrics=False)
+                                     attn_metrics=False, optimizer=s.optimizer)
   eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)
   lowered = {"train_step": train_step.lower(state, train_batch),
              "eval_step": eval_step.lower(state["params"], eval_batch)}

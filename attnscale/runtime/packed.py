@@ -150,7 +150,7 @@ def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
   shardings_K = _stacked_shardings(shardings, mesh)
   # Every slot's initial state at once: the init vmapped over the seeds (the only
   # field the init reads that may differ in a pack).
-  init = ts.init_fn(base)
+  init = ts.init_fn(base, s.optimizer.tx)
   hparams_K = stacked_hparams([s.run for s in slots])
   with ts.threefry_kernel_on_gpu():  # GPU compile time: its docstring
     state_K = jax.jit(jax.vmap(init), out_shardings=shardings_K)(hparams_K["seed"])

@@ -7,9 +7,9 @@
 What train.py, a packed sweep, compile.py, eval.py and the coordinate check each
 need before their first program: the config read once (`attnscale.config.read`:
 validated, typed; or given as a `RunConfig`), the task (its data loaded, or
-without data for a compile), the device mesh, the model's structure (graphdef)
-and the train state's shapes and shardings, from one abstract initialisation
-(`train_state.abstract_state`). Everything that can be wrong with the config
+without data for a compile), the device mesh, the optimizer and its schedule at
+the run's numbers, the model's structure (graphdef) and the train state's shapes
+and shardings, from one abstract initialisation (`train_state.abstract_state`). Everything that can be wrong with the config
 fails here, before a run directory is touched or data is read.
 """
 
@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding
 
 from attnscale import tasks
 from attnscale.config import run as run_config
+from attnscale.runtime import optimizers
 from attnscale.runtime import train_state as ts
 
 
@@ -34,6 +35,9 @@ class Start:
   run: run_config.RunConfig
   task: tasks.Task
   mesh: jax.sharding.Mesh
+  # The optimizer and schedule at the run's own numbers: the optimizer state's layout,
+  # and a single run's step (a pack's step builds it from its traced numbers).
+  optimizer: optimizers.Optimizer
   graphdef: nnx.GraphDef
   shapes: Any  # the train state as jax.ShapeDtypeStructs
   shardings: Any  # the train state's NamedShardings on `mesh`
@@ -68,12 +72,13 @@ def start(config, *, devices=None, mesh: jax.sharding.Mesh | None = None,
     cls = tasks.task_class(run)
     task = cls(run) if data else cls.without_data(run)
   mesh = ts.make_mesh(run, devices) if mesh is None else mesh
-  graphdef, shapes = ts.abstract_state(run)
-  return Start(run, task, mesh, graphdef, shapes, ts.state_shardings(shapes, mesh))
+  optimizer = optimizers.build(run, run.hparams)
+  graphdef, shapes = ts.abstract_state(run, optimizer.tx)
+  return Start(run, task, mesh, optimizer, graphdef, shapes, ts.state_shardings(shapes, mesh))
 
 
 def init_state(s: Start):
   """The initial train state of `s.run`, initialised directly into its shardings
   (no device ever holds an unsharded copy)."""
   with ts.threefry_kernel_on_gpu():
-    return jax.jit(ts.init_fn(s.run), out_shardings=s.shardings)()
+    return jax.jit(ts.init_fn(s.run, s.optimizer.tx), out_shardings=s.shardings)()

@@ -44,7 +44,7 @@ def dropout_key(seed: int, step):
 
 
 def make_train_step(graphdef, task, run, state_shardings, batch_sharding, *,
-                    attn_metrics: bool | None = None):
+                    attn_metrics: bool | None = None, optimizer=None):
   """The jitted (state, batch) -> (state, metrics) step of one run, state donated.
 
   Args:
@@ -56,6 +56,8 @@ def make_train_step(graphdef, task, run, state_shardings, batch_sharding, *,
     attn_metrics: whether the step returns the attention metrics; None = the
       config's `attn_metrics` (the loop builds both programs and runs the
       metrics one only on the steps it logs).
+    optimizer: the run's `optimizers.Optimizer` at its own numbers, when the start
+      built it (`startup.Start.optimizer`); None builds it here.
 
   Returns:
     The step. Its metrics: "loss", "grad_norm", "lr" (of this step) and
@@ -69,14 +71,17 @@ def make_train_step(graphdef, task, run, state_shardings, batch_sharding, *,
     added to the loss); "loss" is then the cross-entropy alone.
   """
   run = run_config.of(run)
-  step_fn = train_step_fn(graphdef, task, run, attn_metrics=attn_metrics)
+  # The numbers are constants here, so the optimizer built at them once serves the step.
+  optimizer = optimizers.build(run, run.hparams) if optimizer is None else optimizer
+  step_fn = train_step_fn(graphdef, task, run, attn_metrics=attn_metrics, optimizer=optimizer)
   hparams = run.hparams
   train_step = under_mesh(batch_sharding.mesh)(lambda state, batch: step_fn(state, batch, hparams))
   return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, None), donate_argnums=0)
 
 
-def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
+def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None,
+                  optimizer=None):
   """The train step as a plain function (not jitted): `step(state, batch, hparams)`.
 
   `hparams`: the run's traced fields (`RunConfig.hparams`: seed, learning rates, weight decay,
@@ -86,7 +91,8 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
   constants, so a single run's program is what it always was); a packed sweep
   (`attnscale.runtime.packed`) vmaps the step over K runs with the numbers as
   arrays, so runs that differ only in those share one program. `run` as
-  `make_train_step`'s.
+  `make_train_step`'s. `optimizer`: built already at numbers that are constants (a
+  single run's); None: built in the step from `hparams` (a pack's arrays).
   """
   run = run_config.of(run)
   if attn_metrics is None:
@@ -99,7 +105,7 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None):
   def train_step(state, batch, hparams):
     step = state["step"]
     seed, tau = hparams["seed"], hparams["qk_clip"]
-    opt, schedule = optimizers.build(run, hparams)
+    opt, schedule = optimizers.build(run, hparams) if optimizer is None else optimizer
 
     def loss_fn(params, batch, key):
       model = nnx.merge(graphdef, params)

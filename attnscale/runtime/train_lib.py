@@ -57,8 +57,10 @@ class OneRun:
     batch_sharding = self.batch_sharding
     stats_on_logs = loop.attn_stats_on_log_steps(run)
     self.train_step = steps.make_train_step(graphdef, task, run, shardings, batch_sharding,
-                                            attn_metrics=False if stats_on_logs else None)
-    self.log_step = (steps.make_train_step(graphdef, task, run, shardings, batch_sharding)
+                                            attn_metrics=False if stats_on_logs else None,
+                                            optimizer=s.optimizer)
+    self.log_step = (steps.make_train_step(graphdef, task, run, shardings, batch_sharding,
+                                           optimizer=s.optimizer)
                      if stats_on_logs else None)
     self.has_log_step = self.log_step is not None
     self.eval_step = steps.make_eval_step(graphdef, task, shardings["params"], batch_sharding)

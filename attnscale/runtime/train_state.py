@@ -212,10 +212,11 @@ def create_state(run, mesh) -> tuple[nnx.GraphDef, State, Any]:
   return graphdef, state, shardings
 
 
-def abstract_state(run) -> tuple[nnx.GraphDef, State]:
+def abstract_state(run, tx=None) -> tuple[nnx.GraphDef, State]:
   """(graphdef, the train state as jax.ShapeDtypeStructs), from one abstract
-  initialisation of the model and its optimizer state: nothing is allocated."""
-  init = init_fn(run)
+  initialisation of the model and its optimizer state (`tx`: as `init_fn`'s):
+  nothing is allocated."""
+  init = init_fn(run, tx)
   shapes = jax.eval_shape(init)
   return init.graphdef, shapes
 
@@ -251,14 +252,15 @@ def state_shapes(run) -> State:
   return abstract_state(run)[1]
 
 
-def init_fn(run):
+def init_fn(run, tx=None):
   """The function that returns the initial train state (to jit): `init()` from
   the run's seed, `init(seed)` from another (a packed sweep vmaps it over its seeds).
   The optimizer state is `optimizers.build`'s at the run's own numbers (its layout
   does not depend on the traced values). Once traced, `init.graphdef` is the model's
-  structure (`abstract_state` reads it)."""
+  structure (`abstract_state` reads it). `tx`: the run's optimizer when the caller
+  built it (`startup.Start.optimizer`), else built here."""
   run = run_config.of(run)
-  tx = optimizers.build(run, run.hparams).tx
+  tx = optimizers.build(run, run.hparams).tx if tx is None else tx
 
   def init(seed=None):
     init.graphdef, params = nnx.split(init_model(run, seed), nnx.Param)

@@ -115,7 +115,8 @@ def trajectory(config, steps: int) -> list[dict[str, float]]:
   s = startup.start(run)
   task, graphdef, batch_sharding = s.task, s.graphdef, s.batch_sharding
   state = startup.init_state(s)
-  train_step = steps_lib.make_train_step(graphdef, task, s.run, s.shardings, batch_sharding)
+  train_step = steps_lib.make_train_step(graphdef, task, s.run, s.shardings, batch_sharding,
+                                         optimizer=s.optimizer)
   measure = jax.jit(lambda params, tokens_BT: activation_scales(nnx.merge(graphdef, params),
                                                                 tokens_BT))
   tokens_BT = steps_lib.global_batch(task.train_batch(0), batch_sharding)["inputs"]
