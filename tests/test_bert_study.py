@@ -120,7 +120,7 @@ def test_mixed_commits_need_the_flag(tmp_path):
 
 
 def test_a_run_archived_without_weights_or_eval_is_reported_not_fatal(tmp_path):
-  """sweeps.archive keeps no weights: a run archived before eval.py ran cannot be
+  """run_records.archive keeps no weights: a run archived before eval.py ran cannot be
   evaluated later; the study says so and reads its other seeds."""
   import shutil
   _sweep(tmp_path)
@@ -128,7 +128,7 @@ def test_a_run_archived_without_weights_or_eval_is_reported_not_fatal(tmp_path):
   (run / "eval.json").unlink()
   shutil.rmtree(run / "checkpoints")
   (run / "checkpoints").mkdir()  # as orbax leaves it: the folder, no step
-  (run / "archived.json").write_text(json.dumps({"step": STEPS}))  # sweeps.archive's mark
+  (run / "archived.json").write_text(json.dumps({"step": STEPS}))  # run_records.archive's mark
   rows = bert.read_rows(str(tmp_path))
   best = bert.at_best(rows, str(tmp_path), evaluate=True)  # would need the weights
   assert best["standard"]["unevaluated"] == ["standard-8-0"]

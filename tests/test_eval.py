@@ -104,15 +104,15 @@ def test_sweeps_evaluate_finished_then_archive(trained, tmp_path):
   so `archive` (no weights) keeps it; archived runs are not evaluated again."""
   import shutil
 
-  from attnscale.experiments import sweeps
+  from attnscale.experiments import run_records
   _, workdir = trained
   work = tmp_path / "sweep"
   shutil.copytree(workdir, work / "a")
   (work / "a" / "eval.json").unlink(missing_ok=True)
-  assert sweeps.evaluate_finished(str(work)) == ["a"] and sweeps.evaluated(str(work / "a"))
-  assert sweeps.evaluate_finished(str(work)) == []  # done once
-  sweeps.archive(str(work), str(tmp_path / "raw"))
+  assert run_records.evaluate_finished(str(work)) == ["a"] and run_records.evaluated(str(work / "a"))
+  assert run_records.evaluate_finished(str(work)) == []  # done once
+  run_records.archive(str(work), str(tmp_path / "raw"))
   assert (tmp_path / "raw" / "a" / "eval.json").exists()
   shutil.copytree(tmp_path / "raw", tmp_path / "fresh")  # another machine: no weights
   (tmp_path / "fresh" / "a" / "eval.json").unlink()
-  assert sweeps.evaluate_finished(str(tmp_path / "fresh")) == []  # nothing to read
+  assert run_records.evaluate_finished(str(tmp_path / "fresh")) == []  # nothing to read

@@ -22,8 +22,8 @@ import pytest
 
 from attnscale import testing
 from attnscale.evaluation import eval_lib
-from attnscale.experiments import sweeps
-from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.experiments import run_records
+from attnscale.experiments.run_records import checkpoint_steps
 from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import metrics_writer, run_lock, train_lib
 from attnscale.runtime.interrupts import SECOND_CTRL_C
@@ -442,13 +442,13 @@ def test_ctrl_c_of_a_sweep_reaches_its_running_points_which_save(tfds_dir, cache
     assert 1 < step < 100000 and f"Ctrl-C: saved a checkpoint at step {step} in {run}; " \
         "rerunning the same command resumes from it" in saved, output[-3000:]
     assert not os.path.exists(os.path.join(run, run_lock.LOCK_FILE))
-    assert sweeps.status(run) == "partial"
+    assert run_records.status(run) == "partial"
 
 
 def test_sweep_status_reads_a_damaged_final_checkpoint_as_not_done(uninterrupted, tmp_path):
   run = str(tmp_path / "run")
   shutil.copytree(uninterrupted, run)
-  assert sweeps.status(run) == "done"
+  assert run_records.status(run) == "done"
   truncate(os.path.join(run, "checkpoints", str(NUM_STEPS), "default", "_sharding"))
-  assert sweeps.status(run) == "partial"  # a sweep reruns it: train.py sets it aside
-  assert sweeps.status(run, read_checkpoint=False) == "done"  # the step numbers alone
+  assert run_records.status(run) == "partial"  # a sweep reruns it: train.py sets it aside
+  assert run_records.status(run, read_checkpoint=False) == "done"  # the step numbers alone

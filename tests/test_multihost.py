@@ -35,7 +35,7 @@ import pytest
 
 from attnscale import testing
 from attnscale.evaluation import eval_lib
-from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.experiments.run_records import checkpoint_steps
 from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import metrics_writer, provenance, train_lib
 from attnscale.runtime import train_state as ts

@@ -22,7 +22,8 @@ import pytest
 from attnscale import testing
 from attnscale.evaluation import eval_lib
 from attnscale.experiments import sweeps
-from attnscale.experiments.sweeps import Point, checkpoint_steps
+from attnscale.experiments.run_records import checkpoint_steps
+from attnscale.experiments.sweeps import Point
 from attnscale.runtime import (
   metric_keys,
   metrics_writer,

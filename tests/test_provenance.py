@@ -1,5 +1,5 @@
 """What a result came from: provenance.json (attnscale/runtime/provenance.py), the
-commit and largest logit `sweeps.read_run` reads, runs.csv and the mixed-commit check."""
+commit and largest logit `run_records.read_run` reads, runs.csv and the mixed-commit check."""
 
 import csv
 import json

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from tensorboardX.proto import event_pb2
 
 from attnscale import testing
-from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.experiments.run_records import checkpoint_steps
 from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import metrics_writer
 from attnscale.runtime import train_state as ts

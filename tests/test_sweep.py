@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from attnscale.experiments import sweep_results, sweeps
+from attnscale.experiments import run_records, sweep_results, sweeps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/shakespeare_char.py"
@@ -84,26 +84,26 @@ def test_archived_runs_read_as_done_without_weights(tmp_path):
             checkpoint=10)
   _fake_run(work / "b", lr=0.1, losses=[(10, 3.0), (20, math.nan)], num_steps=40,
             elapsed=[10, 20], checkpoint=10)
-  assert sweeps.status(str(work / "b")) == "diverged"
-  assert sweeps.status(str(work / "c")) == "partial"
-  assert sweeps.archive(str(work), str(dest)) == ["a", "b"]
+  assert run_records.status(str(work / "b")) == "diverged"
+  assert run_records.status(str(work / "c")) == "partial"
+  assert run_records.archive(str(work), str(dest)) == ["a", "b"]
   # The metrics are archived gzipped (a tenth of the size), line for line.
   assert sorted(os.listdir(dest / "a")) == ["archived.json", "config.json", "metrics.jsonl.gz"]
   with gzip.open(dest / "a" / "metrics.jsonl.gz", "rt") as f, open(work / "a" / "metrics.jsonl") as g:
     assert f.read() == g.read()
-  assert sweeps.status(str(dest / "a")) == "done"
-  assert sweeps.status(str(dest / "b")) == "diverged"
+  assert run_records.status(str(dest / "a")) == "done"
+  assert run_records.status(str(dest / "b")) == "diverged"
   assert sweeps.collect(str(dest)) == [r for r in sweeps.collect(str(work))
                                        if r["run"] in ("a", "b")]
   # Archived again (an archive of an archive, or the same runs once more): the same
   # bytes, and a plain metrics.jsonl an older archive left is replaced by the .gz.
   first = (dest / "a" / "metrics.jsonl.gz").read_bytes()
   shutil.copyfile(work / "a" / "metrics.jsonl", dest / "a" / "metrics.jsonl")
-  assert sweeps.archive(str(work), str(dest)) == ["a", "b"]
+  assert run_records.archive(str(work), str(dest)) == ["a", "b"]
   assert sorted(os.listdir(dest / "a")) == ["archived.json", "config.json", "metrics.jsonl.gz"]
   assert (dest / "a" / "metrics.jsonl.gz").read_bytes() == first
   again = tmp_path / "again"
-  assert sweeps.archive(str(dest), str(again)) == ["a", "b"]
+  assert run_records.archive(str(dest), str(again)) == ["a", "b"]
   assert (again / "a" / "metrics.jsonl.gz").read_bytes() == first
   fresh = tmp_path / "fresh"
   shutil.copytree(dest, fresh)
@@ -116,7 +116,7 @@ def test_archived_runs_read_as_done_without_weights(tmp_path):
     config = json.load(f)
   with open(fresh / "a" / "config.json", "w") as f:
     json.dump(dict(config, num_train_steps=80), f)
-  assert sweeps.status(str(fresh / "a")) == "partial"
+  assert run_records.status(str(fresh / "a")) == "partial"
 
 
 def test_a_sweep_does_not_rerun_a_diverged_point(tmp_path):
@@ -157,7 +157,7 @@ def test_sweep_runs_points_skips_finished_and_writes_results(tmp_path):
   first = subprocess.run(cmd + ["--jobs=2"], cwd=ROOT, env=env, capture_output=True, text=True)
   assert first.returncode == 0, first.stderr[-2000:]
   names = [p.name for p in sweeps.load_sweep(os.path.join(ROOT, CONFIG), "test")]
-  assert all(sweeps.status(os.path.join(tmp_path, n)) == "done" for n in names)
+  assert all(run_records.status(os.path.join(tmp_path, n)) == "done" for n in names)
   for f in ("results.csv", "results.md", "loss_vs_lr.png", "loss_curves.png"):
     assert os.path.getsize(os.path.join(tmp_path, f)) > 0, f
   with open(os.path.join(tmp_path, "results.csv")) as f:

@@ -22,7 +22,7 @@ import pytest
 
 from attnscale import testing
 from attnscale.data import lm_tokenizers, prepare_tokens, tokens
-from attnscale.experiments import sweeps
+from attnscale.experiments import run_records, sweeps
 from attnscale.runtime import configlib, metrics_writer
 from configs import gpt2
 
@@ -206,14 +206,14 @@ def test_sigkill_then_rerun_reads_the_same_batches(shards, tmp_path):
   proc = testing.start_train_py(resumed, log, *flags, cache_dir=cache, config=config)
 
   def past_a_checkpoint():
-    saved = sweeps.checkpoint_steps(resumed)
+    saved = run_records.checkpoint_steps(resumed)
     logged = [r["step"] for r in metrics_writer.read_rows(resumed)]
     return bool(saved and logged and logged[-1] >= saved[-1] + 5)
 
   testing.wait_for(proc, past_a_checkpoint, "a checkpoint and 5 steps past it", log)
   proc.send_signal(signal.SIGKILL)
   proc.wait(timeout=60)
-  restored = sweeps.checkpoint_steps(resumed)[-1]
+  restored = run_records.checkpoint_steps(resumed)[-1]
   assert restored < 300
   testing.finish(testing.start_train_py(resumed, log, *flags, cache_dir=cache, config=config),
                  log)

@@ -26,7 +26,7 @@ from tensorboardX.proto import event_pb2
 
 from attnscale import tasks, testing
 from attnscale.core import scalings
-from attnscale.experiments.sweeps import checkpoint_steps
+from attnscale.experiments.run_records import checkpoint_steps
 from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import loop, train_lib
 from configs import shakespeare_char
@@ -465,8 +465,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
   losses = train_losses(workdir)
   assert sorted(losses) == [2, 3] and not np.isfinite(losses[3])
   assert all(m["step"] <= 3 for m in read_metrics(workdir))
-  from attnscale.experiments import sweeps
-  assert sweeps.read_run(workdir)["status"] == "diverged"
+  from attnscale.experiments import run_records
+  assert run_records.read_run(workdir)["status"] == "diverged"
 
 
 # ---------------------------------------------------------------------------

@@ -35,34 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-# A run directory's status, records and row, also reachable as sweeps.<name>.
-from attnscale.experiments.run_records import (  # noqa: F401
-  ARCHIVED,
-  FINISHED,
-  RECORDS,
-  archive,
-  checkpoint_steps,
-  evaluate_finished,
-  evaluated,
-  read_run,
-  status,
-)
-
-# The results' tables and figures, also reachable as sweeps.<name> (notebooks).
-from attnscale.experiments.sweep_results import (  # noqa: F401
-  COLUMNS,
-  TEXT_COLUMNS,
-  best_per_scaling,
-  best_runs,
-  best_table,
-  markdown_table,
-  plot_best,
-  plot_loss_curves,
-  plot_loss_vs_lr,
-  standard_error,
-  within_noise,
-  write_results,
-)
+from attnscale.experiments import run_records, sweep_results
 from attnscale.runtime import packing
 
 # Where train.py is: the repository root, above attnscale/experiments/.
@@ -241,10 +214,10 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
 
   def run_unit(unit: list[int], cpus) -> list[tuple[Point, int]]:
     members = [points[i] for i in unit]
-    states = [status(os.path.join(workdir, p.name)) for p in members]
+    states = [run_records.status(os.path.join(workdir, p.name)) for p in members]
     tag = (f"[{unit[0] + 1}/{len(points)}] {members[0].name}" if len(unit) == 1 else
            f"[{','.join(str(i + 1) for i in unit)}/{len(points)}] a pack of {len(unit)}")
-    if all(s in FINISHED for s in states):
+    if all(s in run_records.FINISHED for s in states):
       log(f"{tag}: {'done' if set(states) == {'done'} else 'finished (diverged)'}, skipped")
       returncode = 0
     else:
@@ -261,7 +234,7 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
     failures = []
     for point in members:
       run_dir = os.path.join(workdir, point.name)
-      state = status(run_dir)
+      state = run_records.status(run_dir)
       if state == "diverged":  # an outcome, not a failure (run_records.status)
         if states[members.index(point)] != "diverged":
           log(f"[{points.index(point) + 1}/{len(points)}] {point.name}: diverged (a result: "
@@ -272,7 +245,7 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
       if state != "done":
         failures.append((point, returncode or 1))
         continue
-      if point.eval_flags and not evaluated(run_dir):
+      if point.eval_flags and not run_records.evaluated(run_dir):
         start = time.perf_counter()
         code = _call(point.eval_command(workdir), cpus, env)
         log(f"[{points.index(point) + 1}/{len(points)}] {point.name}: eval exit {code} after "
@@ -280,7 +253,7 @@ def run_sweep(config_file: str, points: Sequence[Point], workdir: str, *,
         if code:
           failures.append((point, code))
           continue
-      if on_done is not None and not all(s in FINISHED for s in states):
+      if on_done is not None and not all(s in run_records.FINISHED for s in states):
         on_done(point)
     return failures
 
@@ -318,7 +291,7 @@ def pack_units(config_file: str, points: Sequence[Point], workdir: str,
   if not isinstance(pack, int) or pack < 1:
     raise ValueError(f"pack must be a positive integer, got {pack!r}")
   todo = [i for i, p in enumerate(points)
-          if status(os.path.join(workdir, p.name)) not in FINISHED]
+          if run_records.status(os.path.join(workdir, p.name)) not in run_records.FINISHED]
   if pack == 1 or len(todo) < 2:
     return [[i] for i in range(len(points))]
   configs = [packing.load_config(f"{config_file}:{points[i].arg}", dict(points[i].overrides))
@@ -442,10 +415,10 @@ def collect(workdir: str, points: Sequence[Point] | None = None) -> list[dict]:
             | {_short(k): v for k, v in p.overrides} for p in points or ()}
   rows = []
   for name in names:
-    row = read_run(os.path.join(workdir, name))
+    row = run_records.read_run(os.path.join(workdir, name))
     if row is None:  # not started: what the point's argument says
       label = labels.get(name, {})
-      row = {**{c: math.nan for c in COLUMNS}, "scaling": label.get("scaling", "?"),
+      row = {**{c: math.nan for c in sweep_results.COLUMNS}, "scaling": label.get("scaling", "?"),
              "learning_rate": label.get("lr", math.nan), "status": "new", "run": name,
              "curve": []}
     rows.append(row)
@@ -470,3 +443,20 @@ def shell_commands(config_file: str, points: Sequence[Point], workdir: str,
     evals = [p.eval_command(workdir, python="python") for p in members]
     lines.append(" && ".join(shlex.join(c) for c in [train, *evals] if c))
   return lines
+
+
+# Names that live in run_records (a run directory's status, records and row) and
+# sweep_results (the tables and figures): asked for here, a one-line error naming where.
+_MOVED = dict.fromkeys(("ARCHIVED", "FINISHED", "RECORDS", "archive", "checkpoint_steps",
+                        "evaluate_finished", "evaluated", "read_run", "status"), "run_records")
+_MOVED |= dict.fromkeys(("COLUMNS", "TEXT_COLUMNS", "best_per_scaling", "best_runs",
+                         "best_table", "markdown_table", "plot_best", "plot_loss_curves",
+                         "plot_loss_vs_lr", "standard_error", "within_noise", "write_results"),
+                        "sweep_results")
+
+
+def __getattr__(name):
+  if name in _MOVED:
+    raise AttributeError(f"attnscale.experiments.sweeps.{name} is "
+                         f"attnscale.experiments.{_MOVED[name]}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
