@@ -10,7 +10,10 @@ Packages, by layer (each may import only those above it):
     numerics/     number formats and scale: precision, unit scaling, scale tracking, layers
     models/       the model variants (Flax NNX) behind one contract
     data/, tasks/ datasets (TFDS, no TensorFlow) and what a config trains on
-    runtime/      configs' checks, the entry points' flags, state, steps, the training
+    config/       a run's config: every top-level field declared once (`RunConfig`),
+                  read and checked once at start (fields.py beside checks.py: how a
+                  field is declared, which tasks use too)
+    runtime/      the entry points' flags, the one start-up, state, steps, the training
                   loop, checkpoints, metrics, compiling for accelerators
     evaluation/   whole-split evaluation, length evaluation, attention diagnostics
     experiments/  sweeps, their results, tables and figures

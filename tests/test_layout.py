@@ -19,8 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "attnscale")
 # Lowest first. Top-level modules: checks (imports nothing), testing (for the tests).
 # commands: the command lines (attnscale-train, ...), the top of the library.
-LAYERS = ["checks", "core", "numerics", "models", "data", "tasks", "runtime", "evaluation",
-          "experiments", "studies", "commands", "testing"]
+LAYERS = ["checks", "fields", "core", "numerics", "models", "data", "tasks", "config", "runtime",
+          "evaluation", "experiments", "studies", "commands", "testing"]
 
 
 def _modules():

@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from attnscale import tasks
-from attnscale.config import fields, run
-from attnscale.config.fields import field
+from attnscale import fields, tasks
+from attnscale.config import run
+from attnscale.fields import field
 from attnscale.runtime import config_reference, configlib, packing
 from configs import shakespeare_char
 

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import typing
-from typing import Any
 
 import ml_collections
-from ml_collections import config_dict
 
 from attnscale.checks import check_choice, check_positive
-from attnscale.config import fields
 from attnscale.config.run import RunConfig
+from attnscale.config.schema import config_value, model_fields, schema_default, schema_fields
 from attnscale.core import scalings
-from attnscale.models.config import ModelConfig
 
 __all__ = ["add_attention_health", "add_devices", "add_optimizer", "add_outputs",
            "check_choice", "check_positive", "model", "model_fields", "parse_arg",
@@ -62,25 +58,11 @@ def _coerce(key, value, default):
                      f"{type(default).__name__}") from None
 
 
-def _config_value(schema: type, f: dataclasses.Field) -> Any:
-  """A declared field's default as a ConfigDict holds it (None: a typed placeholder,
-  so that `--config.FIELD=VALUE` type-checks)."""
-  default = fields.default_of(f)
-  if dataclasses.is_dataclass(default):
-    return ml_collections.ConfigDict(
-        {g.name: _config_value(type(default), g) for g in dataclasses.fields(default)})
-  if default is None:
-    hint = typing.get_type_hints(schema)[f.name]
-    kinds = [t for t in typing.get_args(hint) if t is not type(None)]
-    return config_dict.placeholder(kinds[0])
-  return default
-
-
 def set_defaults(c: ml_collections.ConfigDict, *names: str) -> None:
   """Sets each named `RunConfig` field of `c` to its declared default."""
   by_name = {f.name: f for f in dataclasses.fields(RunConfig)}
   for name in names:
-    c[name] = _config_value(RunConfig, by_name[name])
+    c[name] = config_value(RunConfig, by_name[name])
 
 
 def add_devices(c: ml_collections.ConfigDict) -> None:
@@ -108,28 +90,6 @@ def add_attention_health(c: ml_collections.ConfigDict) -> None:
   """Training health: attn_metrics, qk_clip, sink_metrics_rows and z_loss
   (docs/guides/training.md, "Attention health and QK-clip")."""
   set_defaults(c, "attn_metrics", "qk_clip", "sink_metrics_rows", "z_loss")
-
-
-def schema_fields(schema: type, *, top_level: bool = False) -> list[dataclasses.Field]:
-  """The fields of a schema dataclass (`ModelConfig`) that its config holds; with
-  `top_level`, those set from a top-level config field instead (`remat`)."""
-  return [f for f in dataclasses.fields(schema)
-          if bool(f.metadata.get("top_level")) == top_level]
-
-
-def schema_default(f: dataclasses.Field) -> Any:
-  """A schema field's default."""
-  return fields.default_of(f)
-
-
-def model_fields(schema: type = ModelConfig) -> ml_collections.ConfigDict:
-  """A ConfigDict of `schema`'s fields at their defaults: `config.model` before a
-  config overrides what differs. A nested schema (`unit`) becomes a sub-config, a
-  None default a typed placeholder (so `--config.model.num_kv_heads=2` type-checks)."""
-  out = ml_collections.ConfigDict()
-  for f in schema_fields(schema):
-    out[f.name] = _config_value(schema, f)
-  return out
 
 
 def model(scaling: str = "standard", *, p: float = 2.0, temperature: float = 0.0,

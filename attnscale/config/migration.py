@@ -1,4 +1,4 @@
-"""Saved configs across renames and new fields: `migrate`, `model_config`.
+"""Saved configs across renames and new fields: `migrate`.
 
 A config.json written before a field was renamed, or before a field existed, still
 loads, evaluates and resumes: `migrate` moves each renamed field (and its values)
@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import copy
 
-import ml_collections
-
 from attnscale.config import run as run_config
-from attnscale.config.builders import model_fields, schema_default, schema_fields
+from attnscale.config.schema import RENAMED_FIELD_VALUES, RENAMED_FIELDS, model_fields
 from attnscale.core import scalings
-from attnscale.models.config import ModelConfig
 
 
 def flat_diff(old: dict, new: dict, prefix: str = ""):
@@ -29,49 +26,12 @@ def flat_diff(old: dict, new: dict, prefix: str = ""):
       yield f"{prefix}{key}", a, b
 
 
-def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-  """`config.model` as a `ModelConfig`, with the top-level fields it takes
-  (`config.remat`, default none). A field ModelConfig lacks fails in one line
-  (naming the new name of a renamed one)."""
-  fields = config.model.to_dict()
-  known = {f.name for f in schema_fields(ModelConfig)}
-  for name in fields:
-    if name in known:
-      continue
-    old = f"model.{name}"
-    if old in RENAMED_FIELDS:
-      raise ValueError(f"{old} was renamed to {RENAMED_FIELDS[old]}{value_hint(old)}")
-    raise ValueError(f"{old} is not a model field (one of {sorted(known)})")
-  top = {f.name: config.get(f.metadata["top_level"], schema_default(f))
-         for f in schema_fields(ModelConfig, top_level=True)}
-  return ModelConfig(**fields, **top)
-
-
-# Config fields that moved or were renamed: old path -> new path. Overriding an
-# old path fails with a one-line error naming the new one.
-RENAMED_FIELDS: dict[str, str] = {
-    f"model.{name}": f"model.unit.{name}"
-    for name in ("residual_mult", "residual_attn_ratio", "residual_rule", "attn_residual")
-} | {"model.qk_layernorm": "model.qk_norm"}
-# A renamed field whose values changed too: old path -> {old value: new value}.
-RENAMED_FIELD_VALUES: dict[str, dict] = {
-    "model.qk_layernorm": {True: "layernorm", False: "none"},
-}
 def _fill_defaults(config: dict, defaults: dict) -> None:
   for key, value in defaults.items():
     if isinstance(value, dict) and isinstance(config.get(key), dict):
       _fill_defaults(config[key], value)
     else:
       config.setdefault(key, value)
-
-
-def value_hint(old: str) -> str:
-  """" (model.qk_norm=layernorm for True, ...)" for a renamed field whose values changed."""
-  values = RENAMED_FIELD_VALUES.get(old)
-  if not values:
-    return ""
-  return " (" + ", ".join(f"{RENAMED_FIELDS[old]}={new} for {old_value}"
-                          for old_value, new in values.items()) + ")"
 
 
 def migrate(config: dict) -> dict:

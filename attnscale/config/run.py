@@ -30,8 +30,8 @@ from typing import Any
 
 import ml_collections
 
-from attnscale.config import fields
-from attnscale.config.fields import field
+from attnscale import fields
+from attnscale.fields import field
 from attnscale.models.config import REMATS, ModelConfig
 
 OPTIMIZERS = ("adamw", "adam", "muon")  # config.optimizer (attnscale/runtime/optimizers.py)
@@ -179,15 +179,15 @@ class RunConfig:
 
   @functools.cached_property
   def logger_names(self) -> tuple[str, ...]:
-    """`loggers` as names (`attnscale.runtime.trackers.parse`), parsed once."""
-    from attnscale.runtime import trackers  # the trackers' registry lives with them
-    return trackers.parse(self.loggers)
+    """`loggers` as names (`attnscale.config.loggers.parse`), parsed once."""
+    from attnscale.config import loggers
+    return loggers.parse(self.loggers)
 
   @functools.cached_property
   def profile_window(self) -> tuple[int, int] | None:
     """`profile_steps` as (start, stop), None when off; parsed once."""
-    from attnscale.runtime import profiling
-    return profiling.parse(self.profile_steps, self.num_train_steps)
+    from attnscale.config import validation
+    return validation.profile_window(self.profile_steps, self.num_train_steps)
 
   @property
   def hparams(self) -> Mapping[str, float | int]:
@@ -275,7 +275,7 @@ def convert(config: ml_collections.ConfigDict, *, check: bool = True) -> RunConf
   The cross-field checks are `read`'s.
   """
   from attnscale import tasks
-  from attnscale.runtime import configlib  # the model config's conversion and renames
+  from attnscale.config.schema import model_config  # and the renames of its fields
   values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
   task_cls = tasks.task_class(config) if check or values.get("task") in tasks.TASKS else None
   schema = getattr(task_cls, "CONFIG_FIELDS", None)
@@ -292,7 +292,7 @@ def convert(config: ml_collections.ConfigDict, *, check: bool = True) -> RunConf
   if schema is not None:
     given = {n: values[n] for n in task_names if n in values}
     task_fields = schema(**_convert(schema, given, check=check))
-  model = configlib.model_config(config)
+  model = model_config(config)
   return RunConfig(**top, model=model, task_fields=task_fields, config=config)
 
 
@@ -315,7 +315,7 @@ def read(config: ml_collections.ConfigDict, num_devices: int | None, *,
     ValueError: a bad field (one line, naming it and what is allowed).
   """
   from attnscale.config import validation
-  from attnscale.runtime.config_imports import import_modules
+  from attnscale.config.imports import import_modules
   import_modules(config, recorded=recorded)
   run = convert(config)
   validation.check_run(run, num_devices)

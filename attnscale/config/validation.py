@@ -7,6 +7,11 @@ own checks (its dataset names, the masked LM's rates, ...) are its
 
 from __future__ import annotations
 
+import re
+
+# STOP < num_train_steps: the trace stops before the step after STOP, so one must follow.
+_FORM = "'START:STOP' with 0 <= START < STOP < config.num_train_steps (e.g. '20:25'), or ''"
+
 
 def mesh_shape(mesh, num_devices: int) -> tuple[int, int]:
   """The (data, fsdp) device counts of `mesh` (a `MeshConfig`, a ConfigDict or
@@ -88,3 +93,15 @@ def check_run(run, num_devices: int | None) -> None:
     raise ValueError(f"config.seq_len ({run.seq_len}) must be <= model.block_size "
                      f"({cfg.block_size}), the training context length (and "
                      "the learned position table's)")
+
+
+def profile_window(value, num_train_steps: int | None = None) -> tuple[int, int] | None:
+  """config.profile_steps as (start, stop), None for "" (off); a one-line
+  ValueError naming the field and the form for anything else."""
+  if value in ("", None):
+    return None
+  match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value) if isinstance(value, str) else None
+  start, stop = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+  if not match or start >= stop or (num_train_steps is not None and stop >= num_train_steps):
+    raise ValueError(f"config.profile_steps must be {_FORM}, got {value!r}")
+  return start, stop

@@ -16,8 +16,8 @@ import importlib.util
 import os
 import sys
 
-from attnscale import tasks
-from attnscale.config import fields, run
+from attnscale import fields, tasks
+from attnscale.config import run
 from attnscale.models.config import ModelConfig
 from attnscale.runtime import configlib
 

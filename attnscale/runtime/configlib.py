@@ -26,16 +26,15 @@ from attnscale.config.builders import (  # noqa: F401 (configs that import them 
   schema_default,
   schema_fields,
 )
-from attnscale.config.migration import (  # noqa: F401
+from attnscale.config.imports import import_files, import_modules  # noqa: F401
+from attnscale.config.migration import flat_diff, migrate  # noqa: F401
+from attnscale.config.schema import (  # noqa: F401
   RENAMED_FIELD_VALUES,
   RENAMED_FIELDS,
-  flat_diff,
-  migrate,
   model_config,
   value_hint,
 )
 from attnscale.models.config import ModelConfig
-from attnscale.runtime.config_imports import import_files, import_modules  # noqa: F401
 
 # Fields that may change when a run resumes (each field's kind: bookkeeping or
 # layout, attnscale/config/run.py). num_train_steps joins them only under a constant

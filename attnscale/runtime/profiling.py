@@ -18,25 +18,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 
 import jax
 
-# STOP < num_train_steps: the trace stops before the step after STOP, so one must follow.
-_FORM = "'START:STOP' with 0 <= START < STOP < config.num_train_steps (e.g. '20:25'), or ''"
+# config.profile_steps is read where the config is (attnscale/config/validation.py).
+from attnscale.config.validation import profile_window as parse  # noqa: F401
+
 _tracing: set[str] = set()  # workdirs whose trace is running in this process
 _traced: set[str] = set()  # workdirs traced (or tracing) in this process: once each
-
-def parse(value, num_train_steps: int | None = None) -> tuple[int, int] | None:
-  """config.profile_steps as (start, stop), None for "" (off); a one-line
-  ValueError naming the field and the form for anything else."""
-  if value in ("", None):
-    return None
-  match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", value) if isinstance(value, str) else None
-  start, stop = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-  if not match or start >= stop or (num_train_steps is not None and stop >= num_train_steps):
-    raise ValueError(f"config.profile_steps must be {_FORM}, got {value!r}")
-  return start, stop
 
 
 def trace_dir(workdir: str) -> str:

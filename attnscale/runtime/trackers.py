@@ -52,13 +52,15 @@ import sys
 import threading
 from typing import Any
 
-BUILTIN = ("tensorboard", "jsonl")  # MetricsWriter's own sinks
-DEFAULT = "tensorboard,jsonl"
+# The names config.loggers takes are the config's (attnscale/config/loggers.py): a
+# tracker registers its class under its name there, and the sink starts it from there.
+from attnscale.config.loggers import BUILTIN, DEFAULT, names, parse, register  # noqa: F401
+from attnscale.config.loggers import registered as _registered
+
 IDS_FILE = "tracker_ids.json"
 EXTRAS = ("wandb", "trackio")  # trackers with a pyproject.toml extra of their name
 CLOSE_TIMEOUT_S = 60.0  # at the end of training: how long the last rows may take
 
-_REGISTRY: dict[str, type[Tracker]] = {}
 # One tracker start at a time in a process: a packed sweep starts one per point,
 # and the trackers' init (W&B's service, trackio's SQLite store) is not made for
 # concurrent starts.
@@ -78,38 +80,6 @@ class Tracker:
 
   def finish(self, summary: dict[str, float]) -> None:
     """Sets the run's summary (each metric's last value) and closes it."""
-
-
-def register(name: str):
-  """Decorator: registers a `Tracker` subclass under the name `config.loggers` uses."""
-  def deco(cls):
-    if name in BUILTIN:
-      raise ValueError(f"tracker name {name!r} is taken by MetricsWriter's own sinks")
-    _REGISTRY[name] = cls
-    return cls
-  return deco
-
-
-def names() -> list[str]:
-  """Every name config.loggers accepts."""
-  return [*BUILTIN, *_REGISTRY]
-
-
-def parse(loggers: str | None) -> tuple[str, ...]:
-  """config.loggers ("tensorboard,jsonl,wandb") as names; a one-line ValueError for
-  an unknown name or a missing jsonl."""
-  if not isinstance(loggers, str):
-    raise ValueError(f"config.loggers must be comma-separated names from {names()} "
-                     f"(e.g. 'tensorboard,jsonl,wandb'), got {loggers!r}")
-  out = tuple(dict.fromkeys(n.strip() for n in loggers.split(",") if n.strip()))
-  for name in out:
-    if name not in names():
-      raise ValueError(f"config.loggers: {name!r} is not one of {names()} (comma-separated, "
-                       "e.g. 'tensorboard,jsonl,wandb'; your own: trackers.register)")
-  if "jsonl" not in out:
-    raise ValueError(f"config.loggers must include 'jsonl' (metrics.jsonl is the run's "
-                     f"record that resume, eval.py and sweeps read), got {loggers!r}")
-  return out
 
 
 def new_id() -> str:
@@ -211,7 +181,7 @@ class Sink:
     running = {}
     for tracker_name in self.names:
       try:
-        tracker = _REGISTRY[tracker_name]()
+        tracker = _registered(tracker_name)()
         with _START_LOCK:
           ids[tracker_name] = tracker.start(workdir=workdir, run_id=ids.get(tracker_name),
                                             name=name, group=group, config=config)

@@ -65,7 +65,7 @@ class Task(abc.ABC):
   # The corpora this task can load: the allowed values of config.dataset.
   DATASETS: ClassVar[tuple[str, ...]] = ()
   # The top-level config fields only this task reads: a frozen dataclass declared with
-  # `attnscale.config.fields.field` (default, doc, kind), or None. They are read as
+  # `attnscale.fields.field` (default, doc, kind), or None. They are read as
   # top-level fields (config.mask_rate), checked, documented and classified for
   # packing and resume as the shared ones are (attnscale/config/run.py).
   CONFIG_FIELDS: ClassVar[type | None] = None

@@ -17,8 +17,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attnscale.config.fields import field
 from attnscale.data import mlm, tokenizer, wikitext
+from attnscale.fields import field
 from attnscale.tasks import losses
 from attnscale.tasks.base import Task, cross_entropy, this_process_rows
 

@@ -22,8 +22,8 @@ import sys
 
 import jax
 
-from attnscale.config.fields import field
 from attnscale.data import lm_tokenizers, tokens
+from attnscale.fields import field
 from attnscale.tasks.base import NextTokenTask, Sampler
 from attnscale.tasks.char_lm import sample
 

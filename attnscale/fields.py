@@ -1,4 +1,4 @@
-"""How a top-level run field is declared: `field(default, doc, kind=..., since=...)`.
+"""How a config field is declared: `field(default, doc, kind=..., since=...)`.
 
 One declaration says everything the harness needs to know of a field:
 

@@ -5,8 +5,7 @@ An entry is a module name (on sys.path or in the current directory) or the path
 of a .py file. A run records where each entry was imported from
 (`import_files`, in WORKDIR/provenance.json), so eval.py and the studies find it
 again from another folder (`import_modules(..., recorded=...)`). Every failure is
-one line naming config.imports and the entry. attnscale/runtime/configlib.py
-re-exports both functions.
+one line naming config.imports and the entry.
 """
 
 from __future__ import annotations
