@@ -8,21 +8,22 @@ Needs $ATTNSCALE_DATA (CI sets it).
 import pytest
 
 from attnscale import testing
-from attnscale.runtime import configlib, metric_keys, metrics_writer, provenance
+from attnscale.config import schema
+from attnscale.runtime import metric_keys, metrics_writer, provenance
 
 
 @pytest.fixture(scope="module")
 def counted_run(tmp_path_factory):
   """A 2-step test-preset run, counting the ConfigDict -> ModelConfig conversions."""
   calls = []
-  convert = configlib.model_config
+  convert = schema.model_config
 
   def counting(config):
     calls.append(1)
     return convert(config)
 
   with pytest.MonkeyPatch.context() as m:
-    m.setattr(configlib, "model_config", counting)
+    m.setattr(schema, "model_config", counting)
     run = testing.train_tiny_run(tmp_path_factory, steps=2,
                                  overrides={"log_every": 1, "eval_every": 2})
   return run, len(calls)
