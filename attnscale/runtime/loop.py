@@ -1,10 +1,10 @@
-"""The training loop: one cadence for one run (train.py) or a pack of K (sweep.py --pack).
+"""The training loop: one cadence for one run (train.py) or a pack of R runs (sweep.py).
 
     loop.train(program, slots, state, release=lock.release)
 
 The loop owns what happens when; a `Program` owns how a step runs. train.py's
-program (`train_lib`) has one slot and is the single-run step compiled as it
-always was; a pack's (`packed`) vmaps that step over K slots. Each slot is one
+program (`train_lib`) has one slot and is the single-run step, compiled as it
+is alone; a pack's (`packed`) vmaps that step over R slots. Each slot is one
 run (`Slot`: its config, directory, files and progress), and for each running
 slot, on its own config's cadence:
 
@@ -123,11 +123,11 @@ class Slot:
 
 
 class Program(Protocol):
-  """How the loop's steps run, for K slots over one state (K = 1 for train.py).
+  """How the loop's steps run, for R slots over one state (R = 1 for train.py).
 
   `has_log_step`: whether the logged steps run a second program (the attention
   metrics, `attn_stats_on_log_steps`). `state` is the program's own (one run's
-  train state, or K stacked); the loop only hands it back.
+  train state, or R stacked); the loop only hands it back.
   """
 
   has_log_step: bool
@@ -238,10 +238,10 @@ def train(program: Program, slots: list[Slot], state, *, release=None):
         # Reading the metrics waits for the device: only when some slot logs, and
         # always before a save, so that nothing non-finite is ever saved.
         host = jax.device_get([m for m, _ in pending])
-        for metrics_K, (_, was_active) in zip(host, pending):
+        for metrics_R, (_, was_active) in zip(host, pending):
           for k, s in enumerate(slots):
             if was_active[k]:
-              s.pending.append(program.slot_metrics(metrics_K, k))
+              s.pending.append(program.slot_metrics(metrics_R, k))
         pending, now, rows = [], time.perf_counter(), {}
         # The state after this step on its batch: an extra pass, outside the speed.
         layers = jax.device_get(program.layer_stats(state, batch))

@@ -4,7 +4,7 @@ clipping, and muP's per-parameter learning-rate multipliers.
 `build(run, hparams)` is the one place a run's optimizer and its schedule are built
 (the train step, `train_state.create_state`'s initial optimizer state, `compile.py`).
 `hparams` are the run's traced fields (`RunConfig.hparams`): the config's Python numbers for a
-single run (`RunConfig.hparams`: folded in as constants, as they always were), or
+single run (`RunConfig.hparams`: folded in as constants), or
 traced arrays in a packed step (attnscale/runtime/packing.py says why), so the
 learning rate, weight decay and clipping threshold may differ between the runs of
 one compiled program while the optimizer state keeps one layout.

@@ -1,17 +1,17 @@
-r"""Packed training: K runs that share every shape, trained in one vmapped program.
+r"""Packed training: R runs that share every shape, trained in one vmapped program.
 
-    train_packed(configs, workdirs, pack_size=K)
-    python -m attnscale.runtime.packed --pack_size=K \
+    train_packed(configs, workdirs, pack_size=R)
+    python -m attnscale.runtime.packed --pack_size=R \
         --runs='[{"config": "configs/shakespeare_char.py:preset=test",
         "overrides": {"learning_rate": 0.004, "seed": 1}, "workdir": "runs/a"}, ...]'
 
-(the command `sweep.py --pack=K` starts for each pack: `packing.command`).
+(the command `sweep.py --pack=R` starts for each pack: `packing.command`).
 
 A sweep's small models use a few percent of even one CPU core's vector units
 (graphcore_cpu: 4 layers of width 64, 1,024 tokens a step), and well under 1% of
 an accelerator. Small-model studies get their grids and seeds by training many
 such models at once (Wortsman et al. 2023; muP's and u-muP's sweeps); in JAX that
-is `jax.vmap` over the train state. `sweep.py --pack=K` runs its points so.
+is `jax.vmap` over the train state. `sweep.py --pack=R` runs its points so.
 
 What may differ between the runs of a pack, and how a sweep groups its points
 into packs: attnscale/runtime/packing.py (seed, learning rates, weight decay,
@@ -27,7 +27,7 @@ is the step: runs resumed from different checkpoints go on together.
 
 The loop is train.py's (`attnscale.runtime.loop`: logs, evaluation, checkpoints,
 preemption, the non-finite stop, each run on its own config's cadence); this module
-holds only what is particular to packing: `Pack`, the K-slot program (the train
+holds only what is particular to packing: `Pack`, the R-slot program (the train
 step vmapped over the stacked state with each run's traced hyperparameters and an
 active mask), the stacked initialisation and resume, and the command line. A run
 whose loss or gradient turns non-finite stops alone, as train.py would (its
@@ -36,10 +36,10 @@ masked: its state no longer changes and nothing of it is saved again. Ctrl-C and
 SIGTERM save every running run at its step (exit 130 after Ctrl-C).
 
 A run is the same run in any pack of one size: vmap keeps the slots apart, so a
-run's numbers do not depend on its pack-mates, only on K (tests/test_packed.py).
-A sweep therefore trains every point at its pack size K: a short last pack (or a
+run's numbers do not depend on its pack-mates, only on R (tests/test_packed.py).
+A sweep therefore trains every point at its pack size R: a short last pack (or a
 point resumed alone) gets padding slots, which compute and write nothing, and each
-run's provenance records K and its slot (`provenance.write`).
+run's provenance records R and its slot (`provenance.write`).
 
 Equality with the unpacked run: vmap batches every product and reduction, which
 XLA may evaluate in another order, and the traced hyperparameters round once more
@@ -47,7 +47,7 @@ XLA may evaluate in another order, and the traced hyperparameters round once mor
 alone agree to float32 rounding at first and drift apart as training amplifies it
 (measured: docs/guides/sweeps.md, "Packing"; tests/test_packed.py).
 
-Dimension legend: K runs of the pack (leading axis of every packed array).
+Dimension legend: R runs of the pack (leading axis of every packed array).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def train_packed(configs, workdirs, *, pack_size: int | None = None,
                  force_lock: bool = False) -> list[dict]:
   """Trains (or resumes) each config in its workdir, all in one vmapped program.
 
-  `pack_size`: the program's number of slots K (default: one per config); the
+  `pack_size`: the program's number of slots R (default: one per config); the
   slots past the configs are padding (masked: computed, never written), so a
   sweep's short last pack trains as its full ones do.
 
@@ -137,7 +137,7 @@ def _stacked_shardings(shardings, mesh):
 
 
 def stacked_hparams(runs) -> dict[str, jax.Array]:
-  """The runs' `RunConfig.hparams` as arrays [K]: the seed as int32 (what
+  """The runs' `RunConfig.hparams` as arrays [R]: the seed as int32 (what
   `jax.random.key` makes of a Python int), the rest as float32 (what a Python
   float becomes where it meets a float32 array)."""
   return {k: jnp.asarray(np.asarray([r.hparams[k] for r in runs],
@@ -147,23 +147,23 @@ def stacked_hparams(runs) -> dict[str, jax.Array]:
 
 def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
   base, shardings, mesh = s.run, s.shardings, s.mesh
-  shardings_K = _stacked_shardings(shardings, mesh)
+  shardings_R = _stacked_shardings(shardings, mesh)
   # Every slot's initial state at once: the init vmapped over the seeds (the only
   # field the init reads that may differ in a pack).
   init = ts.init_fn(base, s.optimizer.tx)
-  hparams_K = stacked_hparams([s.run for s in slots])
+  hparams_R = stacked_hparams([s.run for s in slots])
   with ts.threefry_kernel_on_gpu():  # GPU compile time: its docstring
-    state_K = jax.jit(jax.vmap(init), out_shardings=shardings_K)(hparams_K["seed"])
+    state_R = jax.jit(jax.vmap(init), out_shardings=shardings_R)(hparams_R["seed"])
   real = [s for s in slots if s.status != "padding"]
   for k, slot in enumerate(real):
-    state = slot.open(_slot(state_K, k), shardings)
+    state = slot.open(_slot(state_R, k), shardings)
     if slot.last_good is not None:  # resumed from its checkpoint
-      state_K = _put(state_K, k, state)
+      state_R = _put(state_R, k, state)
   for k, slot in enumerate(real):  # after every resume: which runs shared the program
     provenance.write(slot.workdir, pack=[os.path.abspath(s.workdir) for s in real],
                      pack_size=len(slots), slot=k, **rundir.provenance_imports(slot.config))
-  program = Pack(slots[0].task, base, s.graphdef, shardings_K, mesh, hparams_K)
-  num_params = sum(x[0].size for x in jax.tree.leaves(state_K["params"]))
+  program = Pack(slots[0].task, base, s.graphdef, shardings_R, mesh, hparams_R)
+  num_params = sum(x[0].size for x in jax.tree.leaves(state_R["params"]))
   padding = f" (+{len(slots) - len(real)} padding)" if len(slots) > len(real) else ""
   rundir.log(f"{base.task} | a pack of {len(real)} runs{padding} | "
              f"{num_params / 1e6:.2f}M params each | {jax.device_count()} devices "
@@ -172,19 +172,19 @@ def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
     rundir.log(f"  [{i}] {slot.run.run_label} | lr {slot.run.learning_rate:g} "
                f"| seed {slot.run.seed} | {slot.workdir} | "
                f"{'done' if not slot.active else f'from step {slot.step}'}")
-  loop.train(program, slots, state_K, release=lambda: [lock.release() for lock in locks])
+  loop.train(program, slots, state_R, release=lambda: [lock.release() for lock in locks])
   return [{"step": s.step, "status": s.status, **s.summary} for s in real]
 
 
-def _slot(state_K, k: int):
+def _slot(state_R, k: int):
   """Run k's state, in the unpacked layout (what its checkpoints hold)."""
-  return jax.tree.map(lambda x: x[k], state_K)
+  return jax.tree.map(lambda x: x[k], state_R)
 
 
 @functools.partial(jax.jit, static_argnums=1, donate_argnums=0)
-def _put(state_K, k: int, state):
-  """`state_K` with run k's slot replaced by `state`."""
-  return jax.tree.map(lambda X, x: X.at[k].set(x), state_K, state)
+def _put(state_R, k: int, state):
+  """`state_R` with run k's slot replaced by `state`."""
+  return jax.tree.map(lambda X, x: X.at[k].set(x), state_R, state)
 
 
 def _stack(batches):
@@ -192,67 +192,67 @@ def _stack(batches):
 
 
 class Pack:
-  """The loop's `Program` for K runs: the train step vmapped over the stacked state,
-  with each slot's traced hyperparameters (`hparams_K`) and an active mask."""
+  """The loop's `Program` for R runs: the train step vmapped over the stacked state,
+  with each slot's traced hyperparameters (`hparams_R`) and an active mask."""
 
-  def __init__(self, task, run: run_config.RunConfig, graphdef, shardings_K, mesh, hparams_K):
-    self.task, self.hparams_K = task, hparams_K
+  def __init__(self, task, run: run_config.RunConfig, graphdef, shardings_R, mesh, hparams_R):
+    self.task, self.hparams_R = task, hparams_R
     self.batch_sharding = NamedSharding(mesh, P(None, ts.MESH_AXES))
     stats_on_logs = loop.attn_stats_on_log_steps(run)
 
     def packed(attn_metrics):
       step_fn = steps.train_step_fn(graphdef, task, run, attn_metrics=attn_metrics)
 
-      def train_step(state_K, batch_K, hparams_K, active_K):
-        new_K, metrics_K = jax.vmap(step_fn)(state_K, batch_K, hparams_K)
+      def train_step(state_R, batch_R, hparams_R, active_R):
+        new_R, metrics_R = jax.vmap(step_fn)(state_R, batch_R, hparams_R)
         # A stopped slot (finished, diverged or padding) keeps its state: it still
         # computes (the program's shape is fixed), its results are dropped.
-        keep = lambda new, old: jnp.where(active_K.reshape((-1,) + (1,) * (new.ndim - 1)),
+        keep = lambda new, old: jnp.where(active_R.reshape((-1,) + (1,) * (new.ndim - 1)),
                                           new, old)
-        return jax.tree.map(keep, new_K, state_K), metrics_K
+        return jax.tree.map(keep, new_R, state_R), metrics_R
 
       return jax.jit(steps.under_mesh(mesh)(train_step),
-                     in_shardings=(shardings_K, self.batch_sharding, None, None),
-                     out_shardings=(shardings_K, None), donate_argnums=0)
+                     in_shardings=(shardings_R, self.batch_sharding, None, None),
+                     out_shardings=(shardings_R, None), donate_argnums=0)
 
     self.train_step = packed(False if stats_on_logs else None)
     self.log_step = packed(None) if stats_on_logs else None
     self.has_log_step = self.log_step is not None
 
-    def eval_step(params_K, batch_K):
-      return jax.vmap(lambda p, b: task.loss(nnx.merge(graphdef, p), b)[1])(params_K, batch_K)
+    def eval_step(params_R, batch_R):
+      return jax.vmap(lambda p, b: task.loss(nnx.merge(graphdef, p), b)[1])(params_R, batch_R)
 
     self.eval_step = jax.jit(steps.under_mesh(mesh)(eval_step),
-                             in_shardings=(shardings_K["params"], self.batch_sharding))
+                             in_shardings=(shardings_R["params"], self.batch_sharding))
     self.layer_stats_fn = steps.make_layer_stats(graphdef, task, run, mesh, packed=True)
 
   def batch(self, host_batches):
     return steps.global_batch(_stack(host_batches), self.batch_sharding)
 
-  def compile(self, state_K, batch, active):
-    active_K = jnp.asarray(active)
-    self.train_step = self.train_step.lower(state_K, batch, self.hparams_K, active_K).compile()
+  def compile(self, state_R, batch, active):
+    active_R = jnp.asarray(active)
+    self.train_step = self.train_step.lower(state_R, batch, self.hparams_R, active_R).compile()
     if self.log_step is not None:
-      self.log_step = self.log_step.lower(state_K, batch, self.hparams_K, active_K).compile()
+      self.log_step = self.log_step.lower(state_R, batch, self.hparams_R, active_R).compile()
 
-  def step(self, state_K, batch, active, logged):
-    return (self.log_step if logged else self.train_step)(state_K, batch, self.hparams_K,
+  def step(self, state_R, batch, active, logged):
+    return (self.log_step if logged else self.train_step)(state_R, batch, self.hparams_R,
                                                           jnp.asarray(active))
 
-  def slot_metrics(self, metrics_K, k):
-    return jax.tree.map(lambda x: x[k], metrics_K)
+  def slot_metrics(self, metrics_R, k):
+    return jax.tree.map(lambda x: x[k], metrics_R)
 
-  def layer_stats(self, state_K, batch):
+  def layer_stats(self, state_R, batch):
     return (None if self.layer_stats_fn is None
-            else self.layer_stats_fn(state_K["params"], batch))
+            else self.layer_stats_fn(state_R["params"], batch))
 
-  def evaluate(self, state_K, slots, ks):
+  def evaluate(self, state_R, slots, ks):
     """One packed pass serves every slot; each adds only its own eval_batches."""
     num = max(slots[k].config.eval_batches for k in ks)
     totals = {k: {} for k in ks}
     for i in range(num):
       batch = _stack([s.task.val_batch(i) for s in slots])
-      sums = jax.device_get(self.eval_step(state_K["params"],
+      sums = jax.device_get(self.eval_step(state_R["params"],
                                            steps.global_batch(batch, self.batch_sharding)))
       for k in ks:
         if i < slots[k].config.eval_batches:
@@ -261,8 +261,8 @@ class Pack:
     return {k: totals[k].get("loss_sum", 0.0) / max(totals[k].get("count", 0.0), 1.0)
             for k in ks}
 
-  def slot_state(self, state_K, k):
-    return _slot(state_K, k)
+  def slot_state(self, state_R, k):
+    return _slot(state_R, k)
 
 
 def lower(config, num_runs: int, target_name: str):
@@ -274,17 +274,17 @@ def lower(config, num_runs: int, target_name: str):
   devs = aot.devices(target_name)
   s = startup.start(config, devices=devs, data=False)
   run, task, mesh, shapes = s.run, s.task, s.mesh, s.shapes
-  shardings_K = _stacked_shardings(s.shardings, mesh)
-  hparams_K = {k: jax.ShapeDtypeStruct((num_runs,), v.dtype)
+  shardings_R = _stacked_shardings(s.shardings, mesh)
+  hparams_R = {k: jax.ShapeDtypeStruct((num_runs,), v.dtype)
                for k, v in stacked_hparams([run]).items()}
-  program = Pack(task, run, s.graphdef, shardings_K, mesh, hparams_K)
+  program = Pack(task, run, s.graphdef, shardings_R, mesh, hparams_R)
   stacked = lambda x, s: jax.ShapeDtypeStruct((num_runs, *x.shape), x.dtype, sharding=s)
-  state_K = jax.tree.map(stacked, shapes, shardings_K)
+  state_R = jax.tree.map(stacked, shapes, shardings_R)
   batch = {k: stacked(x, program.batch_sharding)
            for k, x in type(task).batch_spec(run).items()}
-  active_K = jax.ShapeDtypeStruct((num_runs,), np.bool_)
-  lowered = program.train_step.lower(state_K, batch, hparams_K, active_K)
-  return lowered, {"devices": devs, "model": run.model, "state": state_K,
+  active_R = jax.ShapeDtypeStruct((num_runs,), np.bool_)
+  lowered = program.train_step.lower(state_R, batch, hparams_R, active_R)
+  return lowered, {"devices": devs, "model": run.model, "state": state_R,
                    "train_batch": batch}
 
 
@@ -321,7 +321,7 @@ if __name__ == "__main__":
   from attnscale.runtime import cli, hostmem
   flags.DEFINE_string("runs", None, "The pack's runs as JSON: a list of {\"config\": "
                       "\"FILE:ARG\", \"overrides\": {field: value}, \"workdir\": DIR}.")
-  flags.DEFINE_integer("pack_size", None, "The program's slots K (default: one per run); "
+  flags.DEFINE_integer("pack_size", None, "The program's slots R (default: one per run); "
                        "the slots past the runs are padding (masked, never written).")
   flags.DEFINE_bool("force_lock", False, "Take every run's LOCK whoever holds it.")
   flags.mark_flags_as_required(["runs"])

@@ -88,8 +88,8 @@ def train_step_fn(graphdef, task, run, *, attn_metrics: bool | None = None,
   clipping thresholds, z-loss coefficient), from which the step builds its optimizer
   and schedule (`optimizers.build`, once), dropout key, QK-clip threshold and z-loss
   term. `make_train_step` passes the config's Python numbers (`RunConfig.hparams`:
-  constants, so a single run's program is what it always was); a packed sweep
-  (`attnscale.runtime.packed`) vmaps the step over K runs with the numbers as
+  constants, folded into a single run's program); a packed sweep
+  (`attnscale.runtime.packed`) vmaps the step over R runs with the numbers as
   arrays, so runs that differ only in those share one program. `run` as
   `make_train_step`'s. `optimizer`: built already at numbers that are constants (a
   single run's); None: built in the step from `hparams` (a pack's arrays).
