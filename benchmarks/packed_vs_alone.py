@@ -4,7 +4,7 @@
     python benchmarks/packed_vs_alone.py --preset test --steps 40 --rates 2^-8
 
 Trains every rate x seed twice, as real processes on temporary run directories:
-once all together in one pack (`python -m attnscale.runtime.packed`, what
+once all together in one pack (`python -m attnscale.commands.train --runs=...`, what
 `sweep.py --pack` starts) and once each alone (`train.py`). Prints, per run, the
 largest |difference| of the logged training loss over the whole run, the
 difference of the final loss (loss_last20, the sweeps' metric) and of the last

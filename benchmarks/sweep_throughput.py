@@ -5,7 +5,7 @@
     python benchmarks/sweep_throughput.py --targets gpu-h100x1,tpu-v5e-1 --packs 0   # compiled
 
 CPU rows: each configuration runs as a sweep runs it, as real processes on
-temporary run directories: `python -m attnscale.runtime.packed` for a pack of K
+temporary run directories: `python -m attnscale.commands.train --runs=...` for a pack of K
 runs (what `sweep.py --pack=K` starts: seeds 0 ... K-1 at one learning rate), and
 today's `sweep.py --jobs=2`: two `train.py` processes at once, each pinned to one
 core (`--jobs=2 --pack=K` pins two packs the same way). Each trains --steps

@@ -182,10 +182,10 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("command", ["train.py", "attnscale/runtime/packed.py"])
-def test_ctrl_c_while_compiling_at_start_up_exits_130_cleanly(command, tmp_path):
-  workdir = str(tmp_path / "run")
-  if command == "train.py":
+@pytest.mark.parametrize("what", ["one run", "a pack"])
+def test_ctrl_c_while_compiling_at_start_up_exits_130_cleanly(what, tmp_path):
+  workdir, command = str(tmp_path / "run"), "train.py"
+  if what == "one run":
     flags = ["--config=configs/shakespeare_char.py:preset=test", f"--workdir={workdir}"]
   else:
     flags = ["--runs=" + json.dumps([{"config": "configs/shakespeare_char.py:preset=test",

@@ -201,7 +201,7 @@ def test_which_runs_pack_together():
 
 def test_print_commands_packs_the_points(tfds_dir, tmp_path):
   lines = sweeps.shell_commands(CONFIG, points(tfds_dir), str(tmp_path), pack=3)
-  assert len(lines) == 2 and all("-m attnscale.runtime.packed" in line for line in lines)
+  assert len(lines) == 2 and all("-m attnscale.commands.train" in line for line in lines)
   runs = json.loads(lines[0].split("--runs=", 1)[1].split(" && ")[0].strip("'"))
   assert [r["workdir"] for r in runs] == [os.path.join(str(tmp_path), p.name)
                                           for p in points(tfds_dir)[:3]]

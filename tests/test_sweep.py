@@ -54,7 +54,7 @@ def test_print_commands_gives_one_line_per_point_or_pack(tmp_path):
   # rates train as a pack of 8 and one of 2, padded to 8.
   out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        check=True).stdout.splitlines()
-  assert len(out) == 10 and all("-m attnscale.runtime.packed --pack_size=8 '--runs=[" in line
+  assert len(out) == 10 and all("-m attnscale.commands.train --pack_size=8 '--runs=[" in line
                                 for line in out)
   assert not os.listdir(tmp_path)  # printing runs nothing
 
@@ -487,7 +487,8 @@ def test_each_point_is_archived_as_soon_as_it_finishes(tmp_path, monkeypatch):
 
   monkeypatch.setattr(sweeps, "_call", fake_call)
   from attnscale.experiments import run_records
-  monkeypatch.setattr(sweeps, "status", lambda d, read_checkpoint=True: run_records.status(
+  status = run_records.status
+  monkeypatch.setattr(run_records, "status", lambda d, read_checkpoint=True: status(
       d, read_checkpoint=False))  # the fake checkpoints hold no weights to read
   handed = []
   failures = sweeps.run_sweep(CONFIG, points, str(work), log=lambda _: None,

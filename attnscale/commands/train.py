@@ -12,6 +12,7 @@ any folder).
 """
 
 import functools
+import json
 import sys
 import time
 import types
@@ -33,14 +34,26 @@ def define_flags() -> types.SimpleNamespace:
           "force_lock", False, "Take WORKDIR/LOCK whoever holds it: for the lock of a run on "
           "another host that is known to be over (docs/guides/training.md, \"Stopping and "
           "resuming\")."),
-      multihost=cli.define_multihost_flags())  # --multihost, --coordinator_address, ...
-  flags.mark_flags_as_required(["config", "workdir"])
+      multihost=cli.define_multihost_flags(),  # --multihost, --coordinator_address, ...
+      # A pack (what sweep.py --pack starts, `packing.command`): several runs in one
+      # vmapped program, instead of --config and --workdir.
+      runs=flags.DEFINE_string(
+          "runs", None, "A pack's runs as JSON: a list of {\"config\": \"FILE:ARG\", "
+          "\"overrides\": {field: value}, \"workdir\": DIR}, trained in one program."),
+      pack_size=flags.DEFINE_integer(
+          "pack_size", None, "With --runs: the program's slots (default: one per run); the "
+          "slots past the runs are padding (masked, never written)."))
   return holders
 
 
 def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
-  """Trains `holders.config` in `holders.workdir`; exits with train.py's codes."""
+  """Trains `holders.config` in `holders.workdir` (or the pack of `holders.runs`);
+  exits with train.py's codes."""
   del argv
+  if holders.runs.value is not None:
+    return train_pack(holders)
+  if holders.config.value is None or holders.workdir.value is None:
+    cli.fail("--config and --workdir name the run to train (or --runs a pack of runs)")
   cli.check_workdir(holders.workdir.value)
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
@@ -63,6 +76,30 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
     rundir.log(line)
 
 
+def train_pack(holders: types.SimpleNamespace) -> None:
+  """Trains the runs of `holders.runs` in one packed program (attnscale/runtime/packed.py)."""
+  logging.set_verbosity(logging.WARNING)
+  from attnscale.runtime import interrupts, packed, packing
+  try:
+    specs = json.loads(holders.runs.value)
+    configs = [packing.load_config(s["config"], s.get("overrides", {})) for s in specs]
+    for s in specs:
+      cli.check_workdir(s["workdir"])
+    results = packed.train_packed(configs, [s["workdir"] for s in specs],
+                                  pack_size=holders.pack_size.value,
+                                  force_lock=holders.force_lock.value)
+  except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+    cli.fail(str(e))
+  except interrupts.Interrupted:
+    sys.exit(130)
+  except KeyboardInterrupt:  # start-up or compilation: nothing to save
+    cli.stop_after_early_ctrl_c("from the last checkpoints on disk")
+  diverged = [s["workdir"] for s, r in zip(specs, results) if r["status"] == "diverged"]
+  if diverged:
+    cli.fail(f"{len(diverged)} of {len(specs)} runs of the pack stopped on a non-finite loss: "
+             + ", ".join(diverged))
+
+
 def run() -> None:
   """The command line (attnscale-train, train.py): re-executes with the malloc
   tunables first, then parses the flags and trains."""
@@ -73,3 +110,7 @@ def run() -> None:
   # while the flags are parsed: one line, naming it.
   app.run(functools.partial(main, holders),
           flags_parser=functools.partial(cli.parse_flags, config_flag="config"))
+
+
+if __name__ == "__main__":  # python -m attnscale.commands.train: what a sweep starts for a pack
+  run()

@@ -1,11 +1,12 @@
 r"""Packed training: R runs that share every shape, trained in one vmapped program.
 
     train_packed(configs, workdirs, pack_size=R)
-    python -m attnscale.runtime.packed --pack_size=R \
+    python train.py --pack_size=R \
         --runs='[{"config": "configs/shakespeare_char.py:preset=test",
         "overrides": {"learning_rate": 0.004, "seed": 1}, "workdir": "runs/a"}, ...]'
 
-(the command `sweep.py --pack=R` starts for each pack: `packing.command`).
+(train.py's command line with --runs: what `sweep.py --pack=R` starts for each pack,
+`packing.command`).
 
 A sweep's small models use a few percent of even one CPU core's vector units
 (graphcore_cpu: 4 layers of width 64, 1,024 tokens a step), and well under 1% of
@@ -54,9 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +66,6 @@ from jax.sharding import PartitionSpec as P
 
 from attnscale import tasks
 from attnscale.runtime import (
-  interrupts,
   loop,
   packing,
   provenance,
@@ -286,48 +284,3 @@ def lower(config, num_runs: int, target_name: str):
   lowered = program.train_step.lower(state_R, batch, hparams_R, active_R)
   return lowered, {"devices": devs, "model": run.model, "state": state_R,
                    "train_batch": batch}
-
-
-# ---------------------------------------------------------------------------
-# The command line sweep.py starts for a pack.
-
-def main(argv) -> None:
-  from absl import flags
-
-  from attnscale.runtime import cli
-  del argv
-  try:
-    specs = json.loads(flags.FLAGS.runs)
-    configs = [packing.load_config(s["config"], s.get("overrides", {})) for s in specs]
-    for s in specs:
-      cli.check_workdir(s["workdir"])
-    results = train_packed(configs, [s["workdir"] for s in specs],
-                           pack_size=flags.FLAGS.pack_size, force_lock=flags.FLAGS.force_lock)
-  except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
-    cli.fail(str(e))
-  except interrupts.Interrupted:
-    sys.exit(130)
-  except KeyboardInterrupt:  # start-up or compilation: nothing to save
-    cli.stop_after_early_ctrl_c("from the last checkpoints on disk")
-  diverged = [s["workdir"] for s, r in zip(specs, results) if r["status"] == "diverged"]
-  if diverged:
-    cli.fail(f"{len(diverged)} of {len(specs)} runs of the pack stopped on a non-finite loss: "
-             + ", ".join(diverged))
-
-
-if __name__ == "__main__":
-  from absl import app, flags, logging
-
-  from attnscale.runtime import cli, hostmem
-  flags.DEFINE_string("runs", None, "The pack's runs as JSON: a list of {\"config\": "
-                      "\"FILE:ARG\", \"overrides\": {field: value}, \"workdir\": DIR}.")
-  flags.DEFINE_integer("pack_size", None, "The program's slots R (default: one per run); "
-                       "the slots past the runs are padding (masked, never written).")
-  flags.DEFINE_bool("force_lock", False, "Take every run's LOCK whoever holds it.")
-  flags.mark_flags_as_required(["runs"])
-  logging.set_verbosity(logging.WARNING)
-  try:
-    hostmem.reexec_with_tunables()  # as train.py: attnscale/runtime/hostmem.py
-  except ValueError as e:
-    sys.exit(f"error: {e}")
-  app.run(main, flags_parser=cli.parse_flags)

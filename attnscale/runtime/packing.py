@@ -112,10 +112,10 @@ def load_config(config_arg: str, overrides: dict | None = None) -> ml_collection
 
 def command(runs: list[dict], python: str, pack_size: int | None = None) -> list[str]:
   """The argv that trains `runs` ({"config": "FILE:ARG", "overrides": {...},
-  "workdir": DIR}, each as train.py would) packed: `python -m attnscale.runtime.packed`.
+  "workdir": DIR}, each as train.py would) packed: train.py's command with `--runs`.
 
   `pack_size`: the program's K (default: one slot per run). A sweep passes its own,
   so that a short pack trains its runs as a full one would (a run's numbers depend
   on K, not on its pack-mates: attnscale/runtime/packed.py)."""
   size = [] if pack_size is None else [f"--pack_size={pack_size}"]
-  return [python, "-m", "attnscale.runtime.packed", *size, "--runs=" + json.dumps(runs)]
+  return [python, "-m", "attnscale.commands.train", *size, "--runs=" + json.dumps(runs)]
