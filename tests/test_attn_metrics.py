@@ -1,8 +1,8 @@
-"""Attention health in the training log (#28): the fused path's per-query stats equal
+"""Attention health in the training log: the fused path's per-query stats equal
 the reference's for every scaling and option, and a real train.py-path run logs what
 eval.py's diagnostics compute on the same parameters and batch: the attention health
 of the step's forward pass, and the sinks and massive activations of the extra pass
-on config.sink_metrics_rows rows (#61), which leaves training as it was."""
+on config.sink_metrics_rows rows, which leaves training as it was."""
 
 import functools
 import glob

@@ -1,4 +1,4 @@
-"""The critical_length study (#62): its roots are exact where they can be computed by
+"""The critical_length study: its roots are exact where they can be computed by
 hand, its command runs on a tiny grid, and its tables come back from its raw records."""
 
 import math

@@ -27,7 +27,7 @@ def test_modes(linux_glibc):
   assert hostmem.tunables_environ("huge", environ={})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
   reuse = hostmem.tunables_environ("reuse", environ={})["GLIBC_TUNABLES"]
   assert "hugetlb=1" in reuse and "mmap_max=0" in reuse and "arena_max=1" in reuse
-  assert hostmem.tunables_environ(environ={})["GLIBC_TUNABLES"] == reuse  # the default (#37)
+  assert hostmem.tunables_environ(environ={})["GLIBC_TUNABLES"] == reuse  # the default
   env = {"ATTNSCALE_MALLOC": "reuse", "PATH": "/bin"}
   assert hostmem.tunables_environ(environ=env) == {**env, "GLIBC_TUNABLES": reuse}
   assert hostmem.tunables_environ("system", environ={}) is None

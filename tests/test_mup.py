@@ -18,7 +18,7 @@ from configs import shakespeare_char
 
 # The sp losses of the first 5 steps, recorded on the code before mup existed
 # (commit 1d9988b): sp's programs must not change. Re-recorded once, 2026-11-25, when
-# the XLA kernel's hand-written backward (#37) changed gradients by rounding: the
+# the XLA kernel's hand-written backward changed gradients by rounding: the
 # 4th loss moved by 1-2 ulp under JAX 0.10, nothing else. graphcore_cpu at 2 layers,
 # seq 32, batch 4 (`SMALL`). The sp train step's jaxprs were also compared
 # byte for byte before and after (test and graphcore_cpu presets).

@@ -1,4 +1,4 @@
-"""QK-clip (`config.qk_clip`, #28): after a clipped step the clipped heads' largest
+"""QK-clip (`config.qk_clip`): after a clipped step the clipped heads' largest
 logit on that batch is tau, heads under tau keep their q and k weights bit for bit,
 grouped-query attention shrinks only the query heads, and the scalings whose logits
 the projections do not scale are refused in one line."""

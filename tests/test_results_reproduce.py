@@ -1,6 +1,6 @@
 """Every study page's committed tables come out again, byte for byte, from the
-committed run records by the page's own command (issue #38: "every number on a
-study page is recomputed from runs.csv by the page's study command").
+committed run records by the page's own command: every number on a study page is
+recomputed from its records by the page's study command.
 
 The records are each study's store, docs/results/<study>/runs.parquet
 (attnscale/experiments/results_store.py: every archived run's files, one row a

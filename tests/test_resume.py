@@ -182,7 +182,7 @@ def test_flush_puts_every_event_so_far_on_disk(tmp_path):
 
 def test_the_writer_does_not_import_torch():
   # tensorboardX's __init__ imports torch where installed (2.5-3 s and ~600 MB
-  # resident in every train.py here, #37); the writer hides it, and leaves it
+  # resident in every train.py here); the writer hides it, and leaves it
   # importable. Where torch is absent this checks only that nothing breaks.
   script = ("import importlib.util, sys\n"
             "import attnscale.commands.train, attnscale.runtime.packed\n"

@@ -1,4 +1,4 @@
-"""The transfer study's code (issue #41): mup for the normalised attentions, u-muP for
+"""The transfer study's code: mup for the normalised attentions, u-muP for
 the unit model, Muon (config.optimizer=muon), packed Muon."""
 
 import jax

@@ -9,7 +9,7 @@ nothing outside a variant guesses at its attributes. Each block's attention is a
 the layer supplies the scaling (with its learned parameters, `ScalingParams`)
 and the one call to `attnscale.core.attention`.
 
-Attention health (#28): `attention_stats(model, fn)` runs `fn(model)` with every
+Attention health: `attention_stats(model, fn)` runs `fn(model)` with every
 layer recording its per-query `AttentionStats` (sown as `nnx.Intermediate`: the
 ordinary call is unchanged and remat passes them through), and `qk_clip` rescales
 the q and k projections of the heads whose largest logit passed a threshold.

@@ -18,7 +18,7 @@ use does not grow. A tunable is read when the process starts, so
 eval.py and the benchmarks call it first thing.
 
 Huge pages still leave the kernel zeroing each fresh 2 MB page: 40-80 ms of
-system time in a `cpu`-preset step on 2 cores (#37). The default therefore
+system time in a `cpu`-preset step on 2 cores (docs/benchmarks.md). The default therefore
 keeps freed memory for the next step: one heap, never handed back by free()
 (arena_max=1, mmap_max=0, no automatic trimming), so a steady step reuses the
 last step's pages and pays no faults at all: 189.6 -> 171.0 ms a step at `cpu`
@@ -36,7 +36,7 @@ ATTNSCALE_MALLOC picks the setting:
     as above. Other allocators' long-lived blocks share that heap: with PyTorch
     in the same process (the throughput benchmark's --in_process) or where
     memory is tight (a large model on CPU), prefer "huge";
-  huge: glibc.malloc.hugetlb=1 only (the default before #37: less memory);
+  huge: glibc.malloc.hugetlb=1 only (less memory, slower steps);
   system: glibc's defaults.
 Nothing happens off Linux/glibc, when the kernel's THP mode is not "madvise" (with
 "always" pages are huge already; huge pages only: "reuse" still applies its

@@ -26,7 +26,7 @@ def _import_tensorboardx_without_torch():
   tensorboardX's package __init__ imports its SummaryWriter, which imports torch
   wherever it is installed, only to accept torch tensors: 2.5-3.5 s and about
   600 MB resident in every train.py process on 2 CPU cores, a fifth of a sweep point's
-  start-up at graphcore_cpu (#37). attnscale writes events with EventsWriter and
+  start-up at graphcore_cpu (docs/benchmarks.md). attnscale writes events with EventsWriter and
   the protos alone, so torch is hidden while tensorboardX imports (its
   `try: import torch / except ImportError` takes the numpy-only branch) and is
   importable again afterwards.
