@@ -109,7 +109,7 @@ def render() -> str:
       "a config column shows the value that config's `get_config()` sets where it differs "
       "from the default. The config argument's `scaling` (and `p`, `temperature`) sets "
       "`scaling`, `scaling_params` and, for `scaling=unit_scaled`, `variant=unit` with "
-      "`unit.attn_residual=relative` (`attnscale.runtime.configlib.model`).",
+      "`unit.attn_residual=relative` (`attnscale.config.builders.model`).",
       "",
       "| field | default | " + " | ".join(names) + " | doc |",
       "|---|---|" + "---|" * len(names) + "---|",
