@@ -106,10 +106,13 @@ def test_stage_two_comes_after_every_labels_stage_one_and_the_list_only_grows():
 def test_points_are_sweep_points_of_the_labels_scalings_and_overrides():
   labels = {"standard": ("standard", {}), "sink_zero": ("standard", {"model.sink": "zero"})}
   points = lr_search.points("test", labels, {"standard": 7, "sink_zero": 7}, None)
+  # Each point carries its label (the run's config.label), apart from the overrides
+  # that name its directory.
   assert points[0] == {"arg": "preset=test,scaling=standard,seed=0",
-                       "overrides": {"learning_rate": 2.0**-6}}
+                       "overrides": {"learning_rate": 2.0**-6}, "label": "standard"}
   assert points[3] == {"arg": "preset=test,scaling=standard,seed=0",
-                       "overrides": {"learning_rate": 2.0**-6, "model.sink": "zero"}}
+                       "overrides": {"learning_rate": 2.0**-6, "model.sink": "zero"},
+                       "label": "sink_zero"}
   assert len(points) == 6
 
 
