@@ -81,6 +81,9 @@ def test_readme_own_scaling_from_any_folder(tmp_path, data):
   assert trained.returncode == 0, trained.stderr[-3000:]
   assert "my_scaling" in trained.stdout + trained.stderr
   workdir = mine / dict(a.split("=", 1) for a in train if "=" in a)["--workdir"]
+  # The summary's next step is the command the README runs next, not the repository's eval.py.
+  hint = trained.stdout.strip().splitlines()[-1]
+  assert hint == f"  evaluate the whole split: attnscale-eval --workdir={evaluate[1].split('=')[1]}"
   assert provenance.import_files(workdir) == {"my_scalings": str(mine / "my_scalings.py")}
   # The same --workdir, as a path from the other folder.
   argv = [f"--workdir={workdir}" if a.startswith("--workdir=") else a for a in evaluate[1:]]

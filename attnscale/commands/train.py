@@ -59,7 +59,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   config = holders.config.value
   for line in run_summary.lines(holders.workdir.value, wall_s=time.perf_counter() - start,
                                 eval_batches=config.get("eval_batches"),
-                                num_train_steps=config.num_train_steps):
+                                num_train_steps=config.num_train_steps, argv0=sys.argv[0]):
     rundir.log(line)
 
 
