@@ -541,3 +541,25 @@ def test_sigterm_saves_and_exits_cleanly(tfds_dir, tmp_path):
   assert 0 < step < total and step % every, step
   assert checkpoint_steps(str(workdir))[-1] == step
   assert read_metrics(str(workdir))[-1]["step"] == step  # a save also logs
+
+
+@pytest.mark.parametrize("verbose", [
+    pytest.param(False, id="quiet"),
+    pytest.param(True, id="data_progress", marks=pytest.mark.slow),
+])
+def test_the_first_run_prepares_its_dataset_in_one_line(tmp_path, verbose):
+  """A new data_dir: one line says the dataset was prepared, where and that it is
+  done once; --data_progress shows TFDS's own progress bars instead."""
+  if not os.environ.get("ATTNSCALE_DATA"):
+    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
+  proc = run_train_py("--config=configs/shakespeare_char.py:preset=test",
+                      f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path / 'tfds'}",
+                      "--config.num_train_steps=1", *(["--data_progress"] if verbose else []))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  output = proc.stdout + proc.stderr
+  if verbose:
+    assert "Downloading and preparing dataset" in output, output
+    return
+  assert "Generating" not in output and "preparing dataset" not in output, output
+  (line,) = proc.stdout.split("char_lm | ")[0].strip().splitlines()
+  assert line.startswith(f"prepared the dataset tiny_shakespeare_char in {tmp_path / 'tfds'}"), line

@@ -33,6 +33,7 @@ def define_flags() -> types.SimpleNamespace:
           "force_lock", False, "Take WORKDIR/LOCK whoever holds it: for the lock of a run on "
           "another host that is known to be over (docs/guides/training.md, \"Stopping and "
           "resuming\")."),
+      data_progress=cli.define_data_progress_flag(),
       multihost=cli.define_multihost_flags())  # --multihost, --coordinator_address, ...
   flags.mark_flags_as_required(["config", "workdir"])
   return holders
@@ -42,6 +43,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   """Trains `holders.config` in `holders.workdir`; exits with train.py's codes."""
   del argv
   cli.check_workdir(holders.workdir.value)
+  cli.set_data_progress(holders.data_progress)
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(holders.multihost)  # before anything starts JAX's backend
