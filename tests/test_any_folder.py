@@ -244,3 +244,43 @@ def test_a_sweep_from_one_s_own_folder_imports_one_s_module_by_name(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   (run_dir,) = [p for p in (here / "sw").iterdir() if p.is_dir()]
   assert json.loads((run_dir / "config.json").read_text())["model"]["scaling"] == "my_scaling"
+
+
+@pytest.mark.parametrize("config, override, hint", [
+    ("shakespeare_char:preset=test", "--config.model.scaling=cosin", "(did you mean 'cosine'?)"),
+    ("shakespeare_char:preset=test", "--config.model.normalizer=sigmod",
+     "(did you mean 'sigmoid'?)"),
+    ("shakespeare_char:preset=test", "--config.model.variant=unt", "(did you mean 'unit'?)"),
+    ("shakespeare_char:preset=test", "--config.task=char_ln", "(did you mean 'char_lm'?)"),
+    ("shakespeare_char:preset=cpuu", None, "(did you mean 'cpu'?)"),
+], ids=["scaling", "normalizer", "variant", "task", "preset"])
+def test_a_misspelt_registered_name_gets_did_you_mean(tmp_path, config, override, hint):
+  here = folder(tmp_path, "here")
+  proc = run([sys.executable, os.path.join(testing.ROOT, "train.py"), f"--config={config}",
+              "--workdir=run", *([override] if override else [])], cwd=here, timeout=120)
+  line = testing.assert_one_line_error(proc, "must be one of")
+  assert line.endswith(hint), line
+  assert not (here / "run").exists()
+
+
+def test_a_name_registered_in_a_file_not_imported_says_to_import_it(tmp_path):
+  """The README's my_scalings.py in the folder, the training run without
+  config.imports: the line names the file and the config.imports that fixes it."""
+  module, _ = readme_example()
+  mine = folder(tmp_path, "mine")
+  (mine / "my_scalings.py").write_text(module)
+  proc = run([sys.executable, os.path.join(testing.ROOT, "train.py"),
+              "--config=shakespeare_char:preset=test", "--config.model.scaling=my_scaling",
+              "--workdir=run"], cwd=mine, timeout=120)
+  line = testing.assert_one_line_error(proc, "model.scaling")
+  assert line.endswith("got 'my_scaling' (my_scalings.py registers 'my_scaling' but is not "
+                       "imported: add it to config.imports, "
+                       "--config.imports='(\"my_scalings\",)')"), line
+
+
+def test_eval_py_on_a_folder_that_does_not_exist_says_so(tmp_path):
+  here = folder(tmp_path, "here")
+  proc = run([sys.executable, os.path.join(testing.ROOT, "eval.py"), "--workdir=runs/nosuch"],
+             cwd=here, timeout=120)
+  line = testing.assert_one_line_error(proc, "--workdir runs/nosuch does not exist")
+  assert "config.json" not in line, line
