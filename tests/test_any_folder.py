@@ -91,6 +91,10 @@ def test_readme_own_scaling_from_any_folder(tmp_path, data):
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   with open(workdir / "eval.json") as f:
     assert json.load(f)["scaling"] == "my_scaling"
+  # And the run beside itself in a picture, from the other folder.
+  compared = run([command("attnscale-compare"), str(workdir), "--out=mine.png"], cwd=elsewhere)
+  assert compared.returncode == 0, compared.stderr[-3000:]
+  assert "| my_scaling | 2/2 |" in compared.stdout and (elsewhere / "mine.png").exists()
 
 
 @pytest.mark.slow
@@ -284,3 +288,28 @@ def test_eval_py_on_a_folder_that_does_not_exist_says_so(tmp_path):
              cwd=here, timeout=120)
   line = testing.assert_one_line_error(proc, "--workdir runs/nosuch does not exist")
   assert "config.json" not in line, line
+
+
+@pytest.mark.slow
+def test_tensorboard_opens_the_runs_folder(tmp_path):
+  """The training guide's `tensorboard --logdir runs` in the default install: it
+  serves (port 0: any free one) and answers."""
+  import time
+  import urllib.request
+  here = folder(tmp_path, "here")
+  (here / "runs").mkdir()
+  proc = subprocess.Popen([command("tensorboard"), "--logdir", "runs", "--port", "0"], cwd=here,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline, url, seen = time.monotonic() + 120, None, []
+    while url is None and time.monotonic() < deadline and proc.poll() is None:
+      line = proc.stdout.readline()
+      seen.append(line)
+      match = re.search(r"TensorBoard \S+ at (http://\S+/)", line)
+      url = match and match.group(1)
+    assert url, "".join(seen)
+    with urllib.request.urlopen(url, timeout=30) as response:
+      assert response.status == 200
+  finally:
+    proc.terminate()
+    proc.wait(timeout=30)
