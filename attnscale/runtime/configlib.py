@@ -184,7 +184,7 @@ ADDED_FIELDS: dict[str, Any] = {"imports": [], "attn_metrics": False, "qk_clip":
                                 "muon_lr_rule": "moonlight", "grad_accum_steps": 1,
                                 "muon_adam_lr_mult": 1.0, "muon_adam_lr_base_width": 0,
                                 "loggers": "tensorboard,jsonl", "profile_steps": "",
-                                "z_loss": 0.0, "sink_metrics_rows": 0}
+                                "z_loss": 0.0, "sink_metrics_rows": 0, "init_from": ""}
 
 
 def _fill_defaults(config: dict, defaults: dict) -> None:
@@ -332,7 +332,7 @@ def add_outputs(c: ml_collections.ConfigDict) -> None:
 
 def add_optimizer(c: ml_collections.ConfigDict, *, learning_rate: float) -> None:
   """The optimizer fields every config shares: the optimizer and its Muon options,
-  the peak `learning_rate` (the config's own) and a cosine schedule."""
+  the peak `learning_rate` (the config's own), a cosine schedule and init_from."""
   c.optimizer = "adamw"  # adamw | adam (no weight decay) | muon (hidden matrices; Adam(W) the rest)
   # muon: its update's scale by shape: moonlight (RMS 0.2 sqrt(max(fan_in, fan_out)), one LR
   # with AdamW's) | modded_nanogpt (sqrt(max(1, fan_out/fan_in)))
@@ -345,6 +345,9 @@ def add_optimizer(c: ml_collections.ConfigDict, *, learning_rate: float) -> None
   c.muon_adam_lr_base_width = 0
   c.learning_rate = learning_rate  # peak learning rate
   c.lr_schedule = "cosine"  # cosine (to min_learning_rate) | constant
+  # A run directory whose newest parameters a new run starts from (optimizer state fresh;
+  # shapes must match: e.g. rope or no positions to train longer); "" = a fresh init.
+  c.init_from = ""
 
 
 def add_attention_health(c: ml_collections.ConfigDict) -> None:

@@ -30,6 +30,8 @@
   resumes from the restored step's value), which the sweep tables read.
 * A NaN or inf loss (or gradient) stops the run before anything non-finite is
   saved: the last good checkpoint stays (`loop.NonFiniteLossError`).
+* `config.init_from=WORKDIR`: a new run starts from that run's parameters
+  (`rundir.start_from`: optimizer state fresh, the source in provenance.json).
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   batch_sharding = ts.batch_sharding(mesh)
   # Before the workdir: a parameter that config.mesh.fsdp cannot split fails here.
   graphdef, state, shardings = ts.create_state(run, mesh)
+  start = {}
+  if config.get("init_from") and not rundir.has_checkpoint(workdir):
+    # A new run from another's parameters (a resume reads its own checkpoint instead).
+    state, source = rundir.start_from(config.init_from, config, state, shardings, workdir)
+    start = {"init_from": source}
   slot = loop.Slot(run, workdir, task)
   os.makedirs(workdir, exist_ok=True)
   with rundir.workdir_lock(workdir, force_lock) as lock:
@@ -115,8 +122,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       state = slot.open(state, shardings)
       # Which code, versions and devices: one record a (re)start that trains (after
       # the resume, so a run that cannot resume leaves its directory as it was), with
-      # the files of config.imports, which eval.py imports again from any folder.
-      provenance.write(workdir, pack_size=1, slot=0, **rundir.provenance_imports(config))
+      # the files of config.imports, which eval.py imports again from any folder, and
+      # the run config.init_from started from.
+      provenance.write(workdir, pack_size=1, slot=0, **rundir.provenance_imports(config),
+                       **start)
       program = OneRun(run, task, graphdef, shardings, batch_sharding)
       num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
       processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
