@@ -46,8 +46,9 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
                if k.split(".")[0] not in resumable]
     diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in changed]
     if [k for k, _, _ in changed] == ["num_train_steps"]:  # continuing a run: why not this one
+      _, steps_before, steps_now = changed[0]
       raise ValueError(
-          f"--workdir {workdir}: num_train_steps {diffs[0].split(': ')[1]} cannot continue a "
+          f"--workdir {workdir}: num_train_steps {steps_before} -> {steps_now} cannot continue a "
           f"run under lr_schedule={config.lr_schedule!r}, whose decay lasts num_train_steps "
           "(the steps done would not be this run's): a run under "
           "--config.lr_schedule=constant continues, or start a new --workdir from this one's "
