@@ -119,3 +119,12 @@ def test_init_from_parameters_that_differ_is_one_line_naming_them(source, tmp_pa
 def test_init_from_a_folder_that_is_not_a_run(tfds_dir, tmp_path):
   proc = train_py(tmp_path / "fresh", tfds_dir, f"--config.init_from={tmp_path / 'nosuch'}")
   testing.assert_one_line_error(proc, f"config.init_from={tmp_path / 'nosuch'}", "does not exist")
+
+
+def test_a_packed_sweep_refuses_init_from_in_one_line(tmp_path):
+  from attnscale.runtime import packed
+  config = shakespeare_char.get_config("preset=test")
+  config.init_from = str(tmp_path / "source")
+  with pytest.raises(ValueError, match=r"^config.init_from starts one run .*without --pack$"):
+    packed.train_packed([config], [str(tmp_path / "run")])
+  assert not (tmp_path / "run").exists()
