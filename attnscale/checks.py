@@ -50,14 +50,17 @@ _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "runs", "venv"}
 def unimported_registration(name: str, root: str = ".", *, max_depth: int = 3,
                             max_files: int = 2000) -> str | None:
   """The path (relative to `root`) of a .py file within `max_depth` folders of `root`
-  that registers `name` (`@<anything>register("name"`) and is not imported, or None.
+  that registers `name` and is not imported, or None. A registration is a
+  decorator, `@<anything>register("name"` (scalings, trackers), or an entry of a
+  registry table, `VARIANTS["name"] = ...` (model variants, tasks: any all-caps name).
 
   A user's scaling, variant or task in a file of their own is registered only when
   config.imports imports it; this finds the file to name. Hidden folders, virtual
   environments and run folders are skipped, and at most `max_files` files read.
   """
   import sys
-  pattern = re.compile(r"@[\w.]*register\(\s*[\"']" + re.escape(name) + r"[\"']")
+  quoted = r"\s*[\"']" + re.escape(name) + r"[\"']\s*"
+  pattern = re.compile(rf"@[\w.]*register\({quoted}|\b[A-Z][A-Z_]*\[{quoted}\]\s*=[^=]")
   imported = {os.path.abspath(m.__file__) for m in list(sys.modules.values())
               if getattr(m, "__file__", None)}
   root = os.path.abspath(root)

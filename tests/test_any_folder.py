@@ -313,3 +313,19 @@ def test_tensorboard_opens_the_runs_folder(tmp_path):
   finally:
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def test_unimported_registration_finds_decorators_and_registry_entries(tmp_path):
+  """The files `checks.choice_error` names: a decorated scaling, a variant or task put
+  in its table, in a folder of one's own (not hidden ones, not run folders)."""
+  from attnscale import checks
+  (tmp_path / "my_scalings.py").write_text('@scalings.register( "mine")\ndef mine(): ...\n')
+  (tmp_path / "lib").mkdir()
+  (tmp_path / "lib" / "my_model.py").write_text('models.VARIANTS["wide"] = Wide\n')
+  (tmp_path / ".venv").mkdir()
+  (tmp_path / ".venv" / "hidden.py").write_text('TASKS["hidden"] = Hidden\n')
+  (tmp_path / "uses.py").write_text('if TASKS["used"] == x: pass\n')  # a comparison, not a registration
+  find = lambda name: checks.unimported_registration(name, str(tmp_path))
+  assert find("mine") == "my_scalings.py"
+  assert find("wide") == os.path.join("lib", "my_model.py")
+  assert find("hidden") is None and find("used") is None and find("nosuch") is None
