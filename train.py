@@ -23,6 +23,12 @@ one `error: ...` line naming it (attnscale/runtime/cli.py).
 Ctrl-C saves a checkpoint after the current step and exits 130 (a second one
 exits at once); SIGTERM saves and exits 0. A second train.py on a --workdir in
 use stops at start, naming the first (WORKDIR/LOCK; --force_lock takes it).
+
+More steps on a finished run: raise --config.num_train_steps (a constant learning
+rate continues; a decaying schedule is refused, saying why). A new run from
+another's parameters: --config.init_from=WORKDIR (optimizer state fresh; what
+differs said in one line). --data_progress shows TFDS's progress bars while a
+data set is prepared (default: one line).
 """
 
 # The flags and main: attnscale/commands/train.py (also the attnscale-train command).

@@ -368,11 +368,32 @@ def run_notebook(path: str, cwd, timeout_s: float | None, env: dict[str, str]):
     if cell.cell_type == "code":
       cell.outputs, cell.execution_count = [], None
       cell.metadata.pop("execution", None)
-  client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+  kernelspec = dict(nb.metadata.get("kernelspec", {}))
+  client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name=notebook_kernel(nb),
                                    record_timing=False,
                                    resources={"metadata": {"path": str(cwd)}})
   client.execute(env={**os.environ, **env})
+  if kernelspec:  # stored with the kernel it names, whichever ran it here
+    nb.metadata["kernelspec"] = kernelspec
   return nb
+
+
+def notebook_kernel(nb) -> str:
+  """The Jupyter kernel to execute `nb` with: the one its metadata names (the
+  notebooks': "attnscale", `hostmem.install_kernel`) where that kernel is installed
+  for this Python, else "python3" (ipykernel's own, this interpreter): a kernel of
+  that name in another environment would run another attnscale."""
+  name = nb.metadata.get("kernelspec", {}).get("name", "python3")
+  try:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+  except ImportError:
+    return "python3"
+  try:
+    argv = KernelSpecManager().get_kernel_spec(name).argv
+  except NoSuchKernel:
+    return "python3"
+  same = bool(argv) and os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+  return name if same else "python3"
 
 
 def store_notebook_outputs(path: str) -> None:

@@ -81,6 +81,9 @@ def test_readme_own_scaling_from_any_folder(tmp_path, data):
   assert trained.returncode == 0, trained.stderr[-3000:]
   assert "my_scaling" in trained.stdout + trained.stderr
   workdir = mine / dict(a.split("=", 1) for a in train if "=" in a)["--workdir"]
+  # The summary's next step is the command the README runs next, not the repository's eval.py.
+  hint = trained.stdout.strip().splitlines()[-1]
+  assert hint == f"  evaluate the whole split: attnscale-eval --workdir={evaluate[1].split('=')[1]}"
   assert provenance.import_files(workdir) == {"my_scalings": str(mine / "my_scalings.py")}
   # The same --workdir, as a path from the other folder.
   argv = [f"--workdir={workdir}" if a.startswith("--workdir=") else a for a in evaluate[1:]]
@@ -88,6 +91,10 @@ def test_readme_own_scaling_from_any_folder(tmp_path, data):
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   with open(workdir / "eval.json") as f:
     assert json.load(f)["scaling"] == "my_scaling"
+  # And the run beside itself in a picture, from the other folder.
+  compared = run([command("attnscale-compare"), str(workdir), "--out=mine.png"], cwd=elsewhere)
+  assert compared.returncode == 0, compared.stderr[-3000:]
+  assert "| my_scaling | 2/2 |" in compared.stdout and (elsewhere / "mine.png").exists()
 
 
 @pytest.mark.slow
@@ -241,3 +248,84 @@ def test_a_sweep_from_one_s_own_folder_imports_one_s_module_by_name(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   (run_dir,) = [p for p in (here / "sw").iterdir() if p.is_dir()]
   assert json.loads((run_dir / "config.json").read_text())["model"]["scaling"] == "my_scaling"
+
+
+@pytest.mark.parametrize("config, override, hint", [
+    ("shakespeare_char:preset=test", "--config.model.scaling=cosin", "(did you mean 'cosine'?)"),
+    ("shakespeare_char:preset=test", "--config.model.normalizer=sigmod",
+     "(did you mean 'sigmoid'?)"),
+    ("shakespeare_char:preset=test", "--config.model.variant=unt", "(did you mean 'unit'?)"),
+    ("shakespeare_char:preset=test", "--config.task=char_ln", "(did you mean 'char_lm'?)"),
+    ("shakespeare_char:preset=cpuu", None, "(did you mean 'cpu'?)"),
+], ids=["scaling", "normalizer", "variant", "task", "preset"])
+def test_a_misspelt_registered_name_gets_did_you_mean(tmp_path, config, override, hint):
+  here = folder(tmp_path, "here")
+  proc = run([sys.executable, os.path.join(testing.ROOT, "train.py"), f"--config={config}",
+              "--workdir=run", *([override] if override else [])], cwd=here, timeout=120)
+  line = testing.assert_one_line_error(proc, "must be one of")
+  assert line.endswith(hint), line
+  assert not (here / "run").exists()
+
+
+def test_a_name_registered_in_a_file_not_imported_says_to_import_it(tmp_path):
+  """The README's my_scalings.py in the folder, the training run without
+  config.imports: the line names the file and the config.imports that fixes it."""
+  module, _ = readme_example()
+  mine = folder(tmp_path, "mine")
+  (mine / "my_scalings.py").write_text(module)
+  proc = run([sys.executable, os.path.join(testing.ROOT, "train.py"),
+              "--config=shakespeare_char:preset=test", "--config.model.scaling=my_scaling",
+              "--workdir=run"], cwd=mine, timeout=120)
+  line = testing.assert_one_line_error(proc, "model.scaling")
+  assert line.endswith("got 'my_scaling' (my_scalings.py registers 'my_scaling' but is not "
+                       "imported: add it to config.imports, "
+                       "--config.imports='(\"my_scalings\",)')"), line
+
+
+def test_eval_py_on_a_folder_that_does_not_exist_says_so(tmp_path):
+  here = folder(tmp_path, "here")
+  proc = run([sys.executable, os.path.join(testing.ROOT, "eval.py"), "--workdir=runs/nosuch"],
+             cwd=here, timeout=120)
+  line = testing.assert_one_line_error(proc, "--workdir runs/nosuch does not exist")
+  assert "config.json" not in line, line
+
+
+@pytest.mark.slow
+def test_tensorboard_opens_the_runs_folder(tmp_path):
+  """The training guide's `tensorboard --logdir runs` in the default install: it
+  serves (port 0: any free one) and answers."""
+  import time
+  import urllib.request
+  here = folder(tmp_path, "here")
+  (here / "runs").mkdir()
+  proc = subprocess.Popen([command("tensorboard"), "--logdir", "runs", "--port", "0"], cwd=here,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline, url, seen = time.monotonic() + 120, None, []
+    while url is None and time.monotonic() < deadline and proc.poll() is None:
+      line = proc.stdout.readline()
+      seen.append(line)
+      match = re.search(r"TensorBoard \S+ at (http://\S+/)", line)
+      url = match and match.group(1)
+    assert url, "".join(seen)
+    with urllib.request.urlopen(url, timeout=30) as response:
+      assert response.status == 200
+  finally:
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_unimported_registration_finds_decorators_and_registry_entries(tmp_path):
+  """The files `checks.choice_error` names: a decorated scaling, a variant or task put
+  in its table, in a folder of one's own (not hidden ones, not run folders)."""
+  from attnscale import checks
+  (tmp_path / "my_scalings.py").write_text('@scalings.register( "mine")\ndef mine(): ...\n')
+  (tmp_path / "lib").mkdir()
+  (tmp_path / "lib" / "my_model.py").write_text('models.VARIANTS["wide"] = Wide\n')
+  (tmp_path / ".venv").mkdir()
+  (tmp_path / ".venv" / "hidden.py").write_text('TASKS["hidden"] = Hidden\n')
+  (tmp_path / "uses.py").write_text('if TASKS["used"] == x: pass\n')  # a comparison, not a registration
+  find = lambda name: checks.unimported_registration(name, str(tmp_path))
+  assert find("mine") == "my_scalings.py"
+  assert find("wide") == os.path.join("lib", "my_model.py")
+  assert find("hidden") is None and find("used") is None and find("nosuch") is None

@@ -143,3 +143,46 @@ def test_a_broken_link_and_a_missing_anchor_are_reported(tmp_path, monkeypatch):
                   "```\n[in code](nowhere.md)\n```\n`[inline](nowhere.md)` [web](https://x.org)\n")
   problems = broken_links(str(page))
   assert len(problems) == 2 and "missing.md" in problems[0] and "#nope" in problems[1], problems
+
+
+def _readme_section_commands(heading: str) -> list[str]:
+  """The lines of the bash blocks in the README section under `## heading`."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    section = f.read().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+  blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+  return [line.strip() for block in blocks for line in block.replace("\\\n", " ").splitlines()
+          if line.strip()]
+
+
+def test_ci_runs_the_readme_s_test_command():
+  """One command installs what the tests need and runs them; .ci/run runs exactly it."""
+  (command,) = _readme_section_commands("Tests")
+  assert command.startswith('pip install -e ".[test]" && ') and "pytest" in command, command
+  with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+    ci = f.read()
+  assert f'(source "$venv/bin/activate" && {command} "$@")' in ci, command
+
+
+def _requirements(extra: str | None = None) -> list[str]:
+  """The distributions requirements.txt installs (`-e .`: pyproject's dependencies),
+  or an extra's, by name, lowercase."""
+  import tomllib
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    project = tomllib.load(f)["project"]
+  reqs = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+  return [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in reqs]
+
+
+def test_the_default_install_is_lean_and_opens_tensorboard():
+  """requirements.txt: the library, its commands and TensorBoard; the tests' and the
+  trackers' packages only in their extras (the README's test command adds them)."""
+  with open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8") as f:
+    lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+  assert lines == ["-e ."], lines
+  default = _requirements()
+  assert "tensorboard" in default, default  # the guide's `tensorboard --logdir runs`
+  for name in ("pytest", "pytest-xdist", "ruff", "wandb", "trackio", "nbclient", "jupyterlab"):
+    assert name not in default, name
+  assert {"pytest", "wandb", "trackio"} <= set(_requirements("test"))
+  assert set(_requirements("trackers")) == {"wandb", "trackio"}
+  assert "jupyterlab" in _requirements("notebooks")

@@ -9,6 +9,8 @@ per-layer diagnostics plotted. (scale_studies.ipynb: tests/test_studies.py.)"""
 
 import json
 import os
+import re
+import sys
 
 import pytest
 
@@ -36,6 +38,42 @@ def test_committed_with_the_outputs_of_one_clean_run(path):
   text = json.dumps(outputs)
   for machine_specific in ("/tmp/", "/home/", "/root/", "/work/", "compare_scalings_"):
     assert machine_specific not in text, machine_specific
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_saved_with_the_attnscale_kernel_and_where_its_outputs_were_made(path):
+  """Jupyter opens them in the "Python (attnscale)" kernel (`python -m
+  attnscale.runtime.hostmem install-kernel`), and the first cell's output says the
+  machine, JAX and the commit that made the stored outputs."""
+  with open(path, encoding="utf-8") as f:
+    nb = json.load(f)
+  assert nb["metadata"]["kernelspec"] == {"display_name": "Python (attnscale)",
+                                          "language": "python", "name": "attnscale"}
+  first = next(c for c in nb["cells"] if c["cell_type"] == "code")
+  text = "".join(t for out in first["outputs"] for t in out.get("text", []))
+  assert re.search(r"made on \d+ cores of .+ \| JAX \d+\.\d+\.\d+, Python 3\.\d+\.\d+ \| "
+                   r"attnscale [0-9a-f]{12}\n", text), text
+
+
+def test_the_kernel_falls_back_to_python3_where_attnscale_s_is_not_installed(
+    tmp_path, monkeypatch):
+  """testing.notebook_kernel: the notebook's own kernel when it runs this Python,
+  python3 when it is missing or belongs to another environment."""
+  nbformat = pytest.importorskip("nbformat")
+  pytest.importorskip("jupyter_client")
+  with open(NOTEBOOK, encoding="utf-8") as f:
+    nb = nbformat.read(f, as_version=4)
+  kernels = tmp_path / "kernels" / "attnscale"
+  monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+  monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "none"))
+  monkeypatch.setattr(sys, "prefix", str(tmp_path / "no-prefix"))
+  assert testing.notebook_kernel(nb) == "python3"  # not installed
+  kernels.mkdir(parents=True)
+  for python, expected in (("/usr/bin/another-python", "python3"), (sys.executable, "attnscale")):
+    (kernels / "kernel.json").write_text(json.dumps(
+        {"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+         "display_name": "Python (attnscale)", "language": "python"}))
+    assert testing.notebook_kernel(nb) == expected, python
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from attnscale import tasks, testing
 from attnscale.core import scalings
 from attnscale.experiments.run_records import checkpoint_steps
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import loop, train_lib
+from attnscale.runtime import loop, run_summary, train_lib
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -407,11 +407,39 @@ def test_train_py_ends_with_a_summary_for_a_person(tfds_dir, tmp_path):
   last20 = [r["train/loss_last20"] for r in rows if "train/loss_last20" in r][-1]
   val = [r["val/loss"] for r in rows if "val/loss" in r][-1]
   tail = proc.stdout.strip().splitlines()[-5:]
-  assert tail[0].startswith("done: 3 steps, "), tail
+  assert re.fullmatch(r"done: 3 steps, \d+ s \(this start\), \d+ s of training in all",
+                      tail[0]), tail
   assert tail[1] == f"  final training loss {last20:.4f} (mean of the last 20 steps, step 3)"
   assert tail[2].startswith(f"  last validation loss {val:.4f} (step 3, "), tail
   assert tail[3].startswith(f"  run files: {workdir} ("), tail
   assert tail[4] == f"  evaluate the whole split: python eval.py --workdir={workdir}"
+  # Every progress line after the compiling step: the time so far and the time left.
+  progress = [line for line in proc.stdout.splitlines() if line.startswith("step ")
+              and "| loss" in line]
+  assert re.search(r" \| \d+ s elapsed$", progress[0]), progress  # step 1: no rate yet
+  assert re.search(r" steps/s \| [\d.]+k tok/s \| \d+ s elapsed, \d+ s left$",
+                   progress[1]), progress
+  assert re.search(r" \| \d+ s elapsed$", progress[-1]), progress  # nothing left
+
+
+def test_the_summary_names_the_command_that_trained():
+  """After train.py the repository's eval.py, as the user typed its folder; after the
+  console command (or anything else) attnscale-eval, which runs from any folder."""
+  assert run_summary.eval_command("train.py") == "python eval.py"
+  assert run_summary.eval_command(os.path.join(ROOT, "train.py")) == (
+      f"python {os.path.join(ROOT, 'eval.py')}")
+  assert run_summary.eval_command("/usr/local/bin/attnscale-train") == "attnscale-eval"
+  assert run_summary.eval_command(os.path.join(ROOT, "attnscale", "commands", "train.py")) == (
+      "attnscale-eval")
+
+
+def test_a_stopped_run_s_summary_says_the_time_left(tmp_path):
+  testing.fake_run(tmp_path, "run", "preset=test", {}, [
+      {"step": 10, "train/loss_last20": 2.0, "train/elapsed_s": 30.0,
+       "train/steps_per_s": 0.5}], done=False)
+  first = run_summary.lines(str(tmp_path / "run"), wall_s=31, num_train_steps=70)[0]
+  assert first == ("stopped at step 10 of 70, 31 s (this start), about 2 min 0 s left at "
+                   "0.50 steps/s: the same command resumes it"), first
 
 
 def test_train_py_unknown_preset_exits_with_one_line_error(tmp_path):
@@ -513,3 +541,25 @@ def test_sigterm_saves_and_exits_cleanly(tfds_dir, tmp_path):
   assert 0 < step < total and step % every, step
   assert checkpoint_steps(str(workdir))[-1] == step
   assert read_metrics(str(workdir))[-1]["step"] == step  # a save also logs
+
+
+@pytest.mark.parametrize("verbose", [
+    pytest.param(False, id="quiet"),
+    pytest.param(True, id="data_progress", marks=pytest.mark.slow),
+])
+def test_the_first_run_prepares_its_dataset_in_one_line(tmp_path, verbose):
+  """A new data_dir: one line says the dataset was prepared, where and that it is
+  done once; --data_progress shows TFDS's own progress bars instead."""
+  if not os.environ.get("ATTNSCALE_DATA"):
+    pytest.skip("needs ATTNSCALE_DATA (CI sets it) or network access")
+  proc = run_train_py("--config=configs/shakespeare_char.py:preset=test",
+                      f"--workdir={tmp_path / 'run'}", f"--config.data_dir={tmp_path / 'tfds'}",
+                      "--config.num_train_steps=1", *(["--data_progress"] if verbose else []))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  output = proc.stdout + proc.stderr
+  if verbose:
+    assert "Downloading and preparing dataset" in output, output
+    return
+  assert "Generating" not in output and "preparing dataset" not in output, output
+  (line,) = proc.stdout.split("char_lm | ")[0].strip().splitlines()
+  assert line.startswith(f"prepared the dataset tiny_shakespeare_char in {tmp_path / 'tfds'}"), line

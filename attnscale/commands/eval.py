@@ -36,6 +36,7 @@ def define_flags() -> types.SimpleNamespace:
       whole_split=flags.DEFINE_bool(
           "whole_split", False, "Score the whole validation split where the config scores "
           "only its first config.eval_tokens targets (the token LM, configs/gpt2.py)."),
+      data_progress=cli.define_data_progress_flag(),
       multihost=cli.define_multihost_flags())  # as train's: one of several processes
   flags.mark_flag_as_required("workdir")
   return holders
@@ -46,6 +47,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   del argv
   h = holders
   cli.check_workdir(h.workdir.value)
+  cli.set_data_progress(h.data_progress)
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(h.multihost)  # before anything starts JAX's backend
   from attnscale.evaluation import eval_lib, length_eval

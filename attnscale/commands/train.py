@@ -34,6 +34,7 @@ def define_flags() -> types.SimpleNamespace:
           "force_lock", False, "Take WORKDIR/LOCK whoever holds it: for the lock of a run on "
           "another host that is known to be over (docs/guides/training.md, \"Stopping and "
           "resuming\")."),
+      data_progress=cli.define_data_progress_flag(),
       multihost=cli.define_multihost_flags(),  # --multihost, --coordinator_address, ...
       # A pack (what sweep.py --pack starts, `packing.command`): several runs in one
       # vmapped program, instead of --config and --workdir.
@@ -55,6 +56,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   if holders.config.value is None or holders.workdir.value is None:
     cli.fail("--config and --workdir name the run to train (or --runs a pack of runs)")
   cli.check_workdir(holders.workdir.value)
+  cli.set_data_progress(holders.data_progress)
   # Orbax and TFDS log every step of every save at INFO; keep the progress readable.
   logging.set_verbosity(logging.WARNING)
   cli.initialize_multihost(holders.multihost)  # before anything starts JAX's backend
@@ -72,7 +74,7 @@ def main(holders: types.SimpleNamespace, argv: list[str]) -> None:
   config = holders.config.value
   for line in run_summary.lines(holders.workdir.value, wall_s=time.perf_counter() - start,
                                 eval_batches=config.get("eval_batches"),
-                                num_train_steps=config.num_train_steps):
+                                num_train_steps=config.num_train_steps, argv0=sys.argv[0]):
     rundir.log(line)
 
 

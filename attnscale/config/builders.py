@@ -79,11 +79,11 @@ def add_outputs(c: ml_collections.ConfigDict) -> None:
 
 
 def add_optimizer(c: ml_collections.ConfigDict, *, learning_rate: float) -> None:
-  """The optimizer and its Muon options, the peak `learning_rate` (the config's own)
-  and the schedule's form."""
+  """The optimizer and its Muon options, the peak `learning_rate` (the config's own),
+  the schedule's form and the parameters a run starts from (`init_from`)."""
   set_defaults(c, "optimizer", "muon_lr_rule", "muon_adam_lr_mult", "muon_adam_lr_base_width")
   c.learning_rate = learning_rate
-  set_defaults(c, "lr_schedule")
+  set_defaults(c, "lr_schedule", "init_from")
 
 
 def add_attention_health(c: ml_collections.ConfigDict) -> None:

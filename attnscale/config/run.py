@@ -94,6 +94,10 @@ class RunConfig:
   learning_rate: float = field(1e-3, "peak learning rate", kind="traced", positive=">= 0")
   lr_schedule: str = field("cosine", "cosine (to min_learning_rate) | constant",
                            choices=LR_SCHEDULES)
+  init_from: str = field(
+      "", "a run directory whose newest parameters a new run starts from (optimizer state "
+      "fresh; shapes must match: e.g. rope or no positions to train longer); \"\" = a fresh "
+      "init", since="")
   warmup_steps: int = field(100, "linear warm-up from 0", positive=">= 0")
   min_learning_rate: float = field(1e-4, "end of the cosine decay", kind="traced",
                                    positive=">= 0")

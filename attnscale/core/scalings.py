@@ -71,6 +71,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from attnscale import checks
 from attnscale.core.visibility import VisibleKeys, upcast
 
 Array = jax.Array
@@ -284,7 +285,7 @@ def entry(name: str, *, field: str = "scaling") -> Entry:
     raise ValueError(f"{field} {name!r} was renamed {RENAMED[name]!r} (the config argument "
                      f"scaling=unit_scaled still selects Graphcore's unit-scaled experiment)")
   if name not in _REGISTRY:
-    raise ValueError(f"{field} must be one of {names()}, got {name!r}")
+    raise ValueError(checks.choice_error(field, name, names()))
   return _REGISTRY[name]
 
 

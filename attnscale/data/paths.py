@@ -185,14 +185,48 @@ def prepare(make_builder):
   parent = os.path.dirname(os.fspath(first.data_dir))
   if "://" in parent:
     builder = make_builder()
-    builder.download_and_prepare()
+    _download_and_prepare(builder)
     return builder
   os.makedirs(parent, exist_ok=True)
   with open(os.path.join(parent, ".prepare.lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
       builder = make_builder()
-      builder.download_and_prepare()
+      _download_and_prepare(builder)
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
   return builder
+
+
+# Set (to anything but "" or "0") by train's and eval's --data_progress: TFDS's own
+# progress bars and messages while a dataset is prepared, instead of one line.
+VERBOSE_ENV_VAR = "ATTNSCALE_DATA_PROGRESS"
+
+
+def _download_and_prepare(builder) -> None:
+  """`builder.download_and_prepare()`, quiet: a dataset prepared here says so in one
+  line (TFDS prints about ten of progress bars); its output is shown only if the
+  preparation fails, or always with $ATTNSCALE_DATA_PROGRESS set."""
+  # Not builder.is_prepared(): it warns of a version folder without dataset_info.json.
+  prepared = os.path.exists(os.path.join(os.fspath(builder.data_dir), "dataset_info.json"))
+  if prepared or os.environ.get(VERBOSE_ENV_VAR, "") not in ("", "0"):
+    builder.download_and_prepare()
+    return
+  import contextlib
+  import io
+  import time
+
+  import tensorflow_datasets as tfds
+  start, out = time.perf_counter(), io.StringIO()
+  tfds.disable_progress_bar()
+  try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+      builder.download_and_prepare()
+  except BaseException:
+    sys.stderr.write(out.getvalue())
+    raise
+  finally:
+    tfds.enable_progress_bar()
+  print(f"prepared the dataset {builder.name} in {builder.data_dir} "
+        f"({time.perf_counter() - start:.1f} s, once; --data_progress shows TFDS's output)",
+        flush=True)

@@ -32,6 +32,9 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   train.py imported them: by name or path from here, else from the files train.py
   recorded in WORKDIR/provenance.json (so from any folder)."""
   path = os.path.join(workdir, "config.json")
+  if not os.path.isdir(workdir):
+    raise ValueError(f"--workdir {workdir} does not exist (from {os.getcwd()}): give a "
+                     "train.py run directory")
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir} has no config.json: is it a train.py run directory?")
   with open(path) as f:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from attnscale import checks
 from attnscale.core import scalings
 from attnscale.core.attention import IMPLEMENTATIONS, NORMALIZERS
 from attnscale.core.positions import POSITIONS
@@ -156,8 +157,7 @@ class ModelConfig:
       raise ValueError(f"model.variant={self.variant!r} was renamed "
                        f"{RENAMED_VALUES['model.variant', self.variant]!r}")
     if self.variant not in VARIANTS:
-      raise ValueError(f"model.variant must be one of {list(VARIANTS)}, "
-                       f"got {self.variant!r}")
+      raise ValueError(checks.choice_error("model.variant", self.variant, VARIANTS))
     # Unknown names fail here, listing the valid ones (the one check of model.scaling).
     entry = scalings.entry(self.scaling, field="model.scaling")
     scalings.get(self.scaling, **dict(self.scaling_params or {}))  # bad params fail now
@@ -173,8 +173,7 @@ class ModelConfig:
       raise ValueError(f"model.qk_norm={self.qk_norm!r} with scaling={self.scaling!r} would "
                        "normalise q and k twice: use one of them")
     if self.normalizer not in NORMALIZERS:
-      raise ValueError(f"model.normalizer must be one of {NORMALIZERS}, "
-                       f"got {self.normalizer!r}")
+      raise ValueError(checks.choice_error("model.normalizer", self.normalizer, NORMALIZERS))
     if self.attention_impl not in IMPLEMENTATIONS:
       raise ValueError(f"model.attention_impl must be one of "
                        f"{IMPLEMENTATIONS}, got {self.attention_impl!r}")

@@ -185,6 +185,33 @@ class Checkpoints:
     raise ValueError(f"no checkpoint can be read: {describe_damaged(damaged)}; the run "
                      "directory is left as it is (to start afresh, move checkpoints/ away)")
 
+  def param_shapes(self, step: int) -> dict[str, tuple[int, ...]]:
+    """{"/"-joined path: shape} of the parameters saved at `step`, from its metadata
+    (no array is read)."""
+    with self._reading(step):
+      params = self.manager.item_metadata(step)["params"]
+    return {_path(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+  def restore_params(self, params, shardings, step: int):
+    """The parameters saved at `step` alone (orbax's partial restore: the optimizer
+    state is not read), into the layout of `params` with `shardings`.
+
+    Raises:
+      DamagedCheckpointError: the checkpoint cannot be read.
+    """
+    target = {"params": abstract_state(params, shardings)}
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+      with self._reading(step):
+        restored = handler.restore(
+            epath.Path(self.directory) / str(step) / "default",
+            args=ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                partial_restore=True))
+    finally:
+      handler.close()
+    return restored["params"]
+
   def intact_steps(self, state: State, shardings) -> list[int]:
     """The steps that restore (each read in full, into the layout of `state`)."""
     intact = []
@@ -227,6 +254,17 @@ class Checkpoints:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def param_shapes(params) -> dict[str, tuple[int, ...]]:
+  """{"/"-joined path: shape} of a parameter tree (`Checkpoints.param_shapes`' form)."""
+  return {_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def _path(path) -> str:
+  """"blocks/0/attn/q_proj/kernel" for a tree path (nnx's trailing "value" dropped)."""
+  keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+  return "/".join(keys[:-1] if keys and keys[-1] == "value" else keys)
 
 
 def _each_process(ok: bool) -> list[bool]:

@@ -234,6 +234,21 @@ def check_workdir(path: str, *, flag: str = "workdir") -> None:
     fail(problem)
 
 
+def define_data_progress_flag() -> flags.FlagHolder:
+  """--data_progress: TFDS's progress bars while a dataset is prepared (the first run on
+  a data_dir), instead of one line (`attnscale.data.paths`)."""
+  return flags.DEFINE_bool(
+      "data_progress", False, "Show TFDS's progress bars and messages while a dataset is "
+      "prepared (the first run on a data_dir); default: one line.")
+
+
+def set_data_progress(holder: flags.FlagHolder) -> None:
+  """Passes --data_progress on to the data pipelines (and any process started from here)."""
+  if holder.value:
+    from attnscale.data import paths
+    os.environ[paths.VERBOSE_ENV_VAR] = "1"
+
+
 @dataclasses.dataclass(frozen=True)
 class MultihostFlags:
   """The flag holders `define_multihost_flags` defines."""

@@ -14,7 +14,8 @@ slot, on its own config's cadence:
   (`attention_health_row`), the output logits' health and z-loss
   (`output_logits_row`) and each layer's sinks and massive activations
   (`layer_stats_row`: one extra forward pass, outside the speed), to metrics.jsonl
-  and TensorBoard (`metric_keys` names every key); a progress line;
+  and TensorBoard (`metric_keys` names every key); a progress line, with the time
+  elapsed and left (`_times`);
 * validation every `eval_every` steps and at the end;
 * a checkpoint every `checkpoint_every` steps and at the end (events flushed
   first: a later hard kill loses only what the rerun supersedes);
@@ -43,7 +44,7 @@ import numpy as np
 
 from attnscale import tasks
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import hostmem, interrupts, metrics_writer, profiling, rundir
+from attnscale.runtime import hostmem, interrupts, metrics_writer, profiling, run_summary, rundir
 from attnscale.runtime import metric_keys as keys
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
@@ -322,21 +323,35 @@ def _write_row(s: Slot, k: int, now: float, tick: float, tick_step: int,
 
 
 def _progress(slots: list[Slot], rows: dict[int, dict]) -> None:
-  """One line for the slots that just logged: their step, losses and speed."""
+  """One line for the slots that just logged: their step, losses, speed and time
+  (`_times`)."""
   if not rows:
     return
   first = rows[min(rows)]
   speed = first.get("steps_per_s")
   num_steps = slots[min(rows)].config.num_train_steps
+  times = _times(first, num_steps - slots[min(rows)].step)
   if len(slots) == 1:
     speed = (f" | {speed:.2f} steps/s | {first['tokens_per_s'] / 1e3:.1f}k tok/s"
              if speed else "")
     rundir.log(f"step {slots[0].step}/{num_steps} | loss {first['loss']:.4f} | "
-               f"lr {first['lr']:.2e}{speed}")
+               f"lr {first['lr']:.2e}{speed}{times}")
     return
   speed = f" | {speed:.2f} steps/s x {len(slots)} runs" if speed else ""
   losses = " ".join(f"{row['loss']:.3f}" for row in rows.values())
-  rundir.log(f"step {_steps(slots[k].step for k in rows)}/{num_steps} | loss {losses}{speed}")
+  rundir.log(f"step {_steps(slots[k].step for k in rows)}/{num_steps} | loss {losses}{speed}"
+             f"{times}")
+
+
+def _times(row: dict, steps_left: int) -> str:
+  """" | 1 min 05 s elapsed, 3 min 10 s left": the run's training time so far
+  (`elapsed_s`, across resumes) and the steps left at the interval's rate (which
+  excludes compilation and validation); without a rate (only the compiling step
+  ran), the elapsed time alone."""
+  out = f" | {run_summary.duration(row['elapsed_s'])} elapsed"
+  if row.get("steps_per_s") and steps_left > 0:
+    out += f", {run_summary.duration(steps_left / row['steps_per_s'])} left"
+  return out
 
 
 def _say_preempted(slots: list[Slot], saves: list[int], interrupted: bool) -> None:

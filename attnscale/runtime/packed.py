@@ -104,6 +104,9 @@ def train_packed(configs, workdirs, *, pack_size: int | None = None,
     raise ValueError(f"the pack size must be an integer >= the {len(configs)} runs of the "
                      f"pack, got {pack_size!r}")
   runs = [run_config.read(c, num_devices=jax.device_count()) for c in configs]
+  if any(r.init_from for r in runs):  # one run's start (train_lib), not a pack's
+    raise ValueError("config.init_from starts one run (train.py); a packed sweep's runs "
+                     "start fresh: sweep without --pack")
   packing.check_packable(configs)
   # Before any workdir: a bad config, or a parameter that config.mesh.fsdp cannot
   # split, fails here. The data is loaded once for the runs that read the same.

@@ -42,8 +42,17 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
       old = configlib.migrate(json.load(f))  # a run saved before a rename or a new field
     resumable = configlib.RESUMABLE_CHANGES + (
         ("num_train_steps",) if config.lr_schedule == "constant" else ())
-    diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in configlib.flat_diff(old, new)
-             if k.split(".")[0] not in resumable]
+    changed = [(k, old_v, new_v) for k, old_v, new_v in configlib.flat_diff(old, new)
+               if k.split(".")[0] not in resumable]
+    diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in changed]
+    if [k for k, _, _ in changed] == ["num_train_steps"]:  # continuing a run: why not this one
+      _, steps_before, steps_now = changed[0]
+      raise ValueError(
+          f"--workdir {workdir}: num_train_steps {steps_before} -> {steps_now} cannot continue a "
+          f"run under lr_schedule={config.lr_schedule!r}, whose decay lasts num_train_steps "
+          "(the steps done would not be this run's): a run under "
+          "--config.lr_schedule=constant continues, or start a new --workdir from this one's "
+          f"parameters with --config.init_from={workdir}")
     if diffs:
       raise ValueError(f"--workdir {workdir} holds a run with a different config "
                        f"({'; '.join(diffs)}): use a new --workdir to start another run")
@@ -107,3 +116,59 @@ def resume(checkpoints: ckpt.Checkpoints, state: ckpt.State, shardings, workdir:
     log("  (the checkpoint predates the saved loss window: loss_last20 averages "
         "only the steps from here on)")
   return state
+
+
+def has_checkpoint(workdir: str) -> bool:
+  """Whether `workdir` holds a checkpoint (then a start resumes it; orbax's step
+  folders are named by their step), read without creating anything."""
+  folder = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+
+
+def start_from(source: str, config: ml_collections.ConfigDict, state: ckpt.State, shardings,
+               workdir: str) -> tuple[ckpt.State, dict]:
+  """`state` with the parameters of the run in `source` (config.init_from) at its
+  newest checkpoint; the optimizer state, step and loss window stay fresh (a new
+  run: its own schedule from step 0). Returns (state, the provenance record of the
+  source: {"workdir", "step", "differs"}), and logs one line saying what differs
+  between the two configs (model fields and seq_len: a longer context, other
+  positions or another scaling).
+
+  Raises:
+    ValueError: (one line) `source` is not a run directory with a checkpoint, is
+      `workdir` itself, or its parameters differ in shape or in name from this
+      config's (naming them).
+  """
+  where = f"config.init_from={source}"
+  if os.path.abspath(source) == os.path.abspath(workdir):
+    raise ValueError(f"{where} is the run's own --workdir: rerunning a run resumes it; "
+                     "init_from starts a new --workdir from another run's parameters")
+  if not os.path.isfile(os.path.join(source, "config.json")):
+    what = "does not exist" if not os.path.exists(source) else "has no config.json"
+    raise ValueError(f"{where}: {source} {what} (from {os.getcwd()}): give a run directory")
+  if not has_checkpoint(source):
+    raise ValueError(f"{where}: {source} has no checkpoint to start from")
+  with open(os.path.join(source, "config.json")) as f:
+    old = configlib.migrate(json.load(f))
+  new = json.loads(config.to_json())
+  differs = [f"{k} {a!r} -> {b!r}" for k, a, b in configlib.flat_diff(old, new)
+             if k.startswith("model.") or k == "seq_len"]
+  checkpoints = ckpt.Checkpoints(source, keep=old.get("keep_checkpoints", 3))
+  try:
+    step = checkpoints.latest_step()
+    saved, wanted = checkpoints.param_shapes(step), ckpt.param_shapes(state["params"])
+    mismatched = [f"{p} {saved[p]} -> {wanted[p]}" for p in wanted
+                  if p in saved and saved[p] != wanted[p]]
+    mismatched += [f"{p} (not in {source})" for p in wanted if p not in saved]
+    mismatched += [f"{p} (only in {source})" for p in saved if p not in wanted]
+    if mismatched:
+      because = f" (the configs differ in {', '.join(differs)})" if differs else ""
+      raise ValueError(f"{where}: the parameters differ in shape: {'; '.join(mismatched)}"
+                       f"{because}; a run starts only from one whose parameters match")
+    params = checkpoints.restore_params(state["params"], shardings["params"], step)
+  finally:
+    checkpoints.close()
+  log(f"started from the parameters of {source} at step {step} (optimizer state fresh); "
+      + (f"differs in {', '.join(differs)}" if differs else "the same model and seq_len"))
+  return {**state, "params": params}, {"workdir": os.path.abspath(source), "step": step,
+                                       "differs": differs}

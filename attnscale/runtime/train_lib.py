@@ -30,6 +30,8 @@
   resumes from the restored step's value), which the sweep tables read.
 * A NaN or inf loss (or gradient) stops the run before anything non-finite is
   saved: the last good checkpoint stays (`loop.NonFiniteLossError`).
+* `config.init_from=WORKDIR`: a new run starts from that run's parameters
+  (`rundir.start_from`: optimizer state fresh, the source in provenance.json).
 """
 
 from __future__ import annotations
@@ -108,6 +110,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   s = startup.start(config)
   run, mesh = s.run, s.mesh
   state = startup.init_state(s)
+  start = {}
+  if run.init_from and not rundir.has_checkpoint(workdir):
+    # A new run from another's parameters (a resume reads its own checkpoint instead).
+    state, source = rundir.start_from(run.init_from, config, state, s.shardings, workdir)
+    start = {"init_from": source}
   slot = loop.Slot(run, workdir, s.task)
   os.makedirs(workdir, exist_ok=True)
   with rundir.workdir_lock(workdir, force_lock) as lock:
@@ -116,8 +123,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       state = slot.open(state, s.shardings)
       # Which code, versions and devices: one record a (re)start that trains (after
       # the resume, so a run that cannot resume leaves its directory as it was), with
-      # the files of config.imports, which eval.py imports again from any folder.
-      provenance.write(workdir, pack_size=1, slot=0, **rundir.provenance_imports(config))
+      # the files of config.imports, which eval.py imports again from any folder, and
+      # the run config.init_from started from.
+      provenance.write(workdir, pack_size=1, slot=0, **rundir.provenance_imports(config),
+                       **start)
       program = OneRun(s)
       num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
       processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
