@@ -148,7 +148,9 @@ class Comparison:
     return f"{text}: {self.read(higher_is_better)}" if verdict else text
 
 
-def _verdict(lo: float, hi: float) -> str:
+def verdict_of(lo: float, hi: float) -> str:
+  """The verdict on an interval of b - a where lower is better: "worse" above 0,
+  "better" below, "within noise" covering it (the one rule every page's words use)."""
   if lo > 0:
     return "worse"
   if hi < 0:
@@ -191,7 +193,7 @@ def compare(a_by_seed: Mapping[Hashable, float], b_by_seed: Mapping[Hashable, fl
     half = t_multiplier(n - 1, level) * math.sqrt(var / n)
     unpaired = len(a) + len(b) - 2 * n
     return Comparison(mean, mean - half, mean + half, n - 1, n, "paired",
-                      _verdict(mean - half, mean + half), n, n, unpaired)
+                      verdict_of(mean - half, mean + half), n, n, unpaired)
   if len(a) >= 2 and len(b) >= 2:
     (mean_a, var_a), (mean_b, var_b) = _mean_var(list(a.values())), _mean_var(list(b.values()))
     return compare_summaries(mean_a, math.sqrt(var_a / len(a)), len(a),
@@ -217,7 +219,7 @@ def compare_summaries(mean_a: float, se_a: float, n_a: int, mean_b: float, se_b:
   effect = mean_b - mean_a
   half = t_multiplier(df, level) * math.sqrt(se2)
   return Comparison(effect, effect - half, effect + half, df, n_a + n_b, "welch",
-                    _verdict(effect - half, effect + half), n_a, n_b)
+                    verdict_of(effect - half, effect + half), n_a, n_b)
 
 
 # ---------------------------------------------------------------------------

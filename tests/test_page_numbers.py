@@ -1,0 +1,98 @@
+"""Every estimate with an interval on a study page and in the README equals the table
+cell its marker names (attnscale/experiments/page_check.py); fast, no training."""
+
+import re
+
+import pytest
+
+from attnscale.experiments import page_check
+
+PAGES = page_check.pages()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_quoted_interval_equals_its_cell(page):
+  problems = page_check.check_page(page)
+  assert not problems, "\n".join(problems[:40])
+
+
+def _tied(page):
+  return [(q, m) for q, m, e, _ in page_check.quotes_and_markers(page.read_text())
+          if m is not None and q.lo is not None and not m.neg]
+
+
+def _plant(text, quote, new_numbers):
+  """The page with one tied quote's numbers replaced (its marker kept)."""
+  before, after = text[:quote.end - len(quote.text)], text[quote.end:]
+  est, lo, hi = new_numbers
+  return before + f"{est} [{lo}, {hi}]" + after
+
+
+def _neighbour(marker, column):
+  """A cell of the same table beside the marker's: the next row (same column) when
+  `column` is False, else the next column (same row); None where there is none."""
+  path = page_check.RESULTS / marker.file
+  want = [page_check._norm(t) for t in marker.row]
+  for header, rows in page_check.load_tables(path):
+    heads = [page_check._norm(h) for h in header]
+    if page_check._norm(marker.col) not in heads:
+      continue
+    j = heads.index(page_check._norm(marker.col))
+    for i, r in enumerate(rows):
+      if all(w in [page_check._norm(c) for c in r] for w in want):
+        cells = ([rows[k][j] for k in range(len(rows)) if k != i and j < len(rows[k])]
+                 if not column else [c for k, c in enumerate(r) if k != j])
+        for c in cells:
+          m = page_check.INTERVAL_RE.search(c)
+          if m and page_check._float(m["est"]) != page_check._float(
+              page_check.cell_numbers(r[j])[0]):
+            return m["est"], m["lo"], m["hi"]
+    return None
+  return None
+
+
+@pytest.mark.parametrize("column", [False, True], ids=["neighbouring row", "neighbouring column"])
+def test_a_number_from_a_neighbouring_cell_fails(tmp_path, column):
+  """Copy the normalisers page, put a neighbouring row's (or column's) interval where
+  a tied one was: the check names that line."""
+  page = page_check.ROOT / "docs" / "experiments" / "normalisers.md"
+  text = page.read_text()
+  quote, planted = next((q, n) for q, m in _tied(page) if (n := _neighbour(m, column)))
+  copy = tmp_path / "normalisers.md"
+  copy.write_text(_plant(text, quote, planted))
+  problems = page_check.check_page(copy)
+  assert len(problems) == 1 and "is not its cell" in problems[0], problems
+  assert f":{quote.line}:" in problems[0]
+
+
+def test_an_untied_interval_fails(tmp_path):
+  copy = tmp_path / "page.md"
+  copy.write_text("The gate costs +0.260 [+0.028, +0.491] nats.\n")
+  (problem,) = page_check.check_page(copy)
+  assert "is not tied" in problem
+
+
+def test_a_verdict_word_the_interval_does_not_carry_fails(tmp_path):
+  page = page_check.ROOT / "docs" / "experiments" / "normalisers.md"
+  quote, marker = next((q, m) for q, m in _tied(page)
+                       if page_check.verdict_of(page_check._float(q.lo),
+                                                page_check._float(q.hi)) == "within noise")
+  line = f"{quote.text}<!-- cell: {marker.file}, row={' & '.join(marker.row)}, col={marker.col} -->"
+  copy = tmp_path / "page.md"
+  copy.write_text(f"It is {line}: better.\n")
+  (problem,) = page_check.check_page(copy)
+  assert "'better'" in problem and "'within noise'" in problem
+  copy.write_text(f"It is {line}: within noise.\n")
+  assert page_check.check_page(copy) == []
+
+
+def test_markers_parse_and_printed_precision():
+  m = page_check.parse_marker("a/b.md, row=x & y, col=L=64, neg, n=2, verdict=worse")
+  assert (m.file, m.row, m.col, m.neg, m.nth, m.verdict) == ("a/b.md", ("x", "y"), "L=64",
+                                                              True, 2, "worse")
+  assert page_check.parse_marker("a.md, row=x, col=lo, hi").col == "lo, hi"
+  assert page_check._half_ulp("−0.04") == pytest.approx(0.005)
+  assert page_check._half_ulp("1,024") == pytest.approx(0.5)
+  with pytest.raises(ValueError, match="verdict"):
+    page_check.parse_marker("a.md, row=x, col=y, verdict=fine")
+  assert re.fullmatch(page_check.INTERVAL_RE, "−9.4 [−18.8, +0.04]")
