@@ -30,7 +30,10 @@ The check (`check_page`) then holds that:
     `stats.Comparison.read` gives the cell's interval, so a sentence's "better"
     cannot outlive the interval it rests on.
 
-A marker that follows a bare number (no interval) ties that number to the cell's
+An interval that no table holds (a comparison the study's command does not yet
+write) may instead be followed by `<!-- untied: what it is -->`: it is then listed
+(`untied`), not an error, and tests/test_page_numbers.py holds their count to a
+budget that may only fall. A marker that follows a bare number (no interval) ties that number to the cell's
 first number in the same way. Numbers without intervals and without markers (a
 count of runs, a date, a rate) are not checked.
 
@@ -61,6 +64,7 @@ INTERVAL_RE = re.compile(
     r"(?P<hi>[+\-−]?\d[\d,]*(?:\.\d+)?(?:e[+\-−]?\d+)?)\s*\]")
 BARE_RE = re.compile(r"(?<![\w.])(?P<est>[+\-−]?\d[\d,]*(?:\.\d+)?(?:e[+\-−]?\d+)?)%?\s*$")
 MARKER_RE = re.compile(r"<!--\s*cell:\s*(?P<body>.*?)\s*-->", re.S)
+UNTIED_RE = re.compile(r"\s*<!--\s*untied:.*?-->", re.S)
 COMMENT_RE = re.compile(r"<!--.*?-->", re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.S | re.M)
 VERDICTS = ("better", "worse", "within noise")
@@ -319,7 +323,9 @@ def quotes_and_markers(text: str) -> list[tuple[Quote, Marker | None, str | None
   for q in INTERVAL_RE.finditer(plain):
     if q.start() not in taken:
       line = plain[:q.start()].count("\n") + 1
-      out.append((Quote(q["est"], q["lo"], q["hi"], line, q.group(0), q.end()), None, None, ""))
+      after = "untied" if UNTIED_RE.match(text, q.end()) else ""
+      out.append((Quote(q["est"], q["lo"], q["hi"], line, q.group(0), q.end()), None, None,
+                  after))
   return sorted(out, key=lambda t: t[0].line)
 
 
@@ -337,6 +343,8 @@ def check_page(path: pathlib.Path, results: pathlib.Path = RESULTS,
         marker = dataclasses.replace(marker, verdict=said)
     if error:
       problems.append(f"{name}:{quote.line}: {error}")
+    elif marker is None and after == "untied":
+      continue
     elif marker is None:
       problems.append(f"{name}:{quote.line}: {quote.text!r} is not tied to a cell "
                       f"(add <!-- cell: FILE, row=..., col=... --> after it)")
@@ -345,6 +353,12 @@ def check_page(path: pathlib.Path, results: pathlib.Path = RESULTS,
       if diff:
         problems.append(f"{name}:{quote.line}: {diff}")
   return problems
+
+
+def untied(path: pathlib.Path) -> list[str]:
+  """The page's intervals marked `<!-- untied: ... -->` ("page:line: x [lo, hi]")."""
+  return [f"{path.name}:{q.line}: {q.text}" for q, m, _, after in
+          quotes_and_markers(path.read_text()) if m is None and after == "untied"]
 
 
 def pages(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
@@ -379,23 +393,22 @@ def _index(results: pathlib.Path) -> list[tuple]:
 
 
 def _row_key(rows: list[list[str]], i: int) -> tuple[str, ...]:
-  """Few of row i's cells (its first, then greedily those that rule out the most
-  other rows, words before numbers) that no other row holds all of."""
+  """Few of row i's cells (its first, then greedily the leftmost of those that rule
+  out the most other rows: the identifying columns) that no other row holds all of."""
   row = rows[i]
   normed = [[_norm(x) for x in r] for r in rows]
   key = [row[0]]
-  pool = [c for c in dict.fromkeys(row[1:]) if c and c != "nan" and len(c) <= 40
+  pool = [(j, c) for j, c in enumerate(row) if j and c and c != "nan" and len(c) <= 40
           and not INTERVAL_RE.search(c) and "&" not in c and "-->" not in c]
 
   def others(terms):
     return sum(1 for k, r in enumerate(normed) if k != i and all(_norm(t) in r for t in terms))
 
   while others(key) and pool:
-    best = min(pool, key=lambda c: (others(key + [c]),
-                                    bool(re.fullmatch(r"[\d.+\-−\s^e%]*", c))))
-    if others(key + [best]) == others(key):
+    best = min(pool, key=lambda jc: (others(key + [jc[1]]), jc[0]))
+    if others(key + [best[1]]) == others(key):
       break
-    key.append(best)
+    key.append(best[1])
     pool.remove(best)
   return tuple(key)
 
