@@ -343,6 +343,7 @@ def length_rows(rows: Sequence[dict]) -> list[dict]:
   if not lengths:
     return []
   growth = measures(lengths)["growth"][1]
+  ref = best_runs(rows).get(REFERENCE, (math.nan, []))[1]
   out = []
   for label, (lr, runs) in ordered_best(rows):
     row = {"label": label, "best_lr": lr, "seeds": len(by_seed(runs, at_length(lengths[-1])))}
@@ -350,6 +351,7 @@ def length_rows(rows: Sequence[dict]) -> list[dict]:
             for L in lengths}
     row[f"L={lengths[-1]} - L={lengths[0]}"] = stats.format_interval(
         by_seed(runs, growth).values(), "+.3f")
+    row["growth_vs_softmax"] = _versus(label, ref, runs, growth)
     out.append(row)
   return out
 
@@ -525,7 +527,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       title="Normalisers: validation loss against evaluated length",
       notes=["eval.py --lengths: the loss over the whole validation split in windows of "
              "each length (trained at 64); mean [95% t] over the seeds at the best rate; "
-             "last column: the longest minus the shortest.", code])
+             "the longest minus the shortest: each seed's growth, mean [95% t]; "
+             "growth_vs_softmax: the label's growth minus softmax's, paired by seed "
+             "(stats.compare).", code])
   if lengths:
     paths.append(reporting.save_figure(plot_lengths(rows), args.out, "normalisers_lengths"))
   if args.sink_runs:
