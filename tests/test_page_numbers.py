@@ -96,3 +96,18 @@ def test_markers_parse_and_printed_precision():
   with pytest.raises(ValueError, match="verdict"):
     page_check.parse_marker("a.md, row=x, col=y, verdict=fine")
   assert re.fullmatch(page_check.INTERVAL_RE, "−9.4 [−18.8, +0.04]")
+
+
+def test_readme_results_rows_are_short_and_each_has_its_interval():
+  """A reader scans the README's results table in a minute: at most about 40 words a
+  row (markers and the page link aside), and each comparison row quotes a tied interval."""
+  text = (page_check.ROOT / "README.md").read_text()
+  table = text[text.index("## Results"):].split("\n\n")[2]
+  rows = [r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| study")]
+  assert len(rows) >= 10
+  for row in rows:
+    cells = re.sub(r"<!--.*?-->", "", row).split("|")[1:-2]
+    words = len(" ".join(cells).split())
+    assert words <= 42, f"{cells[0].strip()}: {words} words"
+    if "no comparison" not in row:
+      assert "<!-- cell:" in row, f"{cells[0].strip()}: no tied interval"
