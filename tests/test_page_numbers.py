@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from attnscale.experiments import page_check
+from attnscale.experiments import page_check, provenance_table
 
 PAGES = page_check.pages()
 
@@ -111,3 +111,21 @@ def test_readme_results_rows_are_short_and_each_has_its_interval():
     assert words <= 42, f"{cells[0].strip()}: {words} words"
     if "no comparison" not in row:
       assert "<!-- cell:" in row, f"{cells[0].strip()}: no tied interval"
+
+
+@pytest.mark.parametrize("name", sorted(provenance_table.PAGES))
+def test_each_page_shows_its_stores_provenance(name):
+  """The page's provenance section is what its stores give (regenerate it with
+  `python -m attnscale.experiments.provenance_table`)."""
+  text = (page_check.ROOT / "docs" / "experiments" / name).read_text()
+  results = str(page_check.RESULTS)
+  assert provenance_table.page_section(text) == provenance_table.section(
+      provenance_table.PAGES[name], results), f"{name}: rerun provenance_table"
+
+
+def test_pack_size_is_recovered_from_what_a_record_shows():
+  assert provenance_table.pack_size({"pack_size": 8, "pack": ["a"]}) == "8"
+  assert provenance_table.pack_size({"argv": ["packed.py", "--pack_size=6"]}) == "6"
+  assert provenance_table.pack_size({"argv": ["packed.py"], "pack": ["a", "b", "c"]}) == "~3"
+  assert provenance_table.pack_size({"argv": ["/x/train.py", "--config=c"]}) == "1"
+  assert provenance_table.pack_size({"argv": ["sweep.py"]}) == "unknown"
