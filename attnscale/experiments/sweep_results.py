@@ -284,7 +284,7 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
   results.csv has every column of COLUMNS with floats written exactly (they
   read back equal); runs.csv is `write_runs_csv`'s; results.md has the title,
   `best_table`, the commits the runs came from (`commit_note`, several allowed)
-  and `markdown_table`.
+  and a pointer to results.csv for every point (`markdown_table` prints that table).
   """
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, name) for name in
@@ -299,7 +299,9 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
             + "Best learning rate per scaling (final training loss = mean of the last 20 "
             "steps, mean over seeds):\n\n" + best_table(rows)
             + (f"\n{code}\n" if code else "")
-            + "\nAll points:\n\n" + markdown_table(rows))
+            # Every point is in results.csv (and runs.csv), which a browser shows as a
+            # table; a second copy here only grew the folder.
+            + "\nAll points: results.csv, one row a run (runs.csv: with commit and host).\n")
   reporting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
   if any(r.get("curve") for r in rows):  # rows read back from results.csv have none
     reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")

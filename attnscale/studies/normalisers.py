@@ -454,13 +454,10 @@ def write_label_tables(rows: Sequence[dict], out: str, name: str, *, what: str,
              "t, paired by seed on the shared seeds (Welch's where fewer than 2 are shared; "
              "attnscale.experiments.stats.compare): worse / better where the interval "
              "excludes 0.",
-             "ties: the rates tied with the best (stats.tie_set: the best and each rate "
-             "whose paired difference in training loss from it covers 0). *_robust: the "
-             "comparison at every pairing of softmax's ties and the label's "
-             "(stats.robust_compare): one verdict where all agree, else 'depends on the rate "
-             "chosen' with each verdict's count. *_holm: the Holm-adjusted p over the "
-             "labels' comparisons with softmax on that measure (stats.holm) and the verdict "
-             "it allows at 95% family-wise (docs/guides/sweeps.md, verdicts that hold).",
+             "ties, *_robust, *_holm: the rates tied with the best rate, the verdict at "
+             "every pairing of softmax's and the label's ties, and the Holm-adjusted p over "
+             "the labels with the verdict where it survives (docs/guides/sweeps.md, "
+             "verdicts that hold).",
              *_resolution(rows),
              "S: Wortsman et al.'s learning-rate sensitivity (arXiv 2309.14322) over the "
              f"rates within {transfer_sensitivity.WINDOW} octaves of the best, seed 0 "
