@@ -129,3 +129,17 @@ def test_pack_size_is_recovered_from_what_a_record_shows():
   assert provenance_table.pack_size({"argv": ["packed.py"], "pack": ["a", "b", "c"]}) == "~3"
   assert provenance_table.pack_size({"argv": ["/x/train.py", "--config=c"]}) == "1"
   assert provenance_table.pack_size({"argv": ["sweep.py"]}) == "unknown"
+
+
+def test_an_interval_without_its_estimate_fails_unless_superseded(tmp_path):
+  copy = tmp_path / "page.md"
+  copy.write_text("It is 0.27 nats below standard [0.12, 0.43].\n")
+  (problem,) = page_check.check_page(copy)
+  assert "without its estimate" in problem
+  copy.write_text("## Re-read\n\n<!-- superseded: earlier tables -->\n"
+                  "- was within noise, [-0.810, +0.579] and -0.3 [-0.5, -0.1]\n\n## Next\n")
+  assert page_check.check_page(copy) == []
+  copy.write_text("## Re-read\n\n<!-- superseded: earlier tables -->\n- old\n\n## Next\n\n"
+                  "Now -0.3 [-0.5, -0.1].\n")
+  (problem,) = page_check.check_page(copy)
+  assert "not tied" in problem

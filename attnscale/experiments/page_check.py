@@ -24,7 +24,10 @@ The check (`check_page`) then holds that:
     cell| <= half a unit in the page's last printed digit, the estimate and both
     ends), so a number copied from a neighbouring row or column fails;
   * every estimate with an interval outside code blocks is tied: "x [lo, hi]"
-    with no marker after it is an error;
+    with no marker after it is an error, and so is an interval with no estimate
+    beside it ("0.27 nats below [0.12, 0.43]"); a page's notes on what earlier
+    tables said sit under `<!-- superseded: ... -->` (to the next heading), where
+    intervals are not checked;
   * a verdict word the marker is given (`verdict=better`), or that follows the
     marker in its clause ("...]<!-- ... -->: worse"), is the word
     `stats.Comparison.read` gives the cell's interval, so a sentence's "better"
@@ -66,6 +69,12 @@ BARE_RE = re.compile(r"(?<![\w.])(?P<est>[+\-−]?\d[\d,]*(?:\.\d+)?(?:e[+\-−]
 MARKER_RE = re.compile(r"<!--\s*cell:\s*(?P<body>.*?)\s*-->", re.S)
 UNTIED_RE = re.compile(r"\s*<!--\s*untied:.*?-->", re.S)
 COMMENT_RE = re.compile(r"<!--.*?-->", re.S)
+# An interval with no estimate beside it ("0.27 nats below it [0.12, 0.43]"): the check
+# cannot tie what it cannot read, so it asks for "x [lo, hi]".
+BARE_INTERVAL_RE = re.compile(r"\[\s*[+\-−]?\d[\d,]*(?:\.\d+)?\s*,\s*[+\-−]?\d[\d,]*(?:\.\d+)?\s*\]")
+# A section that records what earlier tables said (a page's re-read notes): from this
+# marker to the next heading, intervals quote superseded tables and are not checked.
+SUPERSEDED_RE = re.compile(r"<!--\s*superseded:.*?-->.*?(?=^#|\Z)", re.S | re.M)
 FENCE_RE = re.compile(r"^```.*?^```", re.S | re.M)
 VERDICTS = ("better", "worse", "within noise")
 
@@ -291,7 +300,7 @@ def quotes_and_markers(text: str) -> list[tuple[Quote, Marker | None, str | None
   """Each estimate-with-interval (and each bare number a marker follows) outside code
   blocks, with the marker right after it (None when untied), a marker parse error
   and the text after it (for the verdict word)."""
-  text = FENCE_RE.sub(_blank, text)
+  text = SUPERSEDED_RE.sub(_blank, FENCE_RE.sub(_blank, text))
   out, taken = [], set()
   for m in MARKER_RE.finditer(text):
     before = text[:m.start()]
@@ -326,6 +335,13 @@ def quotes_and_markers(text: str) -> list[tuple[Quote, Marker | None, str | None
       after = "untied" if UNTIED_RE.match(text, q.end()) else ""
       out.append((Quote(q["est"], q["lo"], q["hi"], line, q.group(0), q.end()), None, None,
                   after))
+  spans = [(q.start(), q.end()) for q in INTERVAL_RE.finditer(plain)]
+  for b in BARE_INTERVAL_RE.finditer(plain):
+    if not any(a <= b.start() < e for a, e in spans) and not UNTIED_RE.match(text, b.end()):
+      line = plain[:b.start()].count("\n") + 1
+      out.append((Quote("", None, None, line, b.group(0), b.end()), None,
+                  f"{b.group(0)!r}: an interval without its estimate beside it (write "
+                  "'x [lo, hi]' and tie it)", ""))
   return sorted(out, key=lambda t: t[0].line)
 
 
