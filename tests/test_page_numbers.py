@@ -143,3 +143,17 @@ def test_an_interval_without_its_estimate_fails_unless_superseded(tmp_path):
                   "Now -0.3 [-0.5, -0.1].\n")
   (problem,) = page_check.check_page(copy)
   assert "not tied" in problem
+
+
+def test_a_length_the_sentence_names_must_be_the_cells_column(tmp_path):
+  """The 2,048 column quoted "at 1,024" fails, though its digits are the cell's."""
+  page = page_check.ROOT / "docs" / "experiments" / "critical_length.md"
+  quote, marker = next((q, m) for q, m in _tied(page) if m.col == "L=4096")
+  body = (f"{quote.text}<!-- cell: {marker.file}, row={' & '.join(marker.row)}, "
+          f"col={marker.col} -->")
+  copy = tmp_path / "page.md"
+  copy.write_text(f"It is {body} at 4,096.\n")
+  assert page_check.check_page(copy) == []
+  copy.write_text(f"It is {body} at 1,024.\n")
+  (problem,) = page_check.check_page(copy)
+  assert "is said to be at 1,024" in problem

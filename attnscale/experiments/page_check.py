@@ -250,8 +250,11 @@ def stated_verdict(after: str) -> str | None:
   return words[0] if len(words) == 1 else None
 
 
-def compare_quote(quote: Quote, marker: Marker, results: pathlib.Path = RESULTS) -> str | None:
-  """None when the quote equals its cell, else one line saying how it differs."""
+def compare_quote(quote: Quote, marker: Marker, results: pathlib.Path = RESULTS,
+                  after: str = "") -> str | None:
+  """None when the quote equals its cell, else one line saying how it differs; `after`
+  (the text after the marker) names a length ("... at 1,024") that an `L=N` column
+  must match."""
   try:
     cell = cell_text(marker, results)
     numbers = cell_numbers(cell, marker.nth)
@@ -268,6 +271,11 @@ def compare_quote(quote: Quote, marker: Marker, results: pathlib.Path = RESULTS)
     if not math.isfinite(value) or abs(_float(printed) - value) > _half_ulp(printed) * (1 + 1e-9):
       return (f"{quote.text!r} is not its cell: {marker.file} row {' & '.join(marker.row)!r} "
               f"col {marker.col!r} holds {cell!r}{' (negated)' if marker.neg else ''}")
+  said_at = re.match(r"\s*(?:nats\s+|points\s+)?(?:worse\s+|better\s+)?at\s+(\d[\d,]*)\b", after)
+  col_at = re.fullmatch(r"L=(\d+)", marker.col.strip())
+  if said_at and col_at and int(said_at.group(1).replace(",", "")) != int(col_at.group(1)):
+    return (f"{quote.text!r} is said to be at {said_at.group(1)}; its cell is column "
+            f"{marker.col!r}")
   if marker.verdict is not None:
     if len(values) < 3:
       return f"{quote.text!r}: verdict={marker.verdict} needs an interval"
@@ -365,7 +373,7 @@ def check_page(path: pathlib.Path, results: pathlib.Path = RESULTS,
       problems.append(f"{name}:{quote.line}: {quote.text!r} is not tied to a cell "
                       f"(add <!-- cell: FILE, row=..., col=... --> after it)")
     else:
-      diff = compare_quote(quote, marker, results)
+      diff = compare_quote(quote, marker, results, COMMENT_RE.sub("", after))
       if diff:
         problems.append(f"{name}:{quote.line}: {diff}")
   return problems
