@@ -46,8 +46,8 @@ def robust(a_measure: ByRate, b_measure: ByRate, a_ties: Sequence[float],
   return stats.robust_compare(a_measure, b_measure, a_ties, b_ties).format(higher_is_better)
 
 
-def family(comparisons: Mapping[str, stats.Comparison],
-           higher_is_better: bool = False) -> dict[str, str]:
+def family(comparisons: Mapping[Hashable, stats.Comparison],
+           higher_is_better: bool = False) -> dict:
   """Holm over the family (every label's comparison against the baseline on one
   measure): {label: cell}, the adjusted p, with the verdict where it survives
   ("0.012 worse") and alone where the family reads it within noise ("0.303")."""
