@@ -26,8 +26,9 @@ The check (`check_page`) then holds that:
   * every estimate with an interval outside code blocks is tied: "x [lo, hi]"
     with no marker after it is an error, and so is an interval with no estimate
     beside it ("0.27 nats below [0.12, 0.43]"); a page's notes on what earlier
-    tables said sit under `<!-- superseded: ... -->` (to the next heading), where
-    intervals are not checked;
+    tables said sit under `<!-- superseded: ... -->` (to the next heading), and a
+    page table that a study's own test regenerates and compares verbatim follows
+    `<!-- generated: that test -->`: intervals in either are not checked here;
   * a verdict word the marker is given (`verdict=better`), or that follows the
     marker in its clause ("...]<!-- ... -->: worse"), is the word
     `stats.Comparison.read` gives the cell's interval, so a sentence's "better"
@@ -75,6 +76,10 @@ BARE_INTERVAL_RE = re.compile(r"\[\s*[+\-−]?\d[\d,]*(?:\.\d+)?\s*,\s*[+\-−]?
 # A section that records what earlier tables said (a page's re-read notes): from this
 # marker to the next heading, intervals quote superseded tables and are not checked.
 SUPERSEDED_RE = re.compile(r"<!--\s*superseded:.*?-->.*?(?=^#|\Z)", re.S | re.M)
+# A page table that a study's own test prints and compares with the page byte for byte
+# (the transfer page's glance table, tests/test_transfer_study.py): the marker on the line
+# before it names that test; its cells are checked there, not here.
+GENERATED_RE = re.compile(r"<!--\s*generated:.*?-->[ \t]*\n(?:\|[^\n]*\n)+", re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.S | re.M)
 VERDICTS = ("better", "worse", "within noise")
 
@@ -308,7 +313,7 @@ def quotes_and_markers(text: str) -> list[tuple[Quote, Marker | None, str | None
   """Each estimate-with-interval (and each bare number a marker follows) outside code
   blocks, with the marker right after it (None when untied), a marker parse error
   and the text after it (for the verdict word)."""
-  text = SUPERSEDED_RE.sub(_blank, FENCE_RE.sub(_blank, text))
+  text = GENERATED_RE.sub(_blank, SUPERSEDED_RE.sub(_blank, FENCE_RE.sub(_blank, text)))
   out, taken = [], set()
   for m in MARKER_RE.finditer(text):
     before = text[:m.start()]
