@@ -183,3 +183,44 @@ def test_best_rate_slope_interval_covers_the_truth_near_its_level(seeds, at_leas
 def test_best_rate_slope_needs_two_sizes():
   with pytest.raises(ValueError, match="needs 2 sizes with a finite best rate, got 1"):
     stats.best_rate_slope([(32, -9, 0, 1.0), (32, -8, 0, 1.1), (64, -9, 0, math.nan)])
+
+
+def test_p_value_matches_the_interval_it_comes_from():
+  # diffs 0.05, 0.06, 0.04: t = 0.05 / (0.01 / sqrt(3)) = 8.66 on 2 df, p = 0.0131
+  c = stats.compare({0: 1.0, 1: 1.1, 2: 0.95}, {0: 1.05, 1: 1.16, 2: 0.99})
+  assert c.p == pytest.approx(0.013072, abs=1e-5)
+  # p < 0.05 exactly when the 95% interval excludes 0
+  d = stats.compare({0: 1.0, 1: 1.1, 2: 0.95}, {0: 1.05, 1: 1.06, 2: 0.99})
+  assert (d.p < 0.05) == (d.verdict != "within noise")
+  assert math.isnan(stats.compare({0: 1.0}, {0: 1.1}).p)
+
+
+def test_holm_adjusts_in_order_and_keeps_nan_out_of_the_family():
+  # m = 4: sorted 0.01, 0.03, 0.04, 0.5 -> 0.04, 0.09, max(0.09, 0.08), 0.5
+  assert stats.holm([0.01, 0.04, 0.03, math.nan, 0.5]) == pytest.approx(
+      [0.04, 0.09, 0.09, math.nan, 0.5], nan_ok=True)
+  assert stats.holm([0.9, 0.8]) == [1.0, 1.0]  # 2 x 0.8 capped at 1, then monotone
+  c = stats.compare({0: 1.0, 1: 1.1, 2: 0.95}, {0: 1.05, 1: 1.16, 2: 0.99})
+  assert stats.holm_verdict(c, 0.04) == "worse"
+  assert stats.holm_verdict(c, 0.06) == "within noise"
+
+
+def test_tie_set_and_a_verdict_that_depends_on_the_rate():
+  # softmax: 2^-8 and 2^-9 tie (their paired difference covers 0); 2^-7 is worse.
+  a = {-8: {0: 1.00, 1: 1.02, 2: 0.98}, -9: {0: 1.01, 1: 1.00, 2: 0.99},
+       -7: {0: 1.20, 1: 1.21, 2: 1.19}}
+  assert stats.tie_set(a) == (-9, -8)
+  assert stats.tie_set(a, best=-9) == (-9, -8)
+  # b is worse than a at -8 on every seed, within noise of a at -9: depends.
+  measure_a = {-8: {0: 1.00, 1: 1.00, 2: 1.00}, -9: {0: 1.05, 1: 0.95, 2: 1.10}}
+  measure_b = {-8: {0: 1.03, 1: 1.031, 2: 1.029}}
+  r = stats.robust_compare(measure_a, measure_b, [-9, -8], [-8])
+  assert r.verdict == stats.DEPENDS
+  assert r.format() == "depends on the rate chosen (within noise 1, worse 1)"
+  assert stats.robust_compare(measure_a, measure_b, [-8], [-8]).format() == "worse"
+
+
+def test_resolution_is_the_median_half_width():
+  cs = [stats.compare({0: 1.0, 1: 1.1, 2: 0.9}, {0: 1.0 + d, 1: 1.1 + d, 2: 0.9 + 2 * d})
+        for d in (0.01, 0.02, 0.04)]
+  assert stats.resolution(cs) == pytest.approx(sorted(c.hi - c.effect for c in cs)[1])

@@ -13,13 +13,20 @@ freedom) and 4.30 with 3, so every interval here uses t.
                                Welch where they do not; interval, df and a verdict
     compare_summaries(...)     Welch from means and standard errors (nothing to pair)
     near_best_band(losses)     the rates that could still be the best (they need seeds)
+    tie_set(losses)            the best rate and the rates whose paired difference from it
+                               covers 0
+    robust_compare(a, b)       a verdict that holds for every pairing of two tie sets, else
+                               "depends on the rate chosen"
+    holm(p_values)             Holm-Bonferroni adjusted p over a family of comparisons
     parabola_vertex(losses)    the interpolated best log2 rate of one sweep line
     best_rate_slope(sweep)     slope of log2(best rate) on log2(size), bootstrap interval
 
 Sources: Student (1908); Welch (1947) and Satterthwaite (1946) for unequal
 variances; Press et al., Numerical Recipes 3rd ed. section 6.4 (the regularised
 incomplete beta by Lentz's continued fraction); Efron & Tibshirani, An
-Introduction to the Bootstrap (1993), ch. 13 (percentile intervals).
+Introduction to the Bootstrap (1993), ch. 13 (percentile intervals); Holm,
+"A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6
+(1979) 65-70.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ BAND_NATS = 0.02
 MIN_SEEDS = 3  # seeds the protocol runs at every near-best rate
 RESAMPLES = 2000  # bootstrap resamples of best_rate_slope
 TOO_FEW = "too few seeds"
+DEPENDS = "depends on the rate chosen"
 
 
 # ---------------------------------------------------------------------------
@@ -128,6 +136,19 @@ class Comparison:
   n_b: int = 0
   unpaired: int = 0  # paired only: seeds of one label only, left out
 
+  @property
+  def p(self) -> float:
+    """The two-sided p-value of effect = 0 under the same t: 2 P(T_df > |effect| / se),
+    se = half-width / t_{0.975, df}; NaN without an interval. A zero-width interval
+    (every pair differing by the same amount) gives 0 unless the effect is 0."""
+    if self.method == "none" or not math.isfinite(self.df):
+      return math.nan
+    half = self.hi - self.effect
+    if half <= 0:
+      return 1.0 if self.effect == 0 else 0.0
+    se = half / t_multiplier(self.df)
+    return min(1.0, 2.0 * t_tail(abs(self.effect) / se, self.df))
+
   def read(self, higher_is_better: bool = False) -> str:
     """The verdict; for a measure where higher is better (accuracy) compare's "worse"
     (b higher than a) reads "better", and "better" reads "worse"."""
@@ -148,7 +169,9 @@ class Comparison:
     return f"{text}: {self.read(higher_is_better)}" if verdict else text
 
 
-def _verdict(lo: float, hi: float) -> str:
+def verdict_of(lo: float, hi: float) -> str:
+  """The verdict on an interval of b - a where lower is better: "worse" above 0,
+  "better" below, "within noise" covering it (the one rule every page's words use)."""
   if lo > 0:
     return "worse"
   if hi < 0:
@@ -191,7 +214,7 @@ def compare(a_by_seed: Mapping[Hashable, float], b_by_seed: Mapping[Hashable, fl
     half = t_multiplier(n - 1, level) * math.sqrt(var / n)
     unpaired = len(a) + len(b) - 2 * n
     return Comparison(mean, mean - half, mean + half, n - 1, n, "paired",
-                      _verdict(mean - half, mean + half), n, n, unpaired)
+                      verdict_of(mean - half, mean + half), n, n, unpaired)
   if len(a) >= 2 and len(b) >= 2:
     (mean_a, var_a), (mean_b, var_b) = _mean_var(list(a.values())), _mean_var(list(b.values()))
     return compare_summaries(mean_a, math.sqrt(var_a / len(a)), len(a),
@@ -217,7 +240,7 @@ def compare_summaries(mean_a: float, se_a: float, n_a: int, mean_b: float, se_b:
   effect = mean_b - mean_a
   half = t_multiplier(df, level) * math.sqrt(se2)
   return Comparison(effect, effect - half, effect + half, df, n_a + n_b, "welch",
-                    _verdict(effect - half, effect + half), n_a, n_b)
+                    verdict_of(effect - half, effect + half), n_a, n_b)
 
 
 # ---------------------------------------------------------------------------
@@ -425,3 +448,123 @@ def best_rate_slope(sweep: Iterable[tuple[float, float, Hashable, float]], *,
   intervals = {x: ends(v) for x, v in per_size.items()}
   return Slope(slope, intercept, float(lo), float(hi), resamples, len(finite), best,
                {x: e[0] for x, e in intervals.items()}, {x: e[1] for x, e in intervals.items()})
+
+
+# ---------------------------------------------------------------------------
+# Verdicts that survive the choice of a best rate, and a family of comparisons.
+
+def tie_set(losses: Mapping[float, Mapping[Hashable, float]], best: float | None = None,
+            level: float = LEVEL) -> tuple[float, ...]:
+  """The rates tied with the best: `best` (default: the lowest seed mean among the
+  rates with every seed finite) and each rate whose paired difference from it,
+  `compare(best, rate)`, covers 0. A rate that shares fewer than 2 seeds with the
+  best (nothing to pair) is left out: a tie needs the evidence of a tie. Ascending.
+
+  This is the set a verdict must survive (`robust_compare`): with 3 seeds, two
+  rates a factor 2 apart are often within noise of each other, and a verdict that
+  holds at one and not the other is the choice of rate speaking, not the labels.
+  """
+  finite = {r: s for r, s in losses.items()
+            if s and all(math.isfinite(v) for v in s.values())}
+  if best is None:
+    if not finite:
+      raise ValueError("tie_set: no rate with every seed finite (all diverged?)")
+    best = min(finite, key=lambda r: (sum(finite[r].values()) / len(finite[r]), r))
+  ties = [best]
+  for rate, by_seed in finite.items():
+    if rate == best:
+      continue
+    c = compare(losses[best], by_seed, level)
+    if c.method == "paired" and c.lo <= 0 <= c.hi:
+      ties.append(rate)
+  return tuple(sorted(ties))
+
+
+@dataclasses.dataclass(frozen=True)
+class Robust:
+  """b against a over every pairing of a's and b's tie sets (`tie_set`).
+
+  verdict: the one verdict every pairing gives, or DEPENDS when they differ (a
+  pairing with too few seeds counts as differing); `pairs`: ((rate_a, rate_b),
+  Comparison) for each; lo/hi: the smallest lower and largest upper end over them.
+  """
+
+  verdict: str
+  pairs: tuple
+  lo: float
+  hi: float
+
+  def read(self, higher_is_better: bool = False) -> str:
+    if not higher_is_better:
+      return self.verdict
+    return {"worse": "better", "better": "worse"}.get(self.verdict, self.verdict)
+
+  def format(self, higher_is_better: bool = False) -> str:
+    """One table cell: "worse (4 pairings)"; "depends on the rate chosen (worse 1,
+    within noise 3)" (each verdict's count of pairings); the verdict alone for one
+    pairing."""
+    n = len(self.pairs)
+    if self.verdict != DEPENDS:
+      return self.read(higher_is_better) + (f" ({n} pairings)" if n > 1 else "")
+    words = [c.read(higher_is_better) for _, c in self.pairs]
+    counts = ", ".join(f"{w} {words.count(w)}" for w in sorted(set(words)))
+    return f"{DEPENDS} ({counts})"
+
+
+def robust_compare(a: Mapping[float, Mapping[Hashable, float]],
+                   b: Mapping[float, Mapping[Hashable, float]],
+                   a_rates: Iterable[float], b_rates: Iterable[float],
+                   level: float = LEVEL) -> Robust:
+  """b against a at every pairing of `a_rates` x `b_rates` (their tie sets), from
+  {rate: {seed: value}} of each: a finding only where every pairing agrees."""
+  pairs = tuple(((ra, rb), compare(a[ra], b[rb], level))
+                for ra in a_rates for rb in b_rates)
+  if not pairs:
+    raise ValueError("robust_compare: empty tie set")
+  verdicts = {c.verdict for _, c in pairs}
+  verdict = verdicts.pop() if len(verdicts) == 1 else DEPENDS
+  if verdict == TOO_FEW and len(pairs) > 1:
+    verdict = DEPENDS
+  los = [c.lo for _, c in pairs if math.isfinite(c.lo)]
+  his = [c.hi for _, c in pairs if math.isfinite(c.hi)]
+  return Robust(verdict, pairs, min(los) if los else math.nan, max(his) if his else math.nan)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+  """Holm-Bonferroni adjusted p-values, in the order given (NaN stays NaN and is not
+  counted in the family).
+
+  Sorted ascending p_(1) <= ... <= p_(m): adjusted p_(i) = max over j <= i of
+  min(1, (m - j + 1) p_(j)). Rejecting where the adjusted p < 1 - LEVEL keeps the
+  chance of any false "better"/"worse" in the family at most 1 - LEVEL under any
+  dependence between the comparisons (Holm 1979), which matters here: every
+  comparison of a study shares its baseline's runs.
+  """
+  idx = sorted((i for i, p in enumerate(p_values) if math.isfinite(p)),
+               key=lambda i: p_values[i])
+  m = len(idx)
+  out = [math.nan] * len(p_values)
+  running = 0.0
+  for rank, i in enumerate(idx):
+    running = max(running, min(1.0, (m - rank) * p_values[i]))
+    out[i] = running
+  return out
+
+
+def holm_verdict(c: Comparison, adjusted_p: float, higher_is_better: bool = False) -> str:
+  """The verdict of `c` where its Holm-adjusted p is below 1 - LEVEL, else "within
+  noise" (family-wise); TOO_FEW where `c` has no interval."""
+  if c.method == "none" or not math.isfinite(adjusted_p):
+    return TOO_FEW
+  return c.read(higher_is_better) if adjusted_p < 1 - LEVEL else "within noise"
+
+
+def resolution(comparisons: Iterable[Comparison]) -> float:
+  """The smallest difference a design resolves: the median half-width of its
+  comparisons' intervals (NaN without any)."""
+  halves = sorted(c.hi - c.effect for c in comparisons
+                  if c.method != "none" and math.isfinite(c.hi))
+  if not halves:
+    return math.nan
+  mid = len(halves) // 2
+  return halves[mid] if len(halves) % 2 else 0.5 * (halves[mid - 1] + halves[mid])

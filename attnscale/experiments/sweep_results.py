@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from attnscale.experiments import (
   reporting,  # tables and figures, written as the studies write theirs
   stats,  # every comparison: t-intervals, paired or Welch
+  verdicts,  # the protocol's tie-robust and family-wise readings
 )
 
 # A row per run (`run_records.read_run`): these columns, plus "curve".
@@ -140,6 +141,10 @@ def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
     if base is not None:
       columns += (f"vs {baseline}",)
     columns += ("minus best (95% t)",) + ((f"minus {baseline} (95% t)",) if base else ())
+    readings = {}
+    if base is not None:  # the protocol's two readings (docs/guides/sweeps.md)
+      columns += ("tied rates", f"vs {baseline}, tie-robust", f"vs {baseline}, Holm")
+      readings = _readings(rows, dict(best), seeds, base)
 
     def comparison(scaling, ref):
       c = stats.compare(seeds[ref], seeds[scaling])
@@ -152,7 +157,7 @@ def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
       against = [("-", "-") if scaling == ref else comparison(scaling, ref) for ref, _ in refs]
       verdicts = [name if scaling == ref else v for (ref, name), (v, _) in zip(refs, against)]
       values = [scaling, b["learning_rate"], b["seeds"], loss, *verdicts,
-                *(d for _, d in against)]
+                *(d for _, d in against), *readings.get(scaling, ())]
       return dict(zip(columns, values))
 
     return reporting.to_markdown([cells(*kv) for kv in best], columns,
@@ -164,6 +169,30 @@ def best_table(rows: Sequence[dict], baseline: str = "standard") -> str:
        for scaling, b in best],
       columns, floats=".4f", formats={"best lr": reporting.power_of_two},
       numeric=columns[1:])
+
+
+def _readings(rows: Sequence[dict], best: dict, seeds: dict, base: str) -> dict:
+  """{scaling: (tied rates, tie-robust verdict against `base`, Holm cell)}: the
+  best rate's tie set on the training loss (`stats.tie_set`), the verdict over every
+  pairing of the two tie sets (`stats.robust_compare`) and the Holm-adjusted p over
+  every scaling's comparison with `base` (`verdicts.family`)."""
+  by_rate = {scaling: {r["learning_rate"]: seed_losses(rows, scaling, r["learning_rate"])
+                       for r in rows if r["scaling"] == scaling}
+             for scaling in best}
+  ties = {scaling: stats.tie_set({lr: s for lr, s in by_rate[scaling].items() if s},
+                                 b["learning_rate"])
+          for scaling, b in best.items()}
+  family = verdicts.family({scaling: stats.compare(seeds[base], seeds[scaling])
+                            for scaling in best if scaling != base})
+  out = {}
+  for scaling in best:
+    tied = " ".join(verdicts.rate_label(r) for r in ties[scaling])
+    if scaling == base:
+      out[scaling] = (tied, "baseline", "baseline")
+      continue
+    robust = verdicts.robust(by_rate[base], by_rate[scaling], ties[base], ties[scaling])
+    out[scaling] = (tied, robust or "-", family.get(scaling) or "-")
+  return out
 
 
 def commit_note(rows: Sequence[dict], allow_mixed: bool = False) -> str:
@@ -255,7 +284,7 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
   results.csv has every column of COLUMNS with floats written exactly (they
   read back equal); runs.csv is `write_runs_csv`'s; results.md has the title,
   `best_table`, the commits the runs came from (`commit_note`, several allowed)
-  and `markdown_table`.
+  and a pointer to results.csv for every point (`markdown_table` prints that table).
   """
   os.makedirs(out_dir, exist_ok=True)
   paths = {name: os.path.join(out_dir, name) for name in
@@ -270,7 +299,9 @@ def write_results(rows: Sequence[dict], out_dir: str, *, title: str = "") -> dic
             + "Best learning rate per scaling (final training loss = mean of the last 20 "
             "steps, mean over seeds):\n\n" + best_table(rows)
             + (f"\n{code}\n" if code else "")
-            + "\nAll points:\n\n" + markdown_table(rows))
+            # Every point is in results.csv (and runs.csv), which a browser shows as a
+            # table; a second copy here only grew the folder.
+            + "\nAll points: results.csv, one row a run (runs.csv: with commit and host).\n")
   reporting.save_figure(plot_loss_vs_lr(rows, title=title), out_dir, "loss_vs_lr")
   if any(r.get("curve") for r in rows):  # rows read back from results.csv have none
     reporting.save_figure(plot_loss_curves(rows, title=title), out_dir, "loss_curves")

@@ -48,6 +48,7 @@ from attnscale.experiments import (
   stats,
   sweep_results,
   sweeps,
+  verdicts,
 )
 from attnscale.studies import registry
 
@@ -151,6 +152,15 @@ def label_rows(best: Mapping[str, dict]) -> list[dict]:
       row["val_vs_standard"] = row["acc_vs_standard"] = (
           "baseline" if label == BASELINE else "-")
     out.append(row)
+  # Holm over the labels' comparisons with standard (docs/guides/sweeps.md, verdicts
+  # that hold): the family-wise reading beside each per-comparison one.
+  family = verdicts.family({
+      row["label"]: stats.compare(_by_seed(best[BASELINE], "val_loss"),
+                                  _by_seed(best[row["label"]], "val_loss"))
+      for row in out if BASELINE in best and row["label"] != BASELINE})
+  for row in out:
+    row["val_holm"] = family.get(row["label"]) or (
+        "baseline" if row["label"] == BASELINE else "-")
   return sorted(out, key=lambda r: (math.isnan(r["val_loss"]), r["val_loss"], r["train_loss"]))
 
 
@@ -303,7 +313,8 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "val_vs_standard: the label's validation loss minus standard's (post-LN, 1/sqrt(d)), "
            "paired by seed (attnscale.experiments.stats.compare): worse, better or within "
            "noise at 95%; acc_vs_standard: the same for masked-token accuracy, in points "
-           "(better = higher)."]
+           "(better = higher); val_holm: val_vs_standard's Holm-adjusted p over the labels, "
+           "with its verdict where it survives (docs/guides/sweeps.md, verdicts that hold)."]
   missing = [run for b in best.values() for run in b.get("unevaluated", [])]
   if missing:
     notes.append(f"Not evaluated ({len(missing)}: archived without weights before eval.py "

@@ -166,7 +166,10 @@ def run(a):
       notes=["b - a in nats of validation loss (positive: b is worse), 95% t-interval, paired "
              "by seed (attnscale.experiments.stats.compare); a is `against`, b the row's label "
              "and positions; labels with 3 seeds only (each law at its chosen gamma). Growth: "
-             "the loss at the longest length minus at the shortest.", code])
+             "the loss at the longest length minus at the shortest.",
+             "holm L=N: at the longest length, the Holm-adjusted p over every group's comparison "
+             "with the reference, with the verdict where it survives (docs/guides/sweeps.md, "
+             "verdicts that hold).", code])
   paths += reporting.write_tables(
       entropy_rows(three), a.out, "critical_length_entropy",
       title="Critical length, trained: attention entropy against keys seen",

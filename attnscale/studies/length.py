@@ -25,7 +25,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.evaluation.length_eval import position_bins
-from attnscale.experiments import reporting, results_store, run_records, stats, sweep_results
+from attnscale.experiments import (
+  reporting,
+  results_store,
+  run_records,
+  stats,
+  sweep_results,
+  verdicts,
+)
 from attnscale.runtime import configlib, provenance
 from attnscale.studies import registry
 
@@ -139,14 +146,22 @@ def comparison_rows(r: LengthResult, reference: str = "standard") -> list[dict]:
            and (reference, pos) in groups]
   pairs += [((scaling, "rope"), (scaling, "none"), f"{scaling}, rope")
             for scaling, pos in sorted(groups) if pos == "none" and (scaling, "rope") in groups]
-  rows = []
+  rows, longest = [], {}
   for a, b, against in pairs:
     row = {"scaling": b[0], "positions": b[1], "against": against}
     for L in r.lengths:
       row[f"L={L}"] = stats.compare(by_seed(groups[a], L), by_seed(groups[b], L)).format()
     row[f"growth {first}->{last}"] = stats.compare(by_seed(groups[a]),
                                                    by_seed(groups[b])).format()
+    if a == (reference, b[1]):  # against the reference with the same positions
+      longest[len(rows)] = stats.compare(by_seed(groups[a], last), by_seed(groups[b], last))
     rows.append(row)
+  # Holm at the longest length over every group's comparison with the reference
+  # (docs/guides/sweeps.md, verdicts that hold); the rope-against-none rows are not in
+  # that family.
+  family = verdicts.family(longest)
+  for i, row in enumerate(rows):
+    row[f"holm L={last}"] = family.get(i, "")
   return rows
 
 
@@ -237,7 +252,10 @@ def run_length(a):
       notes=["b - a in nats of validation loss (positive: b is worse), 95% t-interval, "
              "paired by seed where the two share seeds (attnscale.experiments.stats.compare); "
              "a is `against`, b the row's scaling and positions. Growth: the loss at the "
-             "longest evaluation length minus at the shortest."])
+             "longest evaluation length minus at the shortest.",
+             "holm L=N: at the longest length, the Holm-adjusted p over every group's comparison "
+             "with the reference, with the verdict where it survives (docs/guides/sweeps.md, "
+             "verdicts that hold)."])
   written, notes = reporting.write_study(plot_length(r), r.summary_rows(), a.out, "length",
                           "Loss against evaluation length", notes)
   return written + paths, notes

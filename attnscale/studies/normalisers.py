@@ -103,7 +103,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, results_store, run_records, stats, sweep_results
+from attnscale.experiments import (
+  reporting,
+  results_store,
+  run_records,
+  stats,
+  sweep_results,
+  verdicts,
+)
 from attnscale.studies import registry, transfer_sensitivity
 from attnscale.studies.normalisers_figures import plot_lengths, plot_rates, plot_sinks
 from attnscale.studies.normalisers_runs import (
@@ -137,7 +144,8 @@ def _train_loss(runs: Sequence[dict]) -> dict[int, float]:
 
 
 def summary_rows(rows: Sequence[dict]) -> list[dict]:
-  """One row per label in table order (module docstring, normalisers.md)."""
+  """One row per label in table order (module docstring, normalisers.md), with the
+  protocol's two readings of each comparison against softmax (`_readings`)."""
   best, lengths = best_runs(rows), lengths_of(rows)
   m = measures_of(rows)
   sens = {r["label"]: r for r in transfer_sensitivity.sensitivity_rows(rows)}
@@ -146,7 +154,7 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
   out = []
   for label in order(r["label"] for r in rows):
     lr, runs = best.get(label, (math.nan, []))
-    row = {"label": label, "best_lr": lr, "seeds": len(runs),
+    row = {"label": label, "best_lr": lr, "ties": _ties(rows, label, lr), "seeds": len(runs),
            "train_loss": stats.format_interval(_train_loss(runs).values()),
            "val_loss": stats.format_interval(by_seed(runs, m["val_loss"][1]).values())}
     row["val_vs_softmax"] = _versus(label, ref, runs, m["val_loss"][1])
@@ -164,7 +172,61 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
       row[longest] = mean_finite(by_seed(runs, m["loss_longest"][1]).values())
       row[f"{longest}_vs_softmax"] = _versus(label, ref, runs, m["loss_longest"][1])
     out.append(row)
+  _readings(rows, out, "val", m["val_loss"][1])
+  if lengths:
+    _readings(rows, out, longest, m["loss_longest"][1])
   return out
+
+
+def _resolution(rows: Sequence[dict]) -> list[str]:
+  """The design's resolution on each compared measure (`verdicts.resolution_note`)."""
+  best, m = best_runs(rows), measures_of(rows)
+  ref = best.get(REFERENCE, (math.nan, []))[1]
+  names = [("val_vs_softmax", "val_loss")] + (
+      [(f"loss@{lengths_of(rows)[-1]}_vs_softmax", "loss_longest")] if lengths_of(rows) else [])
+  notes = []
+  for column, key in names:
+    cs = [stats.compare(by_seed(ref, m[key][1]), by_seed(runs, m[key][1]))
+          for label, (_, runs) in best.items() if label != REFERENCE and runs]
+    notes.append(verdicts.resolution_note(column, cs, "nats"))
+  return notes
+
+
+def _runs_of(rows: Sequence[dict], label: str) -> list[dict]:
+  return [r for r in rows if r["label"] == label and r["status"] == "done"]
+
+
+def _ties(rows: Sequence[dict], label: str, lr: float) -> str:
+  """The label's tie set on the measure its best rate is chosen by (training loss)."""
+  runs = _runs_of(rows, label)
+  if not runs or not math.isfinite(lr):
+    return ""
+  return verdicts.ties_cell(verdicts.by_rate(runs, lambda r: r["final_train_loss"]), lr)
+
+
+def _readings(rows: Sequence[dict], table: list[dict], name: str, measure: Measure) -> None:
+  """Adds `<name>_robust` (the verdict over every pairing of softmax's and the
+  label's tie sets) and `<name>_holm` (Holm-adjusted p over the labels and the
+  verdict it allows) to each row of `table`, after `<name>`'s comparison."""
+  best = best_runs(rows)
+  ref_lr, ref_runs = best.get(REFERENCE, (math.nan, []))
+  ties = {label: stats.tie_set(verdicts.by_rate(_runs_of(rows, label),
+                                                lambda r: r["final_train_loss"]), lr)
+          for label, (lr, runs) in best.items() if runs}
+  ref_by_rate = verdicts.by_rate(_runs_of(rows, REFERENCE), lambda r: value(r, measure))
+  comparisons = {}
+  for row in table:
+    label = row["label"]
+    runs = best.get(label, (math.nan, []))[1]
+    if label == REFERENCE or not runs or not ref_runs:
+      row[f"{name}_robust"] = row[f"{name}_holm"] = "reference" if label == REFERENCE else ""
+      continue
+    comparisons[label] = stats.compare(by_seed(ref_runs, measure), by_seed(runs, measure))
+    row[f"{name}_robust"] = verdicts.robust(
+        ref_by_rate, verdicts.by_rate(_runs_of(rows, label), lambda r: value(r, measure)),
+        ties[REFERENCE], ties[label])
+  for label, cell in verdicts.family(comparisons).items():
+    next(r for r in table if r["label"] == label)[f"{name}_holm"] = cell
 
 
 def _versus(label: str, ref: Sequence[dict], runs: Sequence[dict], measure: Measure,
@@ -281,6 +343,7 @@ def length_rows(rows: Sequence[dict]) -> list[dict]:
   if not lengths:
     return []
   growth = measures(lengths)["growth"][1]
+  ref = best_runs(rows).get(REFERENCE, (math.nan, []))[1]
   out = []
   for label, (lr, runs) in ordered_best(rows):
     row = {"label": label, "best_lr": lr, "seeds": len(by_seed(runs, at_length(lengths[-1])))}
@@ -288,6 +351,7 @@ def length_rows(rows: Sequence[dict]) -> list[dict]:
             for L in lengths}
     row[f"L={lengths[-1]} - L={lengths[0]}"] = stats.format_interval(
         by_seed(runs, growth).values(), "+.3f")
+    row["growth_vs_softmax"] = _versus(label, ref, runs, growth)
     out.append(row)
   return out
 
@@ -390,6 +454,11 @@ def write_label_tables(rows: Sequence[dict], out: str, name: str, *, what: str,
              "t, paired by seed on the shared seeds (Welch's where fewer than 2 are shared; "
              "attnscale.experiments.stats.compare): worse / better where the interval "
              "excludes 0.",
+             "ties, *_robust, *_holm: the rates tied with the best rate, the verdict at "
+             "every pairing of softmax's and the label's ties, and the Holm-adjusted p over "
+             "the labels with the verdict where it survives (docs/guides/sweeps.md, "
+             "verdicts that hold).",
+             *_resolution(rows),
              "S: Wortsman et al.'s learning-rate sensitivity (arXiv 2309.14322) over the "
              f"rates within {transfer_sensitivity.WINDOW} octaves of the best, seed 0 "
              "(attnscale/studies/transfer_sensitivity.py); S_rates: those rates (5 once the "
@@ -455,7 +524,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       title="Normalisers: validation loss against evaluated length",
       notes=["eval.py --lengths: the loss over the whole validation split in windows of "
              "each length (trained at 64); mean [95% t] over the seeds at the best rate; "
-             "last column: the longest minus the shortest.", code])
+             "the longest minus the shortest: each seed's growth, mean [95% t]; "
+             "growth_vs_softmax: the label's growth minus softmax's, paired by seed "
+             "(stats.compare).", code])
   if lengths:
     paths.append(reporting.save_figure(plot_lengths(rows), args.out, "normalisers_lengths"))
   if args.sink_runs:

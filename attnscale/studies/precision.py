@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, results_store, stats, sweep_results
+from attnscale.experiments import reporting, results_store, stats, sweep_results, verdicts
 from attnscale.numerics import precision, scale_tracking
 from attnscale.studies import registry
 
@@ -212,6 +212,15 @@ def summary_table(rows: Sequence[dict]) -> list[dict]:
                   "vs_float32": "" if dtype == "float32" else stats.compare(
                       by_seed(mine, "float32"), by_seed(runs, dtype)).format(),
                   "grad_lost": lost("grad_lost"), "fwd_lost": lost("fwd_lost")})
+  # Holm over every format-against-float32 comparison of the study (docs/guides/sweeps.md,
+  # verdicts that hold), beside each per-comparison verdict.
+  family = verdicts.family({
+      (r["scaling"], r["dtype"]): stats.compare(
+          by_seed([x for x in rows if str(x["scaling"]) == r["scaling"]], "float32"),
+          by_seed([x for x in rows if str(x["scaling"]) == r["scaling"]], r["dtype"]))
+      for r in out if r["dtype"] != "float32"})
+  for r in out:
+    r["holm"] = family.get((r["scaling"], r["dtype"]), "")
   return out
 
 
@@ -445,7 +454,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       notes=["final_train_loss: mean over the seeds that did not diverge; half_range: "
              "(max - min)/2 over them; delta_vs_float32: against float32's mean; "
              "vs_float32: the same paired by seed, 95% t-interval (stats.compare); "
-             "grad_lost / fwd_lost: means over the runs (see precision.md)."])
+             "grad_lost / fwd_lost: means over the runs (see precision.md); holm: "
+             "vs_float32's Holm-adjusted p over every format and scaling, with the verdict "
+             "where it survives (docs/guides/sweeps.md, verdicts that hold)."])
   runs_csv = os.path.join(args.out, "runs.csv")  # a row a run, with provenance
   sweep_results.write_runs_csv(rows, runs_csv, hyperparameters=("dtype",), results=(
       "delta_vs_float32", "grad_lost", "fwd_lost", "grad_underflow_float16",

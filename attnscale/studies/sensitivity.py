@@ -43,7 +43,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, results_store, stats, sweep_results, sweeps
+from attnscale.experiments import (
+  reporting,
+  results_store,
+  stats,
+  sweep_results,
+  sweeps,
+  verdicts,
+)
 from attnscale.runtime import configlib, metric_keys, metrics_writer
 from attnscale.studies import registry
 
@@ -124,6 +131,13 @@ def summary_rows(rows: Sequence[dict], baseline: str = "standard") -> list[dict]
         "diverged_runs": sum(r["status"] == "diverged" for r in runs),
         "max_logit_at_top_lr": max(top_logits) if top_logits else math.nan,
         "max_logit_any_run": worst_logit})
+  # Holm over the labels' comparisons with the baseline (docs/guides/sweeps.md,
+  # verdicts that hold), beside each per-comparison verdict.
+  family = verdicts.family({r["label"]: stats.compare(base, per_seed_sensitivity(rows, r["label"]))
+                            for r in out if base is not None and r["label"] != baseline})
+  for r in out:
+    r["vs_standard_holm"] = family.get(r["label"]) or (
+        "baseline" if r["label"] == baseline else "")
   return sorted(out, key=lambda r: r["sensitivity"])
 
 
@@ -225,7 +239,9 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "the last 20 steps; best_loss: mean over seeds at the best rate.",
            "sensitivity: Wortsman et al.'s mean over rates of min(L, L0) minus the best, "
            "L0 = ln V (diverged = L0), per seed; its mean and 95% t-interval over seeds "
-           "[S_lo, S_hi]; vs_standard: S minus standard's, paired by seed (stats.compare).",
+           "[S_lo, S_hi]; vs_standard: S minus standard's, paired by seed (stats.compare); "
+           "vs_standard_holm: its Holm-adjusted p over the labels, with the verdict where it "
+           "survives (docs/guides/sweeps.md, verdicts that hold).",
            f"largest_trained_lr: the largest rate whose mean loss is within {TRAINED} nats of "
            "the best; "
            "max_logit_*: the largest attention logit logged in training (over layers), at "

@@ -35,7 +35,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, results_store, stats, sweep_results, sweeps
+from attnscale.experiments import (
+  reporting,
+  results_store,
+  stats,
+  sweep_results,
+  sweeps,
+  verdicts,
+)
 from attnscale.studies import registry
 
 SHARED = "+shared_kv"
@@ -123,6 +130,24 @@ def comparison_rows(rows: Sequence[dict], workdir: str) -> list[dict]:
         **{f"{name}_vs_separate": (stats.compare(_by_seed(ref, f), _by_seed(b, f)).format()
                                    if same is not None else "")
            for name, f in (("val", _val), ("gap", _gap))}})
+  # Holm over the tied-or-matched variants' comparisons with their separate
+  # projections (docs/guides/sweeps.md, verdicts that hold).
+  family = verdicts.family({
+      r["label"]: stats.compare(_by_seed(best[base_label(r["label"])]), _by_seed(best[r["label"]]))
+      for r in out if r["interval"]})
+  # Tie-robust: the verdict at every pairing of the two labels' tied rates (training loss).
+  by_rate = {label: {lr: sweep_results.seed_losses(rows, label, lr)
+                     for lr in {r["learning_rate"] for r in rows if r["scaling"] == label}}
+             for label in best}
+  for r in out:
+    r["holm"] = family.get(r["label"]) or ("baseline" if r["verdict"] == "baseline" else "-")
+    ref = base_label(r["label"])
+    if r["interval"] and ref in best:
+      ties = [stats.tie_set({lr: v for lr, v in by_rate[x].items() if v},
+                            best[x]["learning_rate"]) for x in (ref, r["label"])]
+      r["robust"] = verdicts.robust(by_rate[ref], by_rate[r["label"]], *ties) or "-"
+    else:
+      r["robust"] = "baseline" if r["verdict"] == "baseline" else "-"
   return out
 
 
@@ -221,7 +246,10 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "same parameter count as shared; vs_control: shared minus it, with its interval.",
            "val_minus_train: best validation loss minus final training loss (a regulariser "
            "would shrink it); val_vs_separate, gap_vs_separate: the comparison with separate "
-           "projections on the best validation loss and on that gap.",
+           "projections on the best validation loss and on that gap; robust: the verdict "
+           "at every pairing of the two labels' tied rates; holm: vs_separate's "
+           "Holm-adjusted p over the labels, with the verdict where it survives "
+           "(docs/guides/sweeps.md, verdicts that hold).",
            registry.code_note(rows, args, "shared_kv") + "; every run: runs.csv."]
   fmt = {"formats": {"best_lr": reporting.power_of_two, "params": "d", "seeds": "d"},
          "floats": ".4f"}

@@ -67,7 +67,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, results_store, stats, sweep_results
+from attnscale.experiments import reporting, results_store, stats, sweep_results, verdicts
 from attnscale.studies import registry, transfer_runs, transfer_sensitivity, transfer_summary
 from attnscale.studies.transfer_runs import (
   TOL,
@@ -175,10 +175,22 @@ def versus_rows(rows: Sequence[dict], reference: str, axis: str = "width") -> li
       if not (math.isfinite(ref_best) and math.isfinite(best)):
         continue
       c = stats.compare(ref_rates[ref_best], by_rate[best])
+      # Tie-robust: the verdict at every pairing of the two labels' tied rates.
+      ties = (stats.tie_set(ref_rates, ref_best), stats.tie_set(by_rate, best))
       out.append({"label": label, axis: w, "reference": reference,
                   "best_lr": 2.0**best, "reference_lr": 2.0**ref_best, "effect": c.effect,
                   "lo": c.lo, "hi": c.hi, "n": c.n, "method": c.method,
-                  "verdict": c.verdict})
+                  "verdict": c.verdict,
+                  "robust": verdicts.robust(ref_rates, by_rate, *ties) or "-", "_c": c})
+  # Holm over each size's family, every label against the reference there
+  # (docs/guides/sweeps.md, verdicts that hold).
+  for w in sorted({r[axis] for r in out}):
+    family = verdicts.family({r["label"]: r["_c"] for r in out if r[axis] == w})
+    for r in out:
+      if r[axis] == w:
+        r["holm"] = family.get(r["label"], "")
+  for r in out:
+    del r["_c"]
   return out
 
 
@@ -376,7 +388,11 @@ def run_cli(args) -> tuple[list[str], list[str]]:
       notes=[f"effect: the label's loss at its best rate minus {reference}'s at its own, "
              "at the same width; [lo, hi]: 95% t, paired by seed on the shared seeds "
              "(attnscale.experiments.stats.compare), Welch's where fewer than 2 are "
-             "shared; verdict: worse / better where the interval excludes 0.", code])
+             "shared; verdict: worse / better where the interval excludes 0; robust: the "
+             "verdict at every pairing of the two labels' tied rates (stats.tie_set, "
+             "robust_compare); holm: the "
+             "Holm-adjusted p over the labels at that width, with the verdict where it "
+             "survives (docs/guides/sweeps.md, verdicts that hold).", code])
   paths += reporting.write_tables(
       logit_rows(rows), args.out, "transfer_logits", floats=".3f", formats=formats,
       title="Largest attention logit against rate and width (seed 0)",
