@@ -255,7 +255,7 @@ def make_layer_stats(graphdef, task, run, mesh, *, packed: bool = False):
     batch = {k: v[:rows] for k, v in batch.items()}
     mask, query_mask_BT = task.attention_masks(batch)
     return layer_stats.layer_stats(nnx.merge(graphdef, params), batch["inputs"], mask,
-                                   query_mask_BT)
+                                   query_mask_BT, task.query_groups(batch) or None)
 
   return jax.jit(under_mesh(mesh)(jax.vmap(stats) if packed else stats),
                  out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))

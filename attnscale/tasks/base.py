@@ -63,6 +63,10 @@ class Task(abc.ABC):
 
   # The corpora this task can load: the allowed values of config.dataset.
   DATASETS: ClassVar[tuple[str, ...]] = ()
+  # eval.py --lengths: False = windows of the validation token stream
+  # (`attnscale.evaluation.length_eval`); True = the task's own `check_lengths` and
+  # `evaluate_lengths` (the synthetic tasks generate examples at each length).
+  OWN_LENGTH_EVAL: ClassVar[bool] = False
 
   def __init__(self, config):
     """Loads the data of `config.dataset`; expects a config that passed
@@ -146,6 +150,14 @@ class Task(abc.ABC):
     """
     del batch
     return None, None
+
+  def query_groups(self, batch: Batch) -> dict[str, jax.Array]:
+    """{name: bool [B, T]}: groups of query rows whose attention sink measures the
+    diagnostics also report apart (eval.json's "rows", the training log's
+    train/attn/<measure>_<name>), e.g. the trigger task's trigger and no-trigger
+    rows. Traceable (jnp on the batch). The default: none."""
+    del batch
+    return {}
 
 
 class NextTokenTask(Task):
