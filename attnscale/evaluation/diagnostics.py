@@ -73,13 +73,13 @@ def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
 
   Returns:
     Per layer, {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
-    "top_key_weight", "uniform_sink_rate", "first_value_norm", "first_value_ratio",
+    "top_key_weight", "uniform_sink_rate", "row_mass", "first_value_norm", "first_value_ratio",
     "max_act", "median_act", "act_ratio", "kurtosis"} as floats (the last four of
     the residual stream the layer's block writes), for each of the task's query
-    groups g (`task.query_groups`) "sink_rate_<g>", "top_key_weight_<g>" and
-    "uniform_sink_rate_<g>", and "heads": {"entropy", "max_logit", "sink_rate",
-    "top_key_weight", "first_value_norm", "first_value_ratio", "sink_rate_<g>",
-    "top_key_weight_<g>"}, a list per head.
+    groups g (`task.query_groups`) "sink_rate_<g>", "top_key_weight_<g>",
+    "row_mass_<g>" and "uniform_sink_rate_<g>", and "heads": {"entropy", "max_logit",
+    "sink_rate", "top_key_weight", "row_mass", "first_value_norm", "first_value_ratio",
+    "sink_rate_<g>", "top_key_weight_<g>", "row_mass_<g>"}, a list per head.
   """
   if batch is None:
     batch = next(iter(task.eval_batches()))

@@ -3,7 +3,8 @@
     python -m attnscale.runtime.config_reference    # rewrites docs/reference/config.md
 
 The model fields come from `ModelConfig` (and `UnitConfig`): each field's default
-and `metadata["doc"]`, the single source of `config.model`. The top-level fields
+and `metadata["doc"]`, the single source of `config.model`; the synthetic tasks'
+arguments (`config.probe`) from each task's `ARGS` dataclass, the same way. The top-level fields
 come from the configs themselves: the value `get_config()` gives (the default
 config argument) and the comment on (or just above) the line that sets it.
 tests/test_config_schema.py fails when the committed file differs from `render()`.
@@ -21,7 +22,8 @@ from attnscale.models.config import ModelConfig
 from attnscale.runtime import configlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = ("configs/shakespeare_char.py", "configs/bert_small.py", "configs/gpt2.py")
+CONFIGS = ("configs/shakespeare_char.py", "configs/bert_small.py", "configs/gpt2.py",
+           "configs/probes.py")
 OUTPUT = "docs/reference/config.md"
 COMMAND = "python -m attnscale.runtime.config_reference"
 
@@ -69,7 +71,7 @@ def _top_level_rows(config, docs: dict[str, str], prefix: str = "") -> list[str]
   rows = []
   for key in config.keys():
     path = prefix + key
-    if path == "model":
+    if path in ("model", "probe"):  # their fields come from their schemas
       continue
     value = config[key]
     if hasattr(value, "keys"):
@@ -146,6 +148,24 @@ def render() -> str:
         "|---|---|---|",
         *_top_level_rows(config, docs),
     ]
+  from attnscale import tasks  # the synthetic tasks' arguments, from their dataclasses
+  synthetic = {name: cls for name, cls in tasks.TASKS.items()
+               if issubclass(cls, tasks.SyntheticTask)}
+  out += [
+      "",
+      "## Synthetic task arguments (`config.probe`)",
+      "",
+      "The arguments of the synthetic probe tasks (`attnscale/tasks/synthetic.py`), from "
+      "each task's `ARGS` dataclass: `config.probe` holds the chosen task's, at these "
+      "defaults but where a preset of `configs/probes.py` sets them.",
+      "",
+      "| task | field | default | doc |",
+      "|---|---|---|---|",
+  ]
+  for name, cls in synthetic.items():
+    for f in dataclasses.fields(cls.ARGS):
+      out.append(f"| `{name}` | `probe.{f.name}` | {_value(configlib.schema_default(f))} | "
+                 f"{_cell(f.metadata['doc'])} |")
   return "\n".join(out) + "\n"
 
 

@@ -394,7 +394,7 @@ def layer_stats_row(layers: list[dict]) -> dict[str, float | list[float]]:
   `layer_stats.layer_stats` (read to the host) on the log step's batch:
   train/attn/{sink_rate, sink_heads, top_key_weight, max_act, act_ratio,
   kurtosis, first_value_ratio}/layer_<i> and, for each query group g of the task,
-  train/attn/{sink_rate, top_key_weight, uniform_sink_rate}_<g>/layer_<i> to
+  train/attn/{sink_rate, top_key_weight, uniform_sink_rate, row_mass}_<g>/layer_<i> to
   TensorBoard and metrics.jsonl, train/attn/sink_rate_heads/layer_<i> (one per
   query head) to metrics.jsonl only."""
   row = {}

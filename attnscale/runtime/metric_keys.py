@@ -54,8 +54,8 @@ LAYER_STATS = {SINK_RATE: "sink_rate", SINK_HEADS: "sink_heads", TOP_KEY: "top_k
                FIRST_VALUE_RATIO: "first_value_ratio"}
 # The same pass's sink measures on each of the task's query groups g
 # (`Task.query_groups`: the trigger task's trigger and no-trigger rows):
-# train/attn/{sink_rate, top_key_weight, uniform_sink_rate}_<g>/layer_<i>.
-GROUP_MEASURES = ("sink_rate_", "top_key_weight_", "uniform_sink_rate_")
+# train/attn/{sink_rate, top_key_weight, uniform_sink_rate, row_mass}_<g>/layer_<i>.
+GROUP_MEASURES = ("sink_rate_", "top_key_weight_", "uniform_sink_rate_", "row_mass_")
 # Every per-layer prefix (`attention_key`).
 PER_LAYER = (MAX_LOGIT, ENTROPY, MAX_LOGIT_HEADS, ENTROPY_HEADS, *LAYER_STATS, SINK_RATE_HEADS)
 
