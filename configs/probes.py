@@ -11,7 +11,10 @@ Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
 
 Config argument keys: preset (TASK_SIZE: trigger_cpu | trigger_test | mqar_cpu |
 mqar_test | max_retrieval_cpu | max_retrieval_test), scaling, p, temperature, s,
-gamma, a and seed, as configs/shakespeare_char.py's.
+gamma, a and seed, as configs/shakespeare_char.py's, and gain: with a QK-norm
+scaling (qk_rmsnorm, qk_layernorm), its logits' fixed multiplier g (logits =
+g RMSNorm(q) . RMSNorm(k) / sqrt(d): the "QK-norm gain" peers' record runs raised
+from about 1.5 to about 5); 0 = none (g = 1).
 
 The tasks (attnscale/tasks/trigger.py, mqar.py, max_retrieval.py, each with its
 source and where it departs from it) generate their examples from the seed on the
@@ -42,12 +45,16 @@ from attnscale.runtime import configlib
 
 TASKS = ("trigger", "mqar", "max_retrieval")
 PRESETS = tuple(f"{t}_{size}" for t in TASKS for size in ("cpu", "test"))
+QK_NORM_SCALINGS = ("qk_rmsnorm", "qk_layernorm")  # the scalings the `gain` argument takes
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arg = configlib.parse_arg(arg, preset="trigger_cpu", scaling="standard", p=2.0,
-                            temperature=0.0, s=0.0, gamma=1.0, a=0.0, seed=0)
+                            temperature=0.0, s=0.0, gamma=1.0, a=0.0, gain=0.0, seed=0)
   configlib.check_choice("preset", arg.preset, PRESETS)
+  if arg.gain and arg.scaling not in QK_NORM_SCALINGS:
+    raise ValueError(f"config argument gain={arg.gain:g} needs a QK-norm scaling (one of "
+                     f"{list(QK_NORM_SCALINGS)}), got scaling={arg.scaling}")
   task, size = arg.preset.rsplit("_", 1)
 
   c = ml_collections.ConfigDict()
@@ -87,6 +94,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = configlib.model(arg.scaling, p=arg.p, temperature=arg.temperature, s=arg.s,
                             gamma=arg.gamma, a=arg.a)
   m = c.model
+  if arg.gain:
+    m.scaling_params = {"mult": float(arg.gain)}
   m.block_size, m.num_layers, m.num_heads, m.width, m.dropout = 64, 2, 2, 64, 0.0
   if task == "trigger":
     c.probe.num_values = 8

@@ -189,6 +189,7 @@ def test_one_line_errors():
     configlib.validate(config("max_retrieval", **{"seq_len": 160, "model.block_size": 160}))
 
 
+@pytest.mark.slow
 def test_trained_and_evaluated_with_sinks_by_row_and_lengths(tmp_path):
   """The trigger task through train.py's library and eval.py: accuracy by row kind
   in eval.json, the sink measures on the trigger and no-trigger rows in eval.json
@@ -228,3 +229,52 @@ def test_the_eval_rows_cover_eval_examples_once():
   rows = sum(int((b["weights"].sum(1) > 0).sum()) for b in task.eval_batches())
   assert rows == 20
   assert synthetic.EVAL_SEED != task.config.seed
+
+
+def test_sink_measures_by_query_group_against_their_definitions():
+  """A model whose first layer's weights are known: the per-group first-key weight
+  is the mean over that group's rows of p_i0, the uniform yardstick the mean of
+  1/(i+1), softmax's row mass 1; the training log's keys name each group."""
+  from attnscale.core.attention import attention_weights
+  from attnscale.evaluation import diagnostics
+  from attnscale.runtime import loop
+  c = config("trigger")
+  task = tasks.get_task(c)
+  model = models.build(configlib.model_config(c), rngs=nnx.Rngs(params=1))
+  batch = task.train_batch(5)
+  groups = task.query_groups(batch)
+  stats = diagnostics.task_attention_stats(model, task, batch)
+  call = model.blocks[0].attention_call(model.embed_tokens(jnp.asarray(batch["inputs"])))
+  _, p_BNTS = attention_weights(call.q_BTNH, call.k_BSKH, mask=None, **call.options())
+  T = batch["inputs"].shape[1]
+  for name, in_BT in groups.items():
+    counted = np.asarray(in_BT) & (np.arange(T) > 0)[None, :]
+    want = np.asarray(p_BNTS)[..., 0].transpose(1, 0, 2)[:, counted].mean(-1)
+    np.testing.assert_allclose(stats[0]["heads"][f"sink_rate_{name}"], want, rtol=1e-5)
+    uniform = np.broadcast_to(1.0 / (np.arange(T) + 1), counted.shape)[counted].mean()
+    np.testing.assert_allclose(stats[0][f"uniform_sink_rate_{name}"], uniform, rtol=1e-5)
+    np.testing.assert_allclose(stats[0][f"row_mass_{name}"], 1.0, rtol=1e-5)
+  v_norm = np.linalg.norm(np.asarray(call.v_BSKH), axis=-1)  # [B, S, K]
+  np.testing.assert_allclose(stats[0]["heads"]["first_value_norm"], v_norm[:, 0].mean(0),
+                             rtol=1e-5)
+  row = loop.layer_stats_row(stats)
+  assert "train/attn/sink_rate_no_trigger/layer_1" in row
+  assert "train/attn/row_mass_trigger/layer_0" in row
+
+
+def test_the_probes_sweep_points_are_valid_configs():
+  """Every point of the probes sweep (its first stage: every label at three rates)
+  builds a config that passes train.py's checks; the labels are the declared ones."""
+  from attnscale.experiments import sweeps
+  from configs import probes_sweeps
+  points = sweeps.load_sweep("configs/probes.py", "probes", None)
+  presets = {p.arg.split(",")[0] for p in points}
+  assert presets == {"preset=trigger_cpu", "preset=mqar_cpu", "preset=max_retrieval_cpu"}
+  per_label = 3  # stage 1 of the staged search: 2^-(e-1), 2^-e, 2^-(e+1)
+  assert len(points) == per_label * (len(probes_sweeps.SINK_LABELS)
+                                     + 2 * len(probes_sweeps.LENGTH_LABELS))
+  for p in points:
+    c = probes.get_config(p.arg)
+    c.update_from_flattened_dict(dict(p.overrides))
+    configlib.validate(c)
+  assert any("--lengths=64,128,256,512,1024" in p.eval_flags for p in points)
