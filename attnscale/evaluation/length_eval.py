@@ -15,9 +15,10 @@ docs/experiments/critical_length.md reads it). Losses by position are rounded to
 windows), so a 4096-long curve stays light in a results store.
 
 A task that sets `OWN_LENGTH_EVAL` (the synthetic probes, `attnscale.tasks.synthetic`)
-scores fresh examples of each length its own way instead (`task.check_lengths`,
-`task.evaluate_lengths`: exact-match accuracy beside the loss); `format_table`
-prints either.
+gives fresh examples of each length instead (`task.check_lengths`,
+`task.length_examples`: one set per variant, MQAR's pairs grown and fixed), scored
+with its own loss and metrics (`evaluate_examples`: exact-match accuracy beside the
+loss); `format_table` prints either.
 
 Cost: each window runs the fused kernel, which never materialises more than one
 causal block's logits ([B, N, rows, L], `attnscale.core.xla_attention`); the batch
@@ -28,6 +29,7 @@ Dimension legend: B batch, L window length, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -110,7 +112,7 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
   """
   check_lengths(model.cfg, task, lengths)
   if task.OWN_LENGTH_EVAL:
-    return task.evaluate_lengths(model, lengths, mesh=mesh, tokens_per_batch=tokens_per_batch)
+    return evaluate_examples(model, task, lengths, mesh=mesh, tokens_per_batch=tokens_per_batch)
   sharding = ts.batch_sharding(mesh)  # rows over data x fsdp, as training's
   graphdef, params = nnx.split(model, nnx.Param)
 
@@ -148,6 +150,30 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
         "keys_bins": [[a + 1, b] for a, b in bins],
         "entropy_by_keys": [[float(e_L[a:b].sum() / max(count_L[a:b].sum(), 1)) for a, b in bins]
                             for e_L in entropy_YL]}
+  return results
+
+
+def evaluate_examples(model, task, lengths: Sequence[int], *, mesh,
+                      tokens_per_batch: int = TOKENS_PER_BATCH) -> dict[str, dict]:
+  """A task's own examples at each length (`task.length_examples`), scored by its loss
+  and `eval_metrics`: {str(L): {metrics, "args": the variant's task arguments,
+  variant: {the same}}} (the main variant's at the top level)."""
+  sharding = ts.batch_sharding(mesh)
+  graphdef, params = nnx.split(model, nnx.Param)
+  eval_step = steps.make_eval_step(graphdef, task, None, sharding)
+  devices = jax.device_count()
+  results = {}
+  for length in lengths:
+    B = -(-max(1, tokens_per_batch // length) // devices) * devices
+    out = {}
+    for name, (args, batches) in task.length_examples(length, B).items():
+      sums = steps.evaluate_sums(eval_step, params, batches, sharding)
+      entry = task.eval_metrics(sums) | {"args": dataclasses.asdict(args)}
+      if name:
+        out[name] = entry
+      else:
+        out |= entry
+    results[str(length)] = out
   return results
 
 

@@ -153,7 +153,7 @@ def render() -> str:
                if issubclass(cls, tasks.SyntheticTask)}
   out += [
       "",
-      "## Synthetic task arguments (`config.probe`)",
+      "## Synthetic task arguments (config.probe)",
       "",
       "The arguments of the synthetic probe tasks (`attnscale/tasks/synthetic.py`), from "
       "each task's `ARGS` dataclass: `config.probe` holds the chosen task's, at these "

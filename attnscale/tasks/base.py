@@ -65,7 +65,7 @@ class Task(abc.ABC):
   DATASETS: ClassVar[tuple[str, ...]] = ()
   # eval.py --lengths: False = windows of the validation token stream
   # (`attnscale.evaluation.length_eval`); True = the task's own `check_lengths` and
-  # `evaluate_lengths` (the synthetic tasks generate examples at each length).
+  # `length_examples` (the synthetic tasks generate examples at each length).
   OWN_LENGTH_EVAL: ClassVar[bool] = False
 
   def __init__(self, config):

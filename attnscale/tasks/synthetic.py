@@ -12,7 +12,7 @@ Metrics, over the weighted positions: the mean cross-entropy, the exact-match
 accuracy of the argmax (`accuracy`), the share of rows whose every target is right
 (`sequence_accuracy`) and the accuracy at each row's last target
 (`last_accuracy`: the most keys, items or tokens seen). `eval.py --lengths` scores
-fresh examples at each length (`evaluate_lengths`); a task says how its sizes grow
+fresh examples at each length (`length_examples`); a task says how its sizes grow
 with the length (`args_at_length`). `query_groups` names the rows the attention
 diagnostics report separately (the trigger task's trigger and no-trigger rows).
 
@@ -32,7 +32,6 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from attnscale import checks
 from attnscale.models.config import field
@@ -220,32 +219,14 @@ class SyntheticTask(Task):
         except ValueError as e:
           raise ValueError(f"--lengths: {length}: {e}") from None
 
-  def evaluate_lengths(self, model, lengths, *, mesh, tokens_per_batch: int = 16384):
-    """At each length, every variant of `args_at_length`: eval_metrics' measures on
-    fresh examples of that length. {str(L): {metrics, "args", variant: {...}}}."""
-    from attnscale.runtime import steps
-    from attnscale.runtime import train_state as ts
-    sharding = ts.batch_sharding(mesh)
-    graphdef, params = nnx.split(model, nnx.Param)
-    eval_step = jax.jit(lambda params, batch: self.loss(nnx.merge(graphdef, params), batch)[1])
-    devices = jax.device_count()
-    results = {}
-    for length in lengths:
-      B = -(-max(1, tokens_per_batch // length) // devices) * devices
-      out = {}
-      for name, args in self.args_at_length(self.probe, length, self.config.seq_len).items():
-        sums = None
-        for batch in this_process_rows(self.examples(length, args, B), B):
-          s = jax.device_get(eval_step(params, steps.global_batch(batch, sharding)))
-          s = {k: float(v) for k, v in s.items()}
-          sums = s if sums is None else losses.add_sums(sums, s)
-        entry = metrics_from_sums(sums) | {"args": dataclasses.asdict(args)}
-        if name:
-          out[name] = entry
-        else:
-          out |= entry
-      results[str(length)] = out
-    return results
+  def length_examples(self, length: int, batch_size: int) -> dict[str, tuple[Any, Iterator]]:
+    """eval.py --lengths at `length`: {variant: (its args, this process's rows of
+    its evaluation batches)}, one per `args_at_length` variant ("" the main one);
+    `attnscale.evaluation.length_eval` scores them with `loss` and `eval_metrics`."""
+    return {name: (args, this_process_rows(self.examples(length, args, batch_size),
+                                           batch_size))
+            for name, args in self.args_at_length(self.probe, length,
+                                                  self.config.seq_len).items()}
 
 
 def exact_match_sums(logits_BTV, batch, groups=None) -> dict[str, jax.Array]:
