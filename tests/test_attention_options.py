@@ -200,3 +200,6 @@ def test_xsa_output_is_orthogonal_to_the_own_value_and_head_norm_has_unit_rms():
     ModelConfig(head_norm="layernorm")
   with pytest.raises(ValueError, match="model.differential=True cannot take model.xsa"):
     ModelConfig(differential=True, xsa=True)
+  with pytest.raises(ValueError, match="model.head_norm='rmsnorm' is not available in "
+                                       "model.variant='unit'"):
+    ModelConfig(variant="unit", scaling="fully_scaled", head_norm="rmsnorm")
