@@ -64,8 +64,8 @@ LENGTH_LABELS = {
     "qk_rmsnorm_gain5": ("qk_rmsnorm,gain=5", {}),
 }
 
-# Where each search starts (e for 2^-e: the presets' 2^-7) and the rates it may try.
-START = 7
+# Where each search starts (e for 2^-e: each preset's own rate) and the rates it may try.
+START = {"trigger_cpu": 7, "mqar_cpu": 8, "max_retrieval_cpu": 7}
 BOUNDS = (4, 12)
 PROTOCOL = {"more_seeds": (), "band_seeds": (1, 2)}
 # eval.py's lengths, 1x ... 16x the training length.
@@ -77,7 +77,7 @@ TRIGGER_LENGTHS = "--lengths=64"
 
 
 def _search(preset, labels, lengths=None):
-  return staged(preset, labels, dict.fromkeys(labels, START), bounds=BOUNDS,
+  return staged(preset, labels, dict.fromkeys(labels, START[preset]), bounds=BOUNDS,
                 eval_flags=(lengths,) if lengths else (), **PROTOCOL)
 
 
@@ -101,9 +101,9 @@ SWEEPS: dict[str, Sweep] = {
     "probes": _together(TRIGGER, MQAR, MAX_RETRIEVAL),
     "probes_test": _together(
         staged("trigger_test", _pick(SINK_LABELS, ("softmax", "relu")),
-               dict.fromkeys(SINK_LABELS, START), bounds=BOUNDS, more_seeds=(1,),
+               dict.fromkeys(SINK_LABELS, 7), bounds=BOUNDS, more_seeds=(1,),
                eval_flags=("--lengths=16",)),
         staged("mqar_test", _pick(LENGTH_LABELS, ("standard", "log_n")),
-               dict.fromkeys(LENGTH_LABELS, START), bounds=BOUNDS, more_seeds=(1,),
+               dict.fromkeys(LENGTH_LABELS, 7), bounds=BOUNDS, more_seeds=(1,),
                eval_flags=("--lengths=16,32",))),
 }

@@ -20,6 +20,7 @@ from attnscale.runtime import configlib, train_lib
 from attnscale.tasks import mqar, synthetic, trigger
 from configs import probes
 
+pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 TASK_NAMES = probes.TASKS
 
 

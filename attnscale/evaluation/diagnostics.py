@@ -86,7 +86,7 @@ def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
   mask, query_mask_BT = task.attention_masks(batch)
   return model_attention_stats(model, jnp.asarray(batch["inputs"]), mask=mask,
                                query_mask_BT=query_mask_BT,
-                               query_groups=task.query_groups(batch) or None)
+                               query_groups=_query_groups(task, batch))
 
 
 def _pearson_over_keys(a_BNTS, b_BNTS, visible_BNTS):
@@ -163,3 +163,10 @@ def task_value_alignment(model, task, batch=None) -> list[dict]:
   return [{**{k: float(v) for k, v in layer.items() if k != "heads"},
            "heads": {k: [float(x) for x in v] for k, v in layer["heads"].items()}}
           for layer in stats]
+
+
+def _query_groups(task, batch):
+  """The task's query groups of `batch` (`Task.query_groups`), or None: none, or a
+  stand-in task without the method."""
+  groups = getattr(task, "query_groups", None)
+  return (groups(batch) or None) if groups else None

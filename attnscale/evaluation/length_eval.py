@@ -74,7 +74,7 @@ def check_lengths(model_cfg, task, lengths: Sequence[int]) -> None:
     task: the run's task.
     lengths: window lengths.
   """
-  if task.OWN_LENGTH_EVAL:
+  if getattr(task, "OWN_LENGTH_EVAL", False):  # a Task says; a stand-in may not
     task.check_lengths(model_cfg, lengths)
     return
   if not hasattr(task, "data") or not hasattr(task.data, "validation"):
@@ -111,7 +111,7 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
     and the heads)}}, the loss in nats per target.
   """
   check_lengths(model.cfg, task, lengths)
-  if task.OWN_LENGTH_EVAL:
+  if getattr(task, "OWN_LENGTH_EVAL", False):  # a Task says; a stand-in may not
     return evaluate_examples(model, task, lengths, mesh=mesh, tokens_per_batch=tokens_per_batch)
   sharding = ts.batch_sharding(mesh)  # rows over data x fsdp, as training's
   graphdef, params = nnx.split(model, nnx.Param)

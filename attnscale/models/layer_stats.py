@@ -107,7 +107,7 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
   S = k_BSKH.shape[1]
   visible_BTS = jnp.ones((B, T, S), bool)
   if is_causal:
-    visible_BTS = visible_BTS & (jnp.arange(S)[None, :] <= jnp.arange(T)[:, None])
+    visible_BTS = visible_BTS & (jnp.arange(S)[None, :] <= jnp.arange(T)[:, None])[None]
   if mask is not None:
     visible_BTS = visible_BTS & jnp.broadcast_to(mask, (B, 1, T, S))[:, 0]
   inverse_n_B1T = (1.0 / jnp.maximum(jnp.sum(visible_BTS, -1), 1))[:, None, :]
