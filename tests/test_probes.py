@@ -20,7 +20,6 @@ from attnscale.runtime import configlib, train_lib
 from attnscale.tasks import mqar, synthetic, trigger
 from configs import probes
 
-pytestmark = pytest.mark.usefixtures("strict_rank_promotion")
 TASK_NAMES = probes.TASKS
 
 
@@ -38,6 +37,7 @@ def oracle_metrics(task, batch):
   return task.eval_metrics({k: float(v) for k, v in sums.items()})
 
 
+@pytest.mark.usefixtures("strict_rank_promotion")
 @pytest.mark.parametrize("name", TASK_NAMES)
 @pytest.mark.parametrize("size", ("test", "cpu"))
 def test_the_hand_built_solution_scores_one(name, size):
@@ -232,6 +232,7 @@ def test_the_eval_rows_cover_eval_examples_once():
   assert synthetic.EVAL_SEED != task.config.seed
 
 
+@pytest.mark.usefixtures("strict_rank_promotion")  # the measures' broadcasting, as the rest's
 def test_sink_measures_by_query_group_against_their_definitions():
   """A model whose first layer's weights are known: the per-group first-key weight
   is the mean over that group's rows of p_i0, the uniform yardstick the mean of
