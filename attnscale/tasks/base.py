@@ -5,7 +5,8 @@ declares, so it never names a task: a task checks its config fields
 (`validate_config`, before any data is loaded), chooses and loads its corpus
 (`config.dataset`, one of `DATASETS`), makes batches, computes the loss and the
 metrics of eval.json, prints its lines of eval.py's summary, says how its
-attention is masked, and may generate text (`sampler`).
+attention is masked and which query rows the sink measures report apart
+(`query_groups`), and may generate text (`sampler`).
 
 Dimension legend: B batch, T sequence, V vocabulary.
 """
