@@ -1,6 +1,7 @@
 """The model options of today's practice: logit soft-cap, sinks, output gates and
 sigmoid, softpick, ReLU/L and stick-breaking attention, FoX, differential and
-selective attention, in whole models: no future leak, no padding leak, reference ==
+selective attention, exclusive self-attention and the per-head output RMSNorm, in
+whole models: no future leak, no padding leak, reference ==
 fused (values and gradients), learned parameters that learn, one-line errors.
 (The kernel-level tests of the same options: tests/test_kernel_options.py.)"""
 
@@ -34,6 +35,11 @@ OPTIONS = {
     "selective_fox_sink": dict(selective=True, forget_gate=True, sink="learned",
                                logit_softcap=2.0),
     "all": dict(logit_softcap=2.0, sink="learned", attn_gate="headwise", positions="rope"),
+    "xsa": dict(xsa=True),  # Zhai 2026: the own value's component removed
+    "xsa_relu_gqa": dict(xsa=True, normalizer="relu", num_kv_heads=1),
+    "head_norm": dict(head_norm="rmsnorm"),  # head-wise RMSNorm, arXiv 2605.06611
+    "head_norm_xsa_gate": dict(head_norm="rmsnorm", xsa=True, attn_gate="elementwise",
+                               sink="learned"),
 }
 SCALINGS = ("standard", "key_norm_sum", "cosine")  # a plain, a summing, a normalising scaling
 
@@ -168,3 +174,32 @@ def test_the_forget_gate_decays_attention_with_distance():
   _, probs_BNTS = attention_weights(call.q_BTNH, call.k_BSKH, mask=None, **call.options())
   np.testing.assert_allclose(np.asarray(probs_BNTS), np.broadcast_to(np.eye(16), probs_BNTS.shape),
                              atol=1e-6)
+
+
+def test_xsa_output_is_orthogonal_to_the_own_value_and_head_norm_has_unit_rms():
+  """XSA (z_i . v_i = 0 per head, grouped-query heads reading their value head) and
+  the head-wise RMSNorm (RMS 1 per head at gain 1), against their formulas."""
+  from attnscale.core import head_outputs
+  rng = np.random.default_rng(6)
+  y = jnp.asarray(rng.normal(size=(2, 5, 4, 8)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(2, 5, 2, 8)), jnp.float32)
+  z = head_outputs.exclusive(y, v)
+  v_rep = np.repeat(np.asarray(v), 2, axis=2)
+  np.testing.assert_allclose(np.sum(np.asarray(z) * v_rep, -1), 0, atol=1e-5)
+  want = np.asarray(y) - (np.sum(np.asarray(y) * v_rep, -1, keepdims=True)
+                          / np.sum(v_rep**2, -1, keepdims=True)) * v_rep
+  np.testing.assert_allclose(z, want, rtol=1e-5, atol=1e-6)
+  assert np.all(np.isfinite(head_outputs.exclusive(y, jnp.zeros_like(v))))
+  n = head_outputs.head_rms_norm(y, jnp.ones((4, 8)))
+  np.testing.assert_allclose(np.sqrt(np.mean(np.asarray(n) ** 2, -1)), 1, rtol=1e-4)
+  grads = nnx.grad(lambda m: jnp.mean(m(jnp.zeros((2, 16), jnp.int32) + 3) ** 2))(
+      model("head_norm"))
+  assert np.any(np.asarray(jax.tree.leaves(grads["blocks"][0]["attn"]["head_norm_gain"])[0])
+                != 0)
+  with pytest.raises(ValueError, match=r"model.head_norm must be one of \['none', 'rmsnorm'\]"):
+    ModelConfig(head_norm="layernorm")
+  with pytest.raises(ValueError, match="model.differential=True cannot take model.xsa"):
+    ModelConfig(differential=True, xsa=True)
+  with pytest.raises(ValueError, match="model.head_norm='rmsnorm' is not available in "
+                                       "model.variant='unit'"):
+    ModelConfig(variant="unit", scaling="fully_scaled", head_norm="rmsnorm")

@@ -100,3 +100,13 @@ def test_new_normalizers_forget_gate_and_differential_attention_compile():
   kernels = forget_and_differential_kernels(TARGET, ("softmax", *NEW_NORMALIZERS))
   assert kernels.pop("differential") == "cudnn"
   assert set(kernels.values()) == {"xla"}, kernels
+
+
+@pytest.mark.parametrize("overrides", [{"model.xsa": True}, {"model.head_norm": "rmsnorm"}],
+                         ids=["xsa", "head_norm"])
+def test_head_output_options_compile(overrides):
+  """Exclusive self-attention and the per-head output RMSNorm act after the kernel, so
+  the whole train and eval steps at the test preset keep cuDNN, fit, FSDP over 8."""
+  r = aot.compile_report(compile_config("test", **overrides), TARGET)
+  for step in ("train_step", "eval_step"):
+    assert r[step]["kernel"] == "cudnn" and r[step]["memory"]["fits"], step

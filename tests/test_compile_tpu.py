@@ -207,3 +207,18 @@ def test_differential_model_compiles_with_splash():
   for step in ("train_step", "eval_step"):
     assert r[step]["kernel"] == "splash" and r[step]["memory"]["fits"], step
     assert r[step]["collectives"]["all-to-all"] == 0, step
+
+
+@pytest.mark.parametrize("overrides", [{"model.xsa": True}, {"model.head_norm": "rmsnorm"},
+                                       {"model.xsa": True, "model.head_norm": "rmsnorm",
+                                        "model.normalizer": "relu"}],
+                         ids=["xsa", "head_norm", "xsa_head_norm_relu"])
+def test_head_output_options_compile(overrides):
+  """Exclusive self-attention and the per-head output RMSNorm (after the kernel, so
+  softmax keeps splash; ReLU/L the XLA kernel): the whole train and eval steps at the
+  test preset, fsdp over the 8 chips: fits, no all-to-all."""
+  r = aot.compile_report(compile_config("test", **overrides), TARGET)
+  kernel = "xla" if overrides.get("model.normalizer") == "relu" else "splash"
+  for step in ("train_step", "eval_step"):
+    assert r[step]["kernel"] == kernel and r[step]["memory"]["fits"], step
+    assert r[step]["collectives"]["all-to-all"] == 0, step

@@ -79,6 +79,11 @@ def test_config_reference_documents_every_field():
     assert f"| `{key}` |" in text or key == "model", key
   assert ("| `mask_rate` | `0.15` |  |  |  | program | fraction of each row's real tokens"
           in text)
+  from attnscale import tasks  # the synthetic tasks' arguments (config.probe)
+  for name, cls in tasks.TASKS.items():
+    if issubclass(cls, tasks.SyntheticTask):
+      for f in dataclasses.fields(cls.ARGS):
+        assert f"| `{name}` | `probe.{f.name}` |" in text, (name, f.name)
   assert "| `model.dropout` | `0.0` |" in text
 
 

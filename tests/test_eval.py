@@ -35,10 +35,12 @@ def test_eval_on_checkpoint(trained):
   assert len(result["attention"]) == config.model.num_layers
   for layer in result["attention"]:
     assert set(layer) == {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
-                          "top_key_weight", "max_act", "median_act", "act_ratio", "kurtosis",
+                          "top_key_weight", "uniform_sink_rate", "row_mass", "first_value_norm",
+                          "first_value_ratio", "max_act", "median_act", "act_ratio", "kurtosis",
                           "heads"}
     assert all(np.isfinite(v) for k, v in layer.items() if k != "heads")
-    assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate", "top_key_weight"}
+    assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate", "top_key_weight",
+                                   "row_mass", "first_value_norm", "first_value_ratio"}
     assert all(len(v) == config.model.num_heads for v in layer["heads"].values())
   assert len(result["sample"]["text"]) == 20
   with open(os.path.join(workdir, "eval.json")) as f:

@@ -361,10 +361,12 @@ def test_tiny_run_learns_and_eval_json(run_a):
   assert len(out["attention"]) == config.model.num_layers
   for layer in out["attention"]:
     assert set(layer) == {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
-                          "top_key_weight", "max_act", "median_act", "act_ratio", "kurtosis",
+                          "top_key_weight", "uniform_sink_rate", "row_mass", "first_value_norm",
+                          "first_value_ratio", "max_act", "median_act", "act_ratio", "kurtosis",
                           "heads"}
     assert all(np.isfinite(v) for k, v in layer.items() if k != "heads")
-    assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate", "top_key_weight"}
+    assert set(layer["heads"]) == {"entropy", "max_logit", "sink_rate", "top_key_weight",
+                                   "row_mass", "first_value_norm", "first_value_ratio"}
     assert all(len(v) == config.model.num_heads for v in layer["heads"].values())
   with open(os.path.join(workdir, "eval.json")) as f:
     assert json.load(f) == json.loads(json.dumps(out))

@@ -25,7 +25,8 @@ from configs import bert_small, gpt2, shakespeare_char
 
 
 def test_registry_names_every_task_once():
-  assert list(tasks.TASKS) == ["char_lm", "mlm", "token_lm"]
+  assert list(tasks.TASKS) == ["char_lm", "mlm", "token_lm", "trigger", "mqar",
+                               "max_retrieval"]
   assert tasks.TASKS["char_lm"] is tasks.CharLMTask and tasks.TASKS["mlm"] is tasks.MLMTask
   assert tasks.TASKS["token_lm"] is tasks.TokenLMTask
   for cls in tasks.TASKS.values():
@@ -48,7 +49,8 @@ def test_unknown_task_is_a_one_line_error():
   config.task = "mlx"
   for check in (configlib.validate, tasks.get_task):
     with pytest.raises(ValueError, match=re.escape(
-        "config.task must be one of ['char_lm', 'mlm', 'token_lm'], got 'mlx'")):
+        "config.task must be one of ['char_lm', 'mlm', 'token_lm', 'trigger', 'mqar', "
+        "'max_retrieval'], got 'mlx'")):
       check(config)
 
 

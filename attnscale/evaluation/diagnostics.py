@@ -41,8 +41,8 @@ def as_floats(stats) -> list[dict]:
           for layer in stats]
 
 
-def model_attention_stats(model, tokens_BT, mask=None,
-                          query_mask_BT=None) -> list[dict[str, float]]:
+def model_attention_stats(model, tokens_BT, mask=None, query_mask_BT=None,
+                          query_groups=None) -> list[dict[str, float]]:
   """`layer_stats` (per layer: `attention_stats` | `hidden_state_stats`), as floats.
 
   Args:
@@ -50,9 +50,11 @@ def model_attention_stats(model, tokens_BT, mask=None,
     tokens_BT: a batch of real data.
     mask: the attention mask the model is run with (e.g. padding [B, 1, 1, T]).
     query_mask_BT: which queries to count (e.g. the non-padded tokens).
+    query_groups: {name: bool [B, T]}: groups of queries whose sink measures are
+      reported apart too (`Task.query_groups`).
   """
   run = jax.jit(lambda *args: layer_stats(model, *args))
-  return as_floats(jax.device_get(run(tokens_BT, mask, query_mask_BT)))
+  return as_floats(jax.device_get(run(tokens_BT, mask, query_mask_BT, query_groups)))
 
 
 def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
@@ -71,15 +73,20 @@ def task_attention_stats(model, task, batch=None) -> list[dict[str, float]]:
 
   Returns:
     Per layer, {"output_std", "entropy", "max_logit", "sink_rate", "sink_heads",
-    "top_key_weight", "max_act", "median_act", "act_ratio", "kurtosis"} as floats
-    (the last four of the residual stream the layer's block writes) and "heads":
-    {"entropy", "max_logit", "sink_rate", "top_key_weight"}, a list per head.
+    "top_key_weight", "uniform_sink_rate", "row_mass", "first_value_norm", "first_value_ratio",
+    "max_act", "median_act", "act_ratio", "kurtosis"} as floats (the last four of
+    the residual stream the layer's block writes), for each of the task's query
+    groups g (`task.query_groups`) "sink_rate_<g>", "top_key_weight_<g>",
+    "row_mass_<g>" and "uniform_sink_rate_<g>", and "heads": {"entropy", "max_logit",
+    "sink_rate", "top_key_weight", "row_mass", "first_value_norm", "first_value_ratio",
+    "sink_rate_<g>", "top_key_weight_<g>", "row_mass_<g>"}, a list per head.
   """
   if batch is None:
     batch = next(iter(task.eval_batches()))
   mask, query_mask_BT = task.attention_masks(batch)
   return model_attention_stats(model, jnp.asarray(batch["inputs"]), mask=mask,
-                               query_mask_BT=query_mask_BT)
+                               query_mask_BT=query_mask_BT,
+                               query_groups=_query_groups(task, batch))
 
 
 def _pearson_over_keys(a_BNTS, b_BNTS, visible_BNTS):
@@ -156,3 +163,10 @@ def task_value_alignment(model, task, batch=None) -> list[dict]:
   return [{**{k: float(v) for k, v in layer.items() if k != "heads"},
            "heads": {k: [float(x) for x in v] for k, v in layer["heads"].items()}}
           for layer in stats]
+
+
+def _query_groups(task, batch):
+  """The task's query groups of `batch` (`Task.query_groups`), or None: none, or a
+  stand-in task without the method."""
+  groups = getattr(task, "query_groups", None)
+  return (groups(batch) or None) if groups else None

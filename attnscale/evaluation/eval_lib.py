@@ -163,6 +163,17 @@ def format_summary(result: dict, config: ml_collections.ConfigDict | None = None
              f"{layer['kurtosis']:8.2f}" if "act_ratio" in layer else "")
     lines.append(f"  {i:5d} | {layer['output_std']:15.3f} | {layer['entropy']:14.3f} | "
                  f"{layer['max_logit']:9.2f}{extra}")
+  groups = [k.removeprefix("sink_rate_") for k in result["attention"][0]
+            if k.startswith("sink_rate_")] if result["attention"] else []
+  if groups:  # the task's query groups (the trigger task's trigger / no-trigger rows)
+    lines.append("  layer | rows | first-key weight (uniform) | top-key weight | row mass | "
+                 "|v_0| / mean |v|")
+    for i, layer in enumerate(result["attention"]):
+      for g in groups:
+        lines.append(f"  {i:5d} | {g} | {layer[f'sink_rate_{g}']:.3f} "
+                     f"({layer[f'uniform_sink_rate_{g}']:.3f}) | "
+                     f"{layer[f'top_key_weight_{g}']:.3f} | {layer[f'row_mass_{g}']:.3f} | "
+                     f"{layer['first_value_ratio']:.3f}")
   if "lengths" in result:
     lines += length_eval.format_table(result["lengths"])
   return "\n".join(lines)

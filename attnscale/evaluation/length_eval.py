@@ -14,6 +14,12 @@ docs/experiments/critical_length.md reads it). Losses by position are rounded to
 5 decimals (1e-5 nats, far below the spread of a position's mean over the
 windows), so a 4096-long curve stays light in a results store.
 
+A task that sets `OWN_LENGTH_EVAL` (the synthetic probes, `attnscale.tasks.synthetic`)
+gives fresh examples of each length instead (`task.check_lengths`,
+`task.length_examples`: one set per variant, MQAR's pairs grown and fixed), scored
+with its own loss and metrics (`evaluate_examples`: exact-match accuracy beside the
+loss); `format_table` prints either.
+
 Cost: each window runs the fused kernel, which never materialises more than one
 causal block's logits ([B, N, rows, L], `attnscale.core.xla_attention`); the batch
 is sized to about `tokens_per_batch` tokens, so memory stays flat as L grows.
@@ -23,6 +29,7 @@ Dimension legend: B batch, L window length, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -67,6 +74,9 @@ def check_lengths(model_cfg, task, lengths: Sequence[int]) -> None:
     task: the run's task.
     lengths: window lengths.
   """
+  if getattr(task, "OWN_LENGTH_EVAL", False):  # a Task says; a stand-in may not
+    task.check_lengths(model_cfg, lengths)
+    return
   if not hasattr(task, "data") or not hasattr(task.data, "validation"):
     raise ValueError(f"--lengths evaluates a language model over a token stream: task "
                      f"{task.config.task!r} has none (use the char_lm task)")
@@ -101,6 +111,8 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
     and the heads)}}, the loss in nats per target.
   """
   check_lengths(model.cfg, task, lengths)
+  if getattr(task, "OWN_LENGTH_EVAL", False):  # a Task says; a stand-in may not
+    return evaluate_examples(model, task, lengths, mesh=mesh, tokens_per_batch=tokens_per_batch)
   sharding = ts.batch_sharding(mesh)  # rows over data x fsdp, as training's
   graphdef, params = nnx.split(model, nnx.Param)
 
@@ -141,8 +153,42 @@ def evaluate_lengths(model, task, lengths: Sequence[int], *, mesh,
   return results
 
 
+def evaluate_examples(model, task, lengths: Sequence[int], *, mesh,
+                      tokens_per_batch: int = TOKENS_PER_BATCH) -> dict[str, dict]:
+  """A task's own examples at each length (`task.length_examples`), scored by its loss
+  and `eval_metrics`: {str(L): {metrics, "args": the variant's task arguments,
+  variant: {the same}}} (the main variant's at the top level)."""
+  sharding = ts.batch_sharding(mesh)
+  graphdef, params = nnx.split(model, nnx.Param)
+  eval_step = steps.make_eval_step(graphdef, task, None, sharding)
+  devices = jax.device_count()
+  results = {}
+  for length in lengths:
+    B = -(-max(1, tokens_per_batch // length) // devices) * devices
+    out = {}
+    for name, (args, batches) in task.length_examples(length, B).items():
+      sums = steps.evaluate_sums(eval_step, params, batches, sharding)
+      entry = task.eval_metrics(sums) | {"args": dataclasses.asdict(args)}
+      if name:
+        out[name] = entry
+      else:
+        out |= entry
+    results[str(length)] = out
+  return results
+
+
 def format_table(by_length: dict[str, dict]) -> list[str]:
-  """eval.py's lines: loss and bits/char per length, and the loss at a few positions."""
+  """eval.py's lines: loss and bits/char per length, and the loss at a few positions
+  (or, for a task's own evaluation, loss and exact-match accuracy per length)."""
+  if any("accuracy" in r for r in by_length.values()):
+    lines = ["  length | val loss | accuracy | rows all right | last target | targets"]
+    for length, r in by_length.items():
+      for name, e in [("", r)] + [(k, v) for k, v in r.items()
+                                  if isinstance(v, dict) and "accuracy" in v]:
+        lines.append(f"  {length + (' ' + name if name else ''):>6} | {e['val_loss']:8.4f} | "
+                     f"{e['accuracy']:8.4f} | {e['sequence_accuracy']:14.4f} | "
+                     f"{e['last_accuracy']:11.4f} | {e['val_targets']:,d}")
+    return lines
   lines = ["  length | val loss | bits/char | targets | loss at positions 1, L/4, L/2, L"]
   for length, r in by_length.items():
     curve = r["loss_by_position"]

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attnscale.core import differential as differential_lib
+from attnscale.core import head_outputs, scalings, sharding
 from attnscale.core import positions as positions_lib
-from attnscale.core import scalings, sharding
 
 # The module's name is shadowed by the function in attnscale/__init__.py.
 from attnscale.core.attention import AttentionStats, attention
@@ -183,7 +183,10 @@ class AttentionLayer(nnx.Module):
   positions, the logit soft-cap, the attention sink (`model.sink`: "zero" is
   the off-by-one softmax, "learned" one sink logit per head, initialised to 0,
   gpt-oss) and selective attention (`model.selective`: no parameters, the
-  kernel's option, `attnscale.core.selective`). An output gate (`model.attn_gate`) and FoX's forget gate
+  kernel's option, `attnscale.core.selective`), and what is done to each head's
+  output after the kernel (`attnscale.core.head_outputs`): exclusive self-attention
+  (`model.xsa`) and a per-head RMSNorm (`model.head_norm`, its gain here), before
+  the output gate. An output gate (`model.attn_gate`) and FoX's forget gate
   (`model.forget_gate`) need projections, so a variant that offers them implements
   `gate_logits` and `forget_logits`. Differential attention (`model.differential`)
   needs its parameters: a variant that offers it sets `differential` to a
@@ -201,6 +204,9 @@ class AttentionLayer(nnx.Module):
     self.scaling = ScalingParams(*mup.attention_scaling(cfg), cfg.scaling_dims)
     self.sink_logit = (nnx.Param(jnp.zeros((cfg.num_heads,), jnp.float32))
                        if cfg.sink == "learned" else None)
+    # model.head_norm's gain, one per head and dimension, at 1.
+    self.head_norm_gain = (nnx.Param(jnp.ones((cfg.num_heads, cfg.head_dim), jnp.float32))
+                           if cfg.head_norm == "rmsnorm" else None)
 
   def sink(self) -> Array | float | None:
     """The sink logit passed to `attention`: None (no sink), 0.0, or [N] learned."""
@@ -276,6 +282,10 @@ class AttentionLayer(nnx.Module):
       self.sow(nnx.Intermediate, "attn_stats", stats)
     if self.differential is not None:  # [B, T, N, 2 H] -> [B, T, N/2, 2 H]
       z_BTNH = self.differential(z_BTNH).astype(z_BTNH.dtype)
+    if self.cfg.xsa:  # after the kernel, so every path and normaliser takes it alike
+      z_BTNH = head_outputs.exclusive(z_BTNH, v_BTKH).astype(z_BTNH.dtype)
+    if self.head_norm_gain is not None:
+      z_BTNH = head_outputs.head_rms_norm(z_BTNH, self.head_norm_gain[...]).astype(z_BTNH.dtype)
     if self.cfg.attn_gate != "none":
       # Gated attention (Qiu et al. 2025, the SDPA-output gate G1): each head's
       # output (or each element of it) times sigmoid of a projection of the

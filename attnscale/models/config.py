@@ -25,6 +25,7 @@ DTYPES = ("float32", "bfloat16", "float16", "fp8")
 LN_POSITIONS = ("pre", "post")
 SINKS = ("none", "zero", "learned")
 GATES = ("none", "headwise", "elementwise")
+HEAD_NORMS = ("none", "rmsnorm")  # model.head_norm: attnscale/core/head_outputs.py
 HEADS = ("lm", "mlm")
 QK_NORMS = ("none", "layernorm", "rmsnorm")  # model.qk_norm: the model's own, no scaling
 PARAMETERIZATIONS = ("sp", "mup", "umup")  # model.parameterization: attnscale/models/mup.py
@@ -141,6 +142,12 @@ class ModelConfig:
       False, "selective attention (Leviathan et al. 2024): every head's logits minus "
       "F_ij = sum_{k<i} relu(head 0's l_kj), first key and diagonal left out; no "
       "parameters; causal only; the XLA kernel, O(B T^2) memory a layer")
+  xsa: bool = field(
+      False, "exclusive self-attention (Zhai 2026): each head's output minus its projection on "
+      "the token's own value, z_i = y_i - (y_i . v_i) v_i / |v_i|^2; no parameters")
+  head_norm: str = field(
+      "none", "none | rmsnorm: each head's attention output RMS-normalised over its head dim, "
+      "with a learned gain [N, H] (head-wise RMSNorm, arXiv 2605.06611)")
   positions: str = field(
       "learned", "learned (absolute table) | rope (rotary on q, k) | none (NoPE; causal only)")
   rope_base: float = field(10000.0, "rotary frequency base (positions=rope)")
@@ -211,6 +218,9 @@ class ModelConfig:
     if self.normalizer == "stickbreaking" and not self.causal:
       raise ValueError("model.normalizer='stickbreaking' needs model.causal=True: the stick "
                        "breaks from the nearest earlier key back, an order an encoder has not")
+    if self.head_norm not in HEAD_NORMS:
+      raise ValueError(f"model.head_norm must be one of {list(HEAD_NORMS)}, "
+                       f"got {self.head_norm!r}")
     if self.positions not in POSITIONS:
       raise ValueError(f"model.positions must be one of {list(POSITIONS)}, "
                        f"got {self.positions!r}")
@@ -245,6 +255,10 @@ class ModelConfig:
                        f"{self.attn_gate!r}: no rule says whether the gate acts on each "
                        "map or on the differential head after its norm: use "
                        "model.attn_gate='none'")
+    if self.xsa or self.head_norm != "none":
+      raise ValueError("model.differential=True cannot take model.xsa or model.head_norm: "
+                       "its heads already end in their own RMSNorm, and no rule says "
+                       "which of the two maps' values XSA would project out")
     if self.selective:
       raise ValueError("model.differential=True cannot take model.selective=True: no rule "
                        "says which of head 0's two maps selects, nor whether F enters both")

@@ -24,9 +24,30 @@ from attnscale.core.attention import attention, attention_weights
 SINK_THRESHOLD = 0.3
 
 
+def _key_weights(probs_BNTS, counted_B1T):
+  """(first key's weight [N], heaviest key's weight [N], row mass [N]) over the
+  counted queries.
+
+  sink: mean over [B, T'] of p_i0. top key: each key's mean weight over its row's
+  counted queries, the heaviest per row (padded keys have weight 0, so never),
+  averaged over the rows that have counted queries. mass: mean of sum_j p_ij (1
+  for softmax; a normaliser that need not sum to 1 can output nothing with no sink).
+  """
+  denom = jnp.maximum(jnp.sum(counted_B1T), 1.0)
+  sink_N = jnp.sum(probs_BNTS[..., 0] * counted_B1T, axis=(0, 2)) / denom
+  mass_N = jnp.sum(jnp.sum(probs_BNTS, -1) * counted_B1T, axis=(0, 2)) / denom
+  count_B11 = jnp.sum(counted_B1T, axis=-1, keepdims=True)
+  key_mean_BNS = (jnp.sum(probs_BNTS * counted_B1T[..., None], axis=2)
+                  / jnp.maximum(count_B11, 1.0))
+  rows_B1 = (count_B11[..., 0] > 0).astype(jnp.float32)
+  top_key_N = (jnp.sum(jnp.max(key_mean_BNS, axis=-1) * rows_B1, axis=0)
+               / jnp.maximum(jnp.sum(rows_B1), 1.0))
+  return sink_N, top_key_N, mass_N
+
+
 def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
                     is_causal=False, normalizer="softmax", query_mask_BT=None,
-                    **options) -> dict[str, jax.Array]:
+                    query_groups=None, **options) -> dict[str, jax.Array]:
   """Output std, entropy, max logit and sink rate of one attention call, per layer and head.
 
   Layer values: output_std = std(z) over [B, T, N, H]; entropy = mean over
@@ -45,6 +66,21 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
   weights); the output is the fused path's, what the model computes.
   `query_mask_BT` (bool, True = a real token) restricts everything to the real
   queries. `options` are further `attention` arguments (a soft-cap, a sink).
+
+  What a sink needs beside its weight: row_mass = the mean of sum_j p_ij (1 for
+  softmax; ReLU/L, sigmoid or a gate-free zero can output nothing by weighing
+  nothing, with no sink); uniform_sink_rate = the mean over the same
+  queries of 1/n_i (n_i the keys query i sees: what the first key gets from
+  attention that averages), the yardstick of sink_rate; first_value_norm = the
+  mean over rows of |v_0| (the value at the sink position, per query head's value
+  head) and first_value_ratio = that over the mean |v_j| of the real keys: a sink
+  whose value is near 0 adds nothing to the output: the "no-op" a softmax head
+  makes by parking its weight there, which the measure tells from a sink that
+  carries information. `query_groups`
+  {name: bool [B, T]}: the sink measures again on each group of queries alone
+  (within the real ones): sink_rate_<name>, top_key_weight_<name>, row_mass_<name>
+  and uniform_sink_rate_<name>, per head as well (but the uniform rate) (the trigger task's trigger and
+  no-trigger rows, `Task.query_groups`).
   """
   logits_BNTS, probs_BNTS = attention_weights(q_BTNH, k_BSKH, scale_fn=scale_fn, mask=mask,
                                               is_causal=is_causal, normalizer=normalizer,
@@ -67,26 +103,50 @@ def attention_stats(q_BTNH, k_BSKH, v_BSKH, *, scale_fn=None, mask=None,
   # The first key's weight, over the queries that see more than one key (under
   # causality query 0 sees key 0 alone).
   several_B1T = w_B1T * (jnp.arange(T) > 0)[None, None, :] if is_causal else w_B1T
-  sink_N = (jnp.sum(probs_BNTS[..., 0] * several_B1T, axis=(0, 2))
-            / jnp.maximum(jnp.sum(several_B1T), 1.0))
-  # Each key's mean weight over its row's counted queries; the heaviest per row
-  # (padded keys have weight 0, so never), averaged over the rows that have queries.
-  count_B11 = jnp.sum(several_B1T, axis=-1, keepdims=True)
-  key_mean_BNS = (jnp.sum(probs_BNTS * several_B1T[..., None], axis=2)
-                  / jnp.maximum(count_B11, 1.0))
-  rows_B1 = (count_B11[..., 0] > 0).astype(jnp.float32)
-  top_key_N = (jnp.sum(jnp.max(key_mean_BNS, axis=-1) * rows_B1, axis=0)
-               / jnp.maximum(jnp.sum(rows_B1), 1.0))
-  return {
+  sink_N, top_key_N, mass_N = _key_weights(probs_BNTS, several_B1T)
+  S = k_BSKH.shape[1]
+  visible_BTS = jnp.ones((B, T, S), bool)
+  if is_causal:
+    visible_BTS = visible_BTS & (jnp.arange(S)[None, :] <= jnp.arange(T)[:, None])[None]
+  if mask is not None:
+    visible_BTS = visible_BTS & jnp.broadcast_to(mask, (B, 1, T, S))[:, 0]
+  inverse_n_B1T = (1.0 / jnp.maximum(jnp.sum(visible_BTS, -1), 1))[:, None, :]
+  uniform = lambda counted_B1T: (jnp.sum(inverse_n_B1T * counted_B1T)
+                                 / jnp.maximum(jnp.sum(counted_B1T), 1.0))
+  # The value at the sink position against the real keys' (per query head's value head).
+  vnorm_BSN = jnp.repeat(jnp.linalg.norm(v_BSKH.astype(jnp.float32), axis=-1),
+                         N // v_BSKH.shape[2], axis=2)
+  real_keys_BS = visible_BTS.any(axis=1).astype(jnp.float32)
+  first_value_N = jnp.mean(vnorm_BSN[:, 0], axis=0)
+  mean_value_N = (jnp.sum(vnorm_BSN * real_keys_BS[..., None], axis=(0, 1))
+                  / jnp.maximum(jnp.sum(real_keys_BS), 1.0))
+  out = {
       "output_std": jnp.sqrt(var),
       "entropy": jnp.mean(entropy_N),
       "max_logit": jnp.max(max_logit_N),
       "sink_rate": jnp.mean(sink_N),
       "sink_heads": jnp.mean(sink_N > SINK_THRESHOLD),
       "top_key_weight": jnp.mean(top_key_N),
+      "uniform_sink_rate": uniform(several_B1T),
+      "row_mass": jnp.mean(mass_N),
+      "first_value_norm": jnp.mean(first_value_N),
+      "first_value_ratio": jnp.mean(first_value_N / jnp.maximum(mean_value_N, 1e-30)),
       "heads": {"entropy": entropy_N, "max_logit": max_logit_N, "sink_rate": sink_N,
-                "top_key_weight": top_key_N},
+                "top_key_weight": top_key_N, "row_mass": mass_N,
+                "first_value_norm": first_value_N,
+                "first_value_ratio": first_value_N / jnp.maximum(mean_value_N, 1e-30)},
   }
+  for name, in_BT in (query_groups or {}).items():
+    counted_B1T = several_B1T * jnp.broadcast_to(in_BT, (B, T)).astype(jnp.float32)[:, None]
+    g_sink_N, g_top_N, g_mass_N = _key_weights(probs_BNTS, counted_B1T)
+    out[f"sink_rate_{name}"] = jnp.mean(g_sink_N)
+    out[f"top_key_weight_{name}"] = jnp.mean(g_top_N)
+    out[f"uniform_sink_rate_{name}"] = uniform(counted_B1T)
+    out[f"row_mass_{name}"] = jnp.mean(g_mass_N)
+    out["heads"][f"sink_rate_{name}"] = g_sink_N
+    out["heads"][f"top_key_weight_{name}"] = g_top_N
+    out["heads"][f"row_mass_{name}"] = g_mass_N
+  return out
 
 
 def hidden_state_stats(x_BTD, query_mask_BT=None) -> dict[str, jax.Array]:
@@ -121,16 +181,19 @@ def hidden_state_stats(x_BTD, query_mask_BT=None) -> dict[str, jax.Array]:
           "act_ratio": max_act / jnp.maximum(median_act, 1e-30), "kurtosis": kurtosis}
 
 
-def layer_stats(model, tokens_BT, mask=None, query_mask_BT=None) -> list[dict[str, jax.Array]]:
+def layer_stats(model, tokens_BT, mask=None, query_mask_BT=None,
+                query_groups=None) -> list[dict[str, jax.Array]]:
   """Per layer, `attention_stats` of its attention call, as the model makes it, and
   `hidden_state_stats` of its block's output, as arrays (traceable: jit or vmap it).
 
   Reads each layer's exact inputs and the residual stream its block writes from
   `model.layer_trace` (the `attnscale.models.Model` contract: q, k, v, scaling,
   causality, normalizer), one forward pass, so every model variant is served
-  without knowing its attributes. Arguments as `model_attention_stats`'.
+  without knowing its attributes. Arguments as `model_attention_stats`';
+  `query_groups` as `attention_stats`'.
   """
   return [attention_stats(call.q_BTNH, call.k_BSKH, call.v_BSKH, mask=mask,
-                          query_mask_BT=query_mask_BT, **call.options())
+                          query_mask_BT=query_mask_BT, query_groups=query_groups,
+                          **call.options())
           | hidden_state_stats(x_BTD, query_mask_BT)
           for call, x_BTD in model.layer_trace(tokens_BT, mask=mask)]

@@ -285,6 +285,10 @@ class UnitScaledTransformer(base.Model):
       raise ValueError(f"model.attn_gate={cfg.attn_gate!r} is not available in "
                        "model.variant='unit' (a sigmoid gate halves the unit-scale output "
                        "and has no unit-scaling rule here yet): use model.attn_gate='none'")
+    if cfg.head_norm != "none":
+      raise ValueError(f"model.head_norm={cfg.head_norm!r} is not available in "
+                       "model.variant='unit' (its gain has no unit-scaling rule here yet): "
+                       "use model.head_norm='none'")
     if cfg.forget_gate:
       raise ValueError("model.forget_gate=True is not available in model.variant='unit' "
                        "(its decay shrinks the unit-scale output and has no unit-scaling "

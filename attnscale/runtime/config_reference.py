@@ -6,6 +6,8 @@ The model fields come from `ModelConfig` (and `UnitConfig`), the top-level ones 
 `RunConfig` and each task's `CONFIG_FIELDS` (attnscale/config/run.py): each field's
 default, kind and doc, declared once; each config's column shows what its
 `get_config()` (the default config argument) sets where it differs.
+The synthetic tasks' arguments (`config.probe`) come from each task's `ARGS`
+dataclass, the same way.
 tests/test_config_schema.py fails when the committed file differs from `render()`.
 """
 
@@ -22,7 +24,8 @@ from attnscale.models.config import ModelConfig
 from attnscale.runtime import configlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = ("configs/shakespeare_char.py", "configs/bert_small.py", "configs/gpt2.py")
+CONFIGS = ("configs/shakespeare_char.py", "configs/bert_small.py", "configs/gpt2.py",
+           "configs/probes.py")
 OUTPUT = "docs/reference/config.md"
 COMMAND = "python -m attnscale.runtime.config_reference"
 
@@ -136,13 +139,32 @@ def render() -> str:
       *header,
       *_top_level_rows(run.RunConfig, dicts),
   ]
+  by_schema: dict[type, list[str]] = {}  # tasks that share their fields' declarations
   for name, cls in tasks.TASKS.items():
-    if cls.CONFIG_FIELDS is None:
-      continue
-    out += ["", f"## The `{name}` task's fields", "",
-            f"Declared by `{cls.__module__}.{cls.CONFIG_FIELDS.__name__}`; read as "
-            "top-level fields.", "", *header,
-            *_top_level_rows(cls.CONFIG_FIELDS, dicts)]
+    if cls.CONFIG_FIELDS is not None:
+      by_schema.setdefault(cls.CONFIG_FIELDS, []).append(name)
+  for schema, names_ in by_schema.items():
+    out += ["", f"## The fields of task {', '.join(f'`{n}`' for n in names_)}", "",
+            f"Declared by `{schema.__module__}.{schema.__name__}`; read as top-level "
+            "fields.", "", *header, *_top_level_rows(schema, dicts)]
+  # The synthetic tasks' arguments, from their dataclasses.
+  synthetic = {name: cls for name, cls in tasks.TASKS.items()
+               if issubclass(cls, tasks.SyntheticTask)}
+  out += [
+      "",
+      "## Synthetic task arguments (config.probe)",
+      "",
+      "The arguments of the synthetic probe tasks (`attnscale/tasks/synthetic.py`), from "
+      "each task's `ARGS` dataclass: `config.probe` holds the chosen task's, at these "
+      "defaults but where a preset of `configs/probes.py` sets them.",
+      "",
+      "| task | field | default | doc |",
+      "|---|---|---|---|",
+  ]
+  for name, cls in synthetic.items():
+    for f in dataclasses.fields(cls.ARGS):
+      out.append(f"| `{name}` | `probe.{f.name}` | {_value(fields.default_of(f))} | "
+                 f"{_cell(f.metadata['doc'])} |")
   return "\n".join(out) + "\n"
 
 

@@ -407,13 +407,16 @@ def layer_stats_row(layers: list[dict]) -> dict[str, float | list[float]]:
   """The sink and massive-activation entries of a log row, per layer i, from
   `layer_stats.layer_stats` (read to the host) on the log step's batch:
   train/attn/{sink_rate, sink_heads, top_key_weight, max_act, act_ratio,
-  kurtosis}/layer_<i> to
+  kurtosis, first_value_ratio}/layer_<i> and, for each query group g of the task,
+  train/attn/{sink_rate, top_key_weight, uniform_sink_rate, row_mass}_<g>/layer_<i> to
   TensorBoard and metrics.jsonl, train/attn/sink_rate_heads/layer_<i> (one per
   query head) to metrics.jsonl only."""
   row = {}
   for i, layer in enumerate(layers):
     for prefix, name in keys.LAYER_STATS.items():
       row[keys.attention_key(prefix, i)] = float(layer[name])
+    for name in keys.group_stats(layer):  # the task's query groups (trigger / no-trigger)
+      row[keys.attention_key(keys.group_prefix(name), i)] = float(layer[name])
     row[keys.attention_key(keys.SINK_RATE_HEADS, i)] = [
         float(x) for x in np.asarray(layer["heads"]["sink_rate"])]
   return row

@@ -46,9 +46,16 @@ MAX_ACT = "train/attn/max_act/layer_"  # max |x| of the residual stream the bloc
 ACT_RATIO = "train/attn/act_ratio/layer_"  # max |x| / median |x| (Sun et al.)
 KURTOSIS = "train/attn/kurtosis/layer_"  # mean over tokens of the kurtosis over dimensions
 SINK_RATE_HEADS = "train/attn/sink_rate_heads/layer_"  # one per query head (metrics.jsonl)
+# |v_0| / mean |v_j|: the value at the sink position against the real keys'
+FIRST_VALUE_RATIO = "train/attn/first_value_ratio/layer_"
 # The extra pass's scalars: prefix -> the name of `layer_stats.layer_stats`' value.
 LAYER_STATS = {SINK_RATE: "sink_rate", SINK_HEADS: "sink_heads", TOP_KEY: "top_key_weight",
-               MAX_ACT: "max_act", ACT_RATIO: "act_ratio", KURTOSIS: "kurtosis"}
+               MAX_ACT: "max_act", ACT_RATIO: "act_ratio", KURTOSIS: "kurtosis",
+               FIRST_VALUE_RATIO: "first_value_ratio"}
+# The same pass's sink measures on each of the task's query groups g
+# (`Task.query_groups`: the trigger task's trigger and no-trigger rows):
+# train/attn/{sink_rate, top_key_weight, uniform_sink_rate, row_mass}_<g>/layer_<i>.
+GROUP_MEASURES = ("sink_rate_", "top_key_weight_", "uniform_sink_rate_", "row_mass_")
 # Every per-layer prefix (`attention_key`).
 PER_LAYER = (MAX_LOGIT, ENTROPY, MAX_LOGIT_HEADS, ENTROPY_HEADS, *LAYER_STATS, SINK_RATE_HEADS)
 
@@ -61,6 +68,17 @@ Z_LOSS = "train/z_loss"  # mean config.z_loss * mean_t (log Z_t)^2 (when on)
 def train(name: str) -> str:
   """The key of the training summary's `name` ("loss" -> "train/loss")."""
   return TRAIN + name
+
+
+def group_stats(layer: dict) -> list[str]:
+  """The names of a layer's per-group sink measures (`GROUP_MEASURES`), in order."""
+  return [k for k in layer if k != "heads" and k.startswith(GROUP_MEASURES)]
+
+
+def group_prefix(name: str) -> str:
+  """The per-layer key prefix of a group measure ("sink_rate_trigger" ->
+  "train/attn/sink_rate_trigger/layer_")."""
+  return f"train/attn/{name}/layer_"
 
 
 def attention_key(prefix: str, layer: int) -> str:

@@ -260,7 +260,7 @@ def make_layer_stats(graphdef, task, run, mesh, *, packed: bool = False):
     batch = {k: v[:rows] for k, v in batch.items()}
     mask, query_mask_BT = task.attention_masks(batch)
     return layer_stats.layer_stats(nnx.merge(graphdef, params), batch["inputs"], mask,
-                                   query_mask_BT)
+                                   query_mask_BT, _query_groups(task, batch))
 
   return jax.jit(under_mesh(mesh)(jax.vmap(stats) if packed else stats),
                  out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
@@ -317,3 +317,10 @@ def evaluate(eval_step, params, batches: Iterable[dict[str, np.ndarray]], shardi
   """Mean loss per target token over `batches` (sums, so padding weighs 0)."""
   sums = evaluate_sums(eval_step, params, batches, sharding)
   return sums.get("loss_sum", 0.0) / max(sums.get("count", 0.0), 1.0)
+
+
+def _query_groups(task, batch):
+  """The task's query groups of `batch` (`Task.query_groups`), or None: none, or a
+  stand-in task without the method."""
+  groups = getattr(task, "query_groups", None)
+  return (groups(batch) or None) if groups else None

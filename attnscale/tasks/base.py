@@ -5,7 +5,8 @@ declares, so it never names a task: a task checks its config fields
 (`validate_config`, before any data is loaded), chooses and loads its corpus
 (`config.dataset`, one of `DATASETS`), makes batches, computes the loss and the
 metrics of eval.json, prints its lines of eval.py's summary, says how its
-attention is masked, and may generate text (`sampler`).
+attention is masked and which query rows the sink measures report apart
+(`query_groups`), and may generate text (`sampler`).
 
 Dimension legend: B batch, T sequence, V vocabulary.
 """
@@ -69,6 +70,10 @@ class Task(abc.ABC):
   # top-level fields (config.mask_rate), checked, documented and classified for
   # packing and resume as the shared ones are (attnscale/config/run.py).
   CONFIG_FIELDS: ClassVar[type | None] = None
+  # eval.py --lengths: False = windows of the validation token stream
+  # (`attnscale.evaluation.length_eval`); True = the task's own `check_lengths` and
+  # `length_examples` (the synthetic tasks generate examples at each length).
+  OWN_LENGTH_EVAL: ClassVar[bool] = False
 
   def __init__(self, config):
     """Loads the data of `config.dataset`; expects a config that passed
@@ -162,6 +167,14 @@ class Task(abc.ABC):
     """
     del batch
     return None, None
+
+  def query_groups(self, batch: Batch) -> dict[str, jax.Array]:
+    """{name: bool [B, T]}: groups of query rows whose attention sink measures the
+    diagnostics also report apart (eval.json's "rows", the training log's
+    train/attn/<measure>_<name>), e.g. the trigger task's trigger and no-trigger
+    rows. Traceable (jnp on the batch). The default: none."""
+    del batch
+    return {}
 
 
 class NextTokenTask(Task):
