@@ -3,7 +3,7 @@
 The library in a line: `attnscale.attention(q, k, v, scale_fn=attnscale.scalings.get(name))`,
 pure functional attention with a pluggable scaling, and the registry of scalings.
 
-Packages, by layer (each may import only those above it):
+Packages, by layer, lowest first (each may import only those before it):
 
     core/         the attention math: attention, kernels (XLA, splash), scalings,
                   visibility, positions, sharding. Pure JAX, no Flax.

@@ -222,3 +222,28 @@ def test_the_scaling_name_check_allows_other_fields():
           "ok = cfg.fp8_scaling != 'none'\n"
           '"""A docstring may say cosine."""\n')
   assert not _violations(code, _scaling_names())
+
+
+def _package_doc(package):
+  import ast as _ast
+  with open(os.path.join(PACKAGE, package, "__init__.py")) as f:
+    return _ast.get_docstring(_ast.parse(f.read())) or ""
+
+
+@pytest.mark.parametrize("package", [p for p in LAYERS if os.path.isdir(os.path.join(PACKAGE, p))])
+def test_each_package_docstring_lists_its_modules_and_what_it_may_import(package):
+  doc = _package_doc(package)
+  folder = os.path.join(PACKAGE, package)
+  modules = [n[:-3] for n in os.listdir(folder) if n.endswith(".py") and n != "__init__.py"]
+  modules += [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n, "__init__.py"))]
+  assert not [m for m in modules if m not in doc], f"attnscale/{package}/__init__.py's docstring"
+  # Its "may import" sentence names every lower layer a module of it imports.
+  sentence = doc[doc.lower().rindex("may import"):].split(".\n")[0].split(". ")[0]
+  imported = {_layer(i) for module, path in _modules() if _layer(module) == package
+              for i in _imports(path)} - {None, package}
+  words = {w.strip(".").removeprefix("attnscale.") for w in
+           sentence.replace(",", " ").replace(";", " ").split()}
+  named = {layer for layer in LAYERS if layer in words}
+  if "every package below it" in sentence or "every lower layer" in sentence:
+    named = set(LAYERS[:LAYERS.index(package)])
+  assert imported <= named, (package, sorted(imported - named))

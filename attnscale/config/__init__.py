@@ -16,8 +16,8 @@ How a field is declared (`field(default, doc, kind=..., since=...)`, and what
 packing, resuming and migration derive from the kinds) is attnscale/fields.py,
 beside checks.py at the bottom of the layers, since the tasks declare theirs too.
 
-Below the runtime, above the models and tasks: may import core, numerics, models,
-data and tasks, never the runtime (which reads the config through this package).
+Below the runtime, above the models and tasks: may import checks, fields, core,
+numerics, models, data and tasks, never the runtime (which reads the config here).
 """
 
 from attnscale.config.run import RunConfig, of, read

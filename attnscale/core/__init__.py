@@ -9,6 +9,11 @@
     visibility.py        which keys each query sees; sums over exactly those
     positions.py         rotary positions
     sharding.py          the mesh's axes and the activation layout every model keeps
+    normalizers.py       the row normalisers beyond softmax (softpick, ReLU/L, stick-breaking)
+    differential.py      differential attention: two maps on the one kernel
+    selective.py         selective attention's logit bias
+    head_outputs.py      what a layer does to each head's output before the projection (XSA,
+                         head-wise RMSNorm)
 
 Imports nothing else of attnscale.
 """

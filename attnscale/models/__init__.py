@@ -3,8 +3,15 @@
     standard  transformer.Transformer             GPT / BERT (nanoGPT's architecture)
     unit      unit_transformer.UnitScaledTransformer  unit-scaled, residual-weighted
 
+    base.py         the contract and what every variant shares (attention layer, stats)
+    config.py       `ModelConfig`: every variant's hyperparameters (`config.model`)
+    mup.py          muP for Adam (`model.parameterization`) and the depth rule
+    layer_stats.py  per-layer attention and residual-stream statistics in one forward pass
+
 A new variant is one file with a `base.Model` subclass plus one line in
 `VARIANTS`; its own config fields go in a sub-config of `ModelConfig`.
+
+May import checks, fields, core and numerics.
 """
 
 from __future__ import annotations

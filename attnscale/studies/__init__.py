@@ -19,6 +19,17 @@ for tables), a plot function returning a matplotlib Figure, and one CLI name in
 `write_tables` and `save_figure` write a study's CSV/Markdown and PNG; they (and
 `to_csv`, `to_markdown`) are `attnscale.experiments.reporting`'s, re-exported here for
 notebooks, and shared with the sweeps.
+
+The modules: the simulations (output_std.py, key_norm_kde.py, critical_length.py,
+coord_check.py), the studies of trained runs, each reading its sweep's store
+(trained.py, length.py, precision.py, sensitivity.py, shared_kv.py, bert.py,
+width.py, critical_trained.py, transfer.py with transfer_runs.py,
+transfer_sensitivity.py and transfer_summary.py, normalisers.py with
+normalisers_runs.py and normalisers_figures.py), registry.py (the names
+`python -m attnscale.studies` takes, one line each) and __main__.py (that command).
+
+May import every lower layer: checks, fields, core, numerics, models, data, tasks,
+config, runtime, evaluation and experiments.
 """
 
 from attnscale.experiments.reporting import save_figure, to_csv, to_markdown, write_tables

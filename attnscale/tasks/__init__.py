@@ -15,9 +15,12 @@ The synthetic probes (generated on the fly from the seed, scored by exact match;
     max_retrieval max_retrieval.MaxRetrievalTask  the running max of Velickovic et
                                         al. 2024 (sharpness as the items grow)
 
-Every task implements the contract of `base.Task`; train.py, eval.py and the
+Every task implements the contract of `base.Task` (base.py; losses.py: the
+cross-entropy sums and output-logit health they share); train.py, eval.py and the
 studies call only that. A new task is one file with a `Task` subclass plus one
-line in `TASKS`.
+line in `TASKS`; its own config fields are its `CONFIG_FIELDS`.
+
+May import checks, fields, core, numerics, models and data.
 """
 
 from __future__ import annotations
