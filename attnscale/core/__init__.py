@@ -15,7 +15,7 @@
     head_outputs.py      what a layer does to each head's output before the projection (XSA,
                          head-wise RMSNorm)
 
-Imports nothing else of attnscale.
+May import checks alone (no other package of attnscale).
 """
 
 # Every scaling registers on import: scalings.py's, then length_scalings.py's, so that
