@@ -182,7 +182,7 @@ register("yarn", bilinear=True, mup=NO_MUP,
 
 
 # ---------------------------------------------------------------------------
-# The critical-length family (issue #62, docs/experiments/critical_length.md): how
+# The critical-length family (docs/experiments/critical_length.md): how
 # the logit scale should grow with n, as a law with an exponent, not a recipe.
 
 

@@ -1,4 +1,4 @@
-"""normalisers: softmax, its amendments and the normalisers that replace it (issue #61).
+"""normalisers: softmax, its amendments and the normalisers that replace it (docs/experiments/normalisers.md).
 
     python -m attnscale.studies normalisers \\
         --workdirs docs/results/normalisers/runs.parquet --out docs/results/normalisers \\

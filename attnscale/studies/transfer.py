@@ -1,4 +1,4 @@
-"""The transfer study (issue #41): which parameterisation, optimizer and attention
+"""The transfer study (docs/experiments/transfer.md): which parameterisation, optimizer and attention
 keep the best learning rate in place as the model widens, and the loss insensitive
 to it?
 
