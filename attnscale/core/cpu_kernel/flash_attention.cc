@@ -1,0 +1,582 @@
+// FlashAttention-2 on the CPU, forward and backward, as two XLA FFI handlers.
+//
+//   z_i = sum_j p_ij v_j,  p_ij = exp(l_ij - lse_i),  lse_i = log sum_j exp(l_ij),
+//   l_ij = q_i . k_j  over the keys j query i sees (causality, a boolean mask).
+//
+// The scale is folded into q by the caller, so one kernel serves every scaling.
+// Forward (Dao 2023, "FlashAttention-2", Algorithm 1): a query block of BQ rows
+// meets the key blocks of BK keys one by one with an online softmax (running
+// row max m_i and sum l_i, the output rescaled by exp(m_old - m_new)); a causal
+// query block stops at its last row's key. Only the BQ x BK logits of one block
+// pair exist at a time, so memory is O(T) per block (no T x S buffer).
+// Backward (Algorithm 2, with D_i = do_i . o_i - dlse_i so that a gradient of
+// lse, the sink's, joins dl_ij = p_ij (dp_ij - D_i)): one task per (batch,
+// key/value head) walks its key blocks; for each it meets every query block of
+// every query head of its group, accumulating dk and dv in the block and dq in
+// the task's own float32 buffer, so no two tasks write one element: no atomics,
+// and the same bits whatever the number of threads.
+//
+// Layout: q [B, T, N, H], k [B, S, K, H], v [B, S, K, V], o [B, T, N, V], lse [B, T, N]
+// (float32); query head n reads key/value head n / G, G = N / K. Inputs float32 or
+// bfloat16, read into float32 tiles; every product and the softmax in float32.
+// A mask is uint8 [mB, mN, mT, S] with mB, mN, mT each 1 or full (broadcast).
+// A query that sees no key gets o = 0 and lse = -inf.
+//
+// Products run through one register-blocked micro-kernel (4 rows x up to 4
+// vectors of 16 floats, a broadcast FMA per element of A) written with GCC/Clang
+// vector extensions, which compile to AVX-512 with -march=native and to two or
+// four narrower registers elsewhere. exp is a vectorised Cephes polynomial.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int BQ = 64;  // query rows per block (a multiple of 4)
+constexpr int BK = 64;  // keys per block (a multiple of 16)
+constexpr int W = 16;   // floats per vector
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+inline v16 splat(float x) { return v16{} + x; }
+inline v16 load(const float* p) { v16 r; std::memcpy(&r, p, sizeof(r)); return r; }
+inline void store(float* p, v16 x) { std::memcpy(p, &x, sizeof(x)); }
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// exp(x) for a vector, Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-7
+// polynomial for e^r, 2^n built in the exponent bits. Relative error ~1e-7;
+// exactly 0 below -87.3 (and for -inf), so an invisible key weighs nothing.
+inline v16 vexp(v16 x) {
+  const v16 lo = splat(-87.3f), hi = splat(88.3f);
+  v16i zero_mask = x < lo;
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  v16 fx = x * 1.44269504088896341f + 0.5f;
+  v16i n = __builtin_convertvector(fx, v16i);
+  v16 nf = __builtin_convertvector(n, v16);
+  v16i above = nf > fx;  // truncation toward 0 -> floor
+  nf = above ? nf - 1.0f : nf;
+  n = __builtin_convertvector(nf, v16i);
+  v16 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  v16 y = splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  v16i bits = (n + 127) << 23;
+  v16 pow2n;
+  std::memcpy(&pow2n, &bits, sizeof(pow2n));
+  y = y * pow2n;
+  return zero_mask ? splat(0.0f) : y;
+}
+
+inline float hmax(v16 x) {
+  float r = x[0];
+  for (int i = 1; i < W; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+inline float hsum(v16 x) {
+  // A fixed pairwise order: the same bits on every call.
+  float a[W];
+  std::memcpy(a, &x, sizeof(a));
+  for (int w = W / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] += a[i + w];
+  return a[0];
+}
+
+// C[4 rows][NV vectors] (+)= A[4 rows][kd] B[kd][NV vectors]: A(m, k) at
+// A[m * am + k * ak] (so A may be a transposed tile), B row-major with stride ldb.
+template <int NV>
+inline void micro(float* C, int ldc, const float* A, int am, int ak, const float* B, int ldb,
+                  int kd, bool accumulate) {
+  v16 c[4][NV];
+  for (int r = 0; r < 4; ++r)
+    for (int v = 0; v < NV; ++v) c[r][v] = accumulate ? load(C + r * ldc + v * W) : splat(0.0f);
+  for (int k = 0; k < kd; ++k) {
+    v16 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
+    for (int r = 0; r < 4; ++r) {
+      v16 a = splat(A[r * am + k * ak]);
+      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, c[r][v]);
+}
+
+// C[m][n] (+)= sum_k A(m, k) B[k][n] for m < M (a multiple of 4), n < N (a multiple of 16).
+void gemm(float* C, int ldc, const float* A, int am, int ak, const float* B, int ldb, int M,
+          int N, int kd, bool accumulate) {
+  for (int m = 0; m < M; m += 4) {
+    const float* Am = A + m * am;
+    float* Cm = C + m * ldc;
+    int n = 0;
+    for (; n + 4 * W <= N; n += 4 * W) micro<4>(Cm + n, ldc, Am, am, ak, B + n, ldb, kd, accumulate);
+    switch ((N - n) / W) {
+      case 3: micro<3>(Cm + n, ldc, Am, am, ak, B + n, ldb, kd, accumulate); break;
+      case 2: micro<2>(Cm + n, ldc, Am, am, ak, B + n, ldb, kd, accumulate); break;
+      case 1: micro<1>(Cm + n, ldc, Am, am, ak, B + n, ldb, kd, accumulate); break;
+      default: break;
+    }
+  }
+}
+
+struct Buf {
+  std::unique_ptr<float[]> p;
+  explicit Buf(size_t n) : p(new (std::align_val_t(64)) float[n]()) {}
+  float* get() { return p.get(); }
+};
+
+// float32 or bfloat16 storage, read and written as float32.
+struct Tensor {
+  const void* data;
+  bool bf16;
+  float at(int64_t i) const {
+    if (!bf16) return static_cast<const float*>(data)[i];
+    uint32_t bits = uint32_t(static_cast<const uint16_t*>(data)[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+};
+
+inline void put(void* data, bool bf16, int64_t i, float x) {
+  if (!bf16) {
+    static_cast<float*>(data)[i] = x;
+    return;
+  }
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays NaN
+    static_cast<uint16_t*>(data)[i] = uint16_t((u >> 16) | 0x40);
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  static_cast<uint16_t*>(data)[i] = uint16_t(u >> 16);
+}
+
+struct Shape {
+  int64_t B, T, S, N, K, H, V;
+  int64_t mB, mN, mT;  // the mask's leading dims (0: no mask)
+  bool causal;
+  const uint8_t* mask;
+  int G() const { return int(N / K); }
+  int64_t q_at(int64_t b, int64_t t, int64_t n) const { return ((b * T + t) * N + n) * H; }
+  int64_t k_at(int64_t b, int64_t s, int64_t k) const { return ((b * S + s) * K + k) * H; }
+  int64_t v_at(int64_t b, int64_t s, int64_t k) const { return ((b * S + s) * K + k) * V; }
+  int64_t o_at(int64_t b, int64_t t, int64_t n) const { return ((b * T + t) * N + n) * V; }
+  const uint8_t* mask_row(int64_t b, int64_t n, int64_t t) const {
+    if (!mask) return nullptr;
+    return mask + (((mB > 1 ? b : 0) * mN + (mN > 1 ? n : 0)) * mT + (mT > 1 ? t : 0)) * S;
+  }
+};
+
+// -inf where query t0 + i does not see key s0 + j (causality, the mask, past the
+// block's sk keys), for the rows and keys of one BQ x BK logit tile.
+void mask_tile(const Shape& sh, float* L, int64_t b, int64_t n, int64_t t0, int64_t s0, int sk) {
+  const float ninf = -INFINITY;
+  bool diagonal = sh.causal && s0 + BK - 1 > t0;
+  for (int i = 0; i < BQ; ++i) {
+    float* row = L + i * BK;
+    int end = sk;
+    if (diagonal) end = int(std::max<int64_t>(0, std::min<int64_t>(sk, t0 + i - s0 + 1)));
+    for (int j = end; j < BK; ++j) row[j] = ninf;
+    const uint8_t* m = (t0 + i < sh.T) ? sh.mask_row(b, n, t0 + i) : nullptr;
+    if (m)
+      for (int j = 0; j < end; ++j)
+        if (!m[s0 + j]) row[j] = ninf;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Work split: tasks [0, n) over XLA's intra-op pool or this file's own, the
+// caller taking tasks too. Each task writes its own outputs, so the result does
+// not depend on which thread ran which task.
+
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool* pool = new Pool();  // never destroyed: threads outlive static destructors
+    return *pool;
+  }
+  // Runs fn(i) for i in [0, n) on up to `threads` threads (the caller included).
+  void run(int64_t n, int threads, const std::function<void(int64_t)>& fn) {
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (!busy.owns_lock() || threads <= 1 || n <= 1) {  // nested or concurrent: serial
+      for (int64_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    grow(threads - 1);
+    std::atomic<int64_t> next{0}, done{0};
+    auto work = [&] {
+      for (int64_t i; (i = next.fetch_add(1)) < n;) {
+        fn(i);
+        done.fetch_add(1);
+      }
+    };
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = work;
+      helpers_ = threads - 1;
+      ++epoch_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return done.load() == n && active_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void grow(int helpers) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (int(threads_.size()) < helpers) {
+      int id = int(threads_.size());
+      threads_.emplace_back([this, id] { loop(id); });
+      threads_.back().detach();
+    }
+  }
+  void loop(int id) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return epoch_ != seen; });
+      seen = epoch_;
+      if (id >= helpers_ || !job_) continue;
+      std::function<void()> job = job_;
+      ++active_;
+      lock.unlock();
+      job();
+      lock.lock();
+      --active_;
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex run_mu_, mu_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> threads_;
+  std::function<void()> job_;
+  uint64_t epoch_ = 0;
+  int helpers_ = 0, active_ = 0;
+};
+
+// fn(i) for i in [0, n) on XLA's intra-op pool: up to `threads - 1` helpers
+// scheduled there, the caller working too; the caller returns when every task
+// is done (a helper that starts late finds none left and returns at once).
+void run_on_xla_pool(ffi::ThreadPool& xla_pool, int64_t n, int threads,
+                     const std::function<void(int64_t)>& fn) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    std::mutex mu;
+    std::condition_variable cv;
+    std::function<void(int64_t)> fn;
+    int64_t n;
+  };
+  auto state = std::make_shared<State>();
+  state->fn = fn;
+  state->n = n;
+  auto work = [](State& s) {
+    for (int64_t i; (i = s.next.fetch_add(1)) < s.n;) {
+      s.fn(i);
+      if (s.done.fetch_add(1) + 1 == s.n) {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.cv.notify_all();
+      }
+    }
+  };
+  int helpers = int(std::min<int64_t>(threads - 1, n - 1));
+  for (int h = 0; h < helpers; ++h) xla_pool.Schedule([state, work] { work(*state); });
+  work(*state);
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->done.load() == n; });
+}
+
+// pool: 0 XLA's intra-op pool, 1 this file's own threads. threads <= 0: all of them.
+void parallel_for(ffi::ThreadPool& xla_pool, int64_t pool, int64_t threads, int64_t n,
+                  const std::function<void(int64_t)>& fn) {
+  int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  int64_t avail = pool == 0 ? std::max<int64_t>(1, xla_pool.num_threads()) : hw;
+  int t = int(std::min(threads > 0 ? threads : avail, n));
+  if (t <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  } else if (pool == 0) {
+    run_on_xla_pool(xla_pool, n, t, fn);
+  } else {
+    Pool::get().run(n, t, fn);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one task per (b, n, query block).
+
+void forward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, void* o, bool o_bf16,
+                  float* lse, int64_t task) {
+  const int64_t nq = (sh.T + BQ - 1) / BQ;
+  const int64_t qb = task % nq, n = (task / nq) % sh.N, b = task / (nq * sh.N);
+  const int64_t kv = n / sh.G();
+  const int Hp = round_up(int(sh.H), W), Vp = round_up(int(sh.V), W);
+  const int64_t t0 = qb * BQ;
+  const int tq = int(std::min<int64_t>(BQ, sh.T - t0));
+  Buf Q(BQ * Hp), Kt(Hp * BK), Vb(BK * Vp), L(BQ * BK), O(BQ * Vp);
+  float m[BQ], l[BQ];
+  for (int i = 0; i < BQ; ++i) { m[i] = -INFINITY; l[i] = 0.0f; }
+  for (int i = 0; i < tq; ++i)
+    for (int h = 0; h < sh.H; ++h) Q.get()[i * Hp + h] = q.at(sh.q_at(b, t0 + i, n) + h);
+  const int64_t s_end = sh.causal ? std::min<int64_t>(sh.S, t0 + tq) : sh.S;
+  for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
+    const int sk = int(std::min<int64_t>(BK, s_end - s0));
+    std::memset(Kt.get(), 0, sizeof(float) * Hp * BK);
+    std::memset(Vb.get(), 0, sizeof(float) * BK * Vp);
+    for (int j = 0; j < sk; ++j) {
+      const int64_t ko = sh.k_at(b, s0 + j, kv), vo = sh.v_at(b, s0 + j, kv);
+      for (int h = 0; h < sh.H; ++h) Kt.get()[h * BK + j] = k.at(ko + h);
+      for (int h = 0; h < sh.V; ++h) Vb.get()[j * Vp + h] = v.at(vo + h);
+    }
+    gemm(L.get(), BK, Q.get(), Hp, 1, Kt.get(), BK, BQ, BK, Hp, false);
+    mask_tile(sh, L.get(), b, n, t0, s0, sk);
+    for (int i = 0; i < BQ; ++i) {
+      float* row = L.get() + i * BK;
+      v16 mx = load(row);
+      for (int j = W; j < BK; j += W) { v16 x = load(row + j); mx = x > mx ? x : mx; }
+      const float m_new = std::max(m[i], hmax(mx));
+      const float shift = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0
+      v16 sum = splat(0.0f);
+      for (int j = 0; j < BK; j += W) {
+        v16 p = vexp(load(row + j) - shift);
+        store(row + j, p);
+        sum += p;
+      }
+      const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - shift);
+      l[i] = l[i] * alpha + hsum(sum);
+      m[i] = m_new;
+      float* orow = O.get() + i * Vp;
+      for (int h = 0; h < Vp; h += W) store(orow + h, load(orow + h) * alpha);
+    }
+    gemm(O.get(), Vp, L.get(), BK, 1, Vb.get(), Vp, BQ, Vp, BK, true);
+  }
+  for (int i = 0; i < tq; ++i) {
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const int64_t oo = sh.o_at(b, t0 + i, n);
+    for (int h = 0; h < sh.V; ++h) put(o, o_bf16, oo + h, O.get()[i * Vp + h] * inv);
+    lse[(b * sh.T + t0 + i) * sh.N + n] = l[i] > 0.0f ? m[i] + std::log(l[i]) : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward: one task per (b, key/value head).
+
+struct Grads {
+  void* dq;
+  void* dk;
+  void* dv;
+  bool bf16;
+};
+
+void backward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, Tensor o, Tensor dout,
+                   const float* lse, const float* dlse, Grads g, int64_t task) {
+  const int64_t b = task / sh.K, kv = task % sh.K;
+  const int G = sh.G();
+  const int Hp = round_up(int(sh.H), W), Vp = round_up(int(sh.V), W);
+  const int64_t nq = (sh.T + BQ - 1) / BQ, Tp = nq * BQ;
+  // Per query row of the group: D_i = do_i . o_i - dlse_i, lse_i; dq in float32.
+  Buf D(G * Tp), LSE(G * Tp), dQ(size_t(G) * Tp * Hp);
+  for (int gi = 0; gi < G; ++gi) {
+    const int64_t n = kv * G + gi;
+    for (int64_t t = 0; t < Tp; ++t) {
+      float d = 0.0f, ls = INFINITY;  // padding rows: p = exp(-inf) = 0
+      if (t < sh.T) {
+        const int64_t oo = sh.o_at(b, t, n);
+        for (int h = 0; h < sh.V; ++h) d += dout.at(oo + h) * o.at(oo + h);
+        const int64_t r = (b * sh.T + t) * sh.N + n;
+        d -= dlse[r];
+        ls = lse[r] == -INFINITY ? INFINITY : lse[r];  // a row that sees no key: p = 0
+      }
+      D.get()[gi * Tp + t] = d;
+      LSE.get()[gi * Tp + t] = ls;
+    }
+  }
+  Buf Kb(BK * Hp), Kt(Hp * BK), Vt(Vp * BK), dK(BK * Hp), dV(BK * Vp);
+  Buf Q(BQ * Hp), dO(BQ * Vp), P(BQ * BK), dP(BQ * BK);
+  for (int64_t s0 = 0; s0 < sh.S; s0 += BK) {
+    const int sk = int(std::min<int64_t>(BK, sh.S - s0));
+    std::memset(Kb.get(), 0, sizeof(float) * BK * Hp);
+    std::memset(Kt.get(), 0, sizeof(float) * Hp * BK);
+    std::memset(Vt.get(), 0, sizeof(float) * Vp * BK);
+    std::memset(dK.get(), 0, sizeof(float) * BK * Hp);
+    std::memset(dV.get(), 0, sizeof(float) * BK * Vp);
+    for (int j = 0; j < sk; ++j) {
+      const int64_t ko = sh.k_at(b, s0 + j, kv), vo = sh.v_at(b, s0 + j, kv);
+      for (int h = 0; h < sh.H; ++h) {
+        float x = k.at(ko + h);
+        Kb.get()[j * Hp + h] = x;
+        Kt.get()[h * BK + j] = x;
+      }
+      for (int h = 0; h < sh.V; ++h) Vt.get()[h * BK + j] = v.at(vo + h);
+    }
+    // Causal: key s0 is first seen by query s0, in query block s0 / BQ.
+    const int64_t qb0 = sh.causal ? s0 / BQ : 0;
+    for (int gi = 0; gi < G; ++gi) {
+      const int64_t n = kv * G + gi;
+      for (int64_t qb = qb0; qb < nq; ++qb) {
+        const int64_t t0 = qb * BQ;
+        const int tq = int(std::min<int64_t>(BQ, sh.T - t0));
+        std::memset(Q.get(), 0, sizeof(float) * BQ * Hp);
+        std::memset(dO.get(), 0, sizeof(float) * BQ * Vp);
+        for (int i = 0; i < tq; ++i) {
+          const int64_t qo = sh.q_at(b, t0 + i, n), oo = sh.o_at(b, t0 + i, n);
+          for (int h = 0; h < sh.H; ++h) Q.get()[i * Hp + h] = q.at(qo + h);
+          for (int h = 0; h < sh.V; ++h) dO.get()[i * Vp + h] = dout.at(oo + h);
+        }
+        gemm(P.get(), BK, Q.get(), Hp, 1, Kt.get(), BK, BQ, BK, Hp, false);
+        mask_tile(sh, P.get(), b, n, t0, s0, sk);
+        const float* lse_t = LSE.get() + gi * Tp + t0;
+        for (int i = 0; i < BQ; ++i) {
+          float* row = P.get() + i * BK;
+          for (int j = 0; j < BK; j += W) store(row + j, vexp(load(row + j) - lse_t[i]));
+        }
+        // dv += p^T do; dp = do v^T; ds = p (dp - D); dk += ds^T q; dq += ds k.
+        gemm(dV.get(), Vp, P.get(), 1, BK, dO.get(), Vp, BK, Vp, BQ, true);
+        gemm(dP.get(), BK, dO.get(), Vp, 1, Vt.get(), BK, BQ, BK, Vp, false);
+        const float* d_t = D.get() + gi * Tp + t0;
+        for (int i = 0; i < BQ; ++i) {
+          float* ds = dP.get() + i * BK;
+          const float* p = P.get() + i * BK;
+          for (int j = 0; j < BK; j += W) store(ds + j, load(p + j) * (load(ds + j) - d_t[i]));
+        }
+        gemm(dK.get(), Hp, dP.get(), 1, BK, Q.get(), Hp, BK, Hp, BQ, true);
+        gemm(dQ.get() + (size_t(gi) * Tp + t0) * Hp, Hp, dP.get(), BK, 1, Kb.get(), Hp, BQ, Hp,
+             BK, true);
+      }
+    }
+    for (int j = 0; j < sk; ++j) {
+      const int64_t ko = sh.k_at(b, s0 + j, kv), vo = sh.v_at(b, s0 + j, kv);
+      for (int h = 0; h < sh.H; ++h) put(g.dk, g.bf16, ko + h, dK.get()[j * Hp + h]);
+      for (int h = 0; h < sh.V; ++h) put(g.dv, g.bf16, vo + h, dV.get()[j * Vp + h]);
+    }
+  }
+  for (int gi = 0; gi < G; ++gi) {
+    const int64_t n = kv * G + gi;
+    for (int64_t t = 0; t < sh.T; ++t) {
+      const int64_t qo = sh.q_at(b, t, n);
+      const float* row = dQ.get() + (size_t(gi) * Tp + t) * Hp;
+      for (int h = 0; h < sh.H; ++h) put(g.dq, g.bf16, qo + h, row[h]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// FFI handlers.
+
+ffi::Error shape_of(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::Buffer<ffi::U8> mask, int64_t is_causal, int64_t has_mask, Shape* sh,
+                    bool* bf16) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 4)
+    return ffi::Error::InvalidArgument("attnscale flash attention: q, k, v, mask must be rank 4");
+  ffi::DataType t = q.element_type();
+  if (t != k.element_type() || t != v.element_type() ||
+      (t != ffi::DataType::F32 && t != ffi::DataType::BF16))
+    return ffi::Error::InvalidArgument("attnscale flash attention: q, k, v must be f32 or bf16");
+  *bf16 = t == ffi::DataType::BF16;
+  *sh = Shape{qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], vd[3], md[0], md[1], md[2],
+              is_causal != 0, has_mask ? mask.typed_data() : nullptr};
+  if (kd[3] != sh->H || vd[1] != sh->S || vd[2] != sh->K || kd[0] != sh->B || vd[0] != sh->B ||
+      sh->K <= 0 || sh->N % sh->K != 0)
+    return ffi::Error::InvalidArgument("attnscale flash attention: inconsistent shapes");
+  if (has_mask && md[3] != sh->S)
+    return ffi::Error::InvalidArgument("attnscale flash attention: mask must end in S");
+  return ffi::Error::Success();
+}
+
+ffi::Error ForwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                       ffi::AnyBuffer v, ffi::Buffer<ffi::U8> mask, int64_t is_causal,
+                       int64_t has_mask, int64_t pool, int64_t threads,
+                       ffi::Result<ffi::AnyBuffer> o, ffi::ResultBuffer<ffi::F32> lse) {
+  Shape sh;
+  bool bf16;
+  ffi::Error err = shape_of(q, k, v, mask, is_causal, has_mask, &sh, &bf16);
+  if (err.failure()) return err;
+  const Tensor tq{q.untyped_data(), bf16}, tk{k.untyped_data(), bf16}, tv{v.untyped_data(), bf16};
+  void* out = o->untyped_data();
+  float* lse_out = lse->typed_data();
+  const int64_t nq = (sh.T + BQ - 1) / BQ;
+  parallel_for(xla_pool, pool, threads, sh.B * sh.N * nq, [&](int64_t task) {
+    forward_task(sh, tq, tk, tv, out, bf16, lse_out, task);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error BackwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                        ffi::AnyBuffer v, ffi::Buffer<ffi::U8> mask, ffi::AnyBuffer o,
+                        ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                        ffi::Buffer<ffi::F32> dlse, int64_t is_causal, int64_t has_mask,
+                        int64_t pool, int64_t threads, ffi::Result<ffi::AnyBuffer> dq,
+                        ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv) {
+  Shape sh;
+  bool bf16;
+  ffi::Error err = shape_of(q, k, v, mask, is_causal, has_mask, &sh, &bf16);
+  if (err.failure()) return err;
+  const Tensor tq{q.untyped_data(), bf16}, tk{k.untyped_data(), bf16}, tv{v.untyped_data(), bf16};
+  const Tensor to{o.untyped_data(), bf16}, tdo{dout.untyped_data(), bf16};
+  const Grads g{dq->untyped_data(), dk->untyped_data(), dv->untyped_data(), bf16};
+  const float* lse_in = lse.typed_data();
+  const float* dlse_in = dlse.typed_data();
+  parallel_for(xla_pool, pool, threads, sh.B * sh.K, [&](int64_t task) {
+    backward_task(sh, tq, tk, tv, to, tdo, lse_in, dlse_in, g, task);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttnscaleFlashForward, ForwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int64_t>("is_causal")
+                                  .Attr<int64_t>("has_mask")
+                                  .Attr<int64_t>("pool")
+                                  .Attr<int64_t>("threads")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttnscaleFlashBackward, BackwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("is_causal")
+                                  .Attr<int64_t>("has_mask")
+                                  .Attr<int64_t>("pool")
+                                  .Attr<int64_t>("threads")
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
