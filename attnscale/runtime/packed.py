@@ -66,6 +66,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attnscale import tasks
+from attnscale.models import base as models_base
 from attnscale.runtime import (
   configlib,
   interrupts,
@@ -155,9 +156,12 @@ def _train(slots: list[loop.Slot], graphdef, shardings, mesh, locks) -> list[dic
     state = slot.open(_slot(state_K, k), shardings)
     if slot.last_good is not None:  # resumed from its checkpoint
       state_K = _put(state_K, k, state)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    kernel = models_base.attention_kernel(base.model)
   for k, slot in enumerate(real):  # after every resume: which runs shared the program
     provenance.write(slot.workdir, pack=[os.path.abspath(s.workdir) for s in real],
-                     pack_size=len(slots), slot=k, **rundir.provenance_imports(slot.config))
+                     pack_size=len(slots), slot=k, attention_kernel=kernel,
+                     **rundir.provenance_imports(slot.config))
   program = Pack(slots[0].task, base, graphdef, shardings_K, mesh, hparams_K)
   num_params = sum(x[0].size for x in jax.tree.leaves(state_K["params"]))
   padding = f" (+{len(slots) - len(real)} padding)" if len(slots) > len(real) else ""

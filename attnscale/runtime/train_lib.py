@@ -40,6 +40,7 @@ import jax
 import ml_collections
 
 from attnscale import tasks
+from attnscale.models import base as models_base
 from attnscale.runtime import configlib, loop, provenance, run_config, rundir, steps
 from attnscale.runtime import train_state as ts
 
@@ -116,7 +117,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       # Which code, versions and devices: one record a (re)start that trains (after
       # the resume, so a run that cannot resume leaves its directory as it was), with
       # the files of config.imports, which eval.py imports again from any folder.
-      provenance.write(workdir, pack_size=1, slot=0, **rundir.provenance_imports(config))
+      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        kernel = models_base.attention_kernel(run.model)
+      provenance.write(workdir, pack_size=1, slot=0, attention_kernel=kernel,
+                       **rundir.provenance_imports(config))
       program = OneRun(run, task, graphdef, shardings, batch_sharding)
       num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
       processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
