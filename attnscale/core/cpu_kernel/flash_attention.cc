@@ -4,8 +4,9 @@
 //   l_ij = q_i . k_j  over the keys j query i sees (causality, a boolean mask).
 //
 // The scale is folded into q by the caller, so one kernel serves every scaling.
-// Forward (Dao 2023, "FlashAttention-2", Algorithm 1): a query block of BQ rows
-// meets the key blocks of BK keys one by one with an online softmax (running
+// Forward (Dao 2023, "FlashAttention-2", Algorithm 1): one task per (batch,
+// key/value head) packs its keys and values once; each query block of BQ rows of
+// each of its query heads meets the key blocks of BK keys one by one with an online softmax (running
 // row max m_i and sum l_i, the output rescaled by exp(m_old - m_new)); a causal
 // query block stops at its last row's key. Only the BQ x BK logits of one block
 // pair exist at a time, so memory is O(T) per block (no T x S buffer).
@@ -146,32 +147,40 @@ struct Buf {
   float* get() { return p.get(); }
 };
 
-// float32 or bfloat16 storage, read and written as float32.
+// float32 or bfloat16 storage, read and written as float32, a row at a time (one
+// branch a row; float32 rows are copies, bfloat16 rows a shift the compiler vectorises).
 struct Tensor {
   const void* data;
   bool bf16;
-  float at(int64_t i) const {
-    if (!bf16) return static_cast<const float*>(data)[i];
-    uint32_t bits = uint32_t(static_cast<const uint16_t*>(data)[i]) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+  void read(int64_t at, int n, float* dst) const {
+    if (!bf16) {
+      std::memcpy(dst, static_cast<const float*>(data) + at, sizeof(float) * n);
+      return;
+    }
+    const uint16_t* src = static_cast<const uint16_t*>(data) + at;
+    for (int i = 0; i < n; ++i) {
+      uint32_t bits = uint32_t(src[i]) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    }
   }
 };
 
-inline void put(void* data, bool bf16, int64_t i, float x) {
-  if (!bf16) {
-    static_cast<float*>(data)[i] = x;
-    return;
-  }
+inline uint16_t to_bf16(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays NaN
-    static_cast<uint16_t*>(data)[i] = uint16_t((u >> 16) | 0x40);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return uint16_t(u >> 16);
+}
+
+inline void write(void* data, bool bf16, int64_t at, int n, const float* src, float scale = 1.0f) {
+  if (!bf16) {
+    float* dst = static_cast<float*>(data) + at;
+    for (int i = 0; i < n; ++i) dst[i] = src[i] * scale;
     return;
   }
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  static_cast<uint16_t*>(data)[i] = uint16_t(u >> 16);
+  uint16_t* dst = static_cast<uint16_t*>(data) + at;
+  for (int i = 0; i < n; ++i) dst[i] = to_bf16(src[i] * scale);
 }
 
 struct Shape {
@@ -325,59 +334,95 @@ void parallel_for(ffi::ThreadPool& xla_pool, int64_t pool, int64_t threads, int6
   }
 }
 
+// Keys and values of one (b, key/value head), packed once per task for every query
+// head and block that reads them: K^T per key block [nk][Hp][BK] (a block's rows
+// contiguous: no strided rows aliasing in L1), K rows [Sp][Hp], V rows [Sp][Vp],
+// V^T per block [nk][Vp][BK]; zero past S and past H, V (zeros add nothing).
+struct PackedKV {
+  int Hp, Vp;
+  int64_t nk;
+  Buf kt, kr, vr, vt;
+  PackedKV(const Shape& sh, Tensor k, Tensor v, int64_t b, int64_t kv, int64_t s_end,
+           bool rows_k, bool t_v)
+      : Hp(round_up(int(sh.H), W)), Vp(round_up(int(sh.V), W)), nk((s_end + BK - 1) / BK),
+        kt(size_t(nk) * Hp * BK), kr(rows_k ? size_t(nk) * BK * Hp : 1),
+        vr(t_v ? 1 : size_t(nk) * BK * Vp), vt(t_v ? size_t(nk) * Vp * BK : 1) {
+    std::vector<float> rk(sh.H), rv(sh.V);
+    float *row_k = rk.data(), *row_v = rv.data();
+    for (int64_t s = 0; s < s_end; ++s) {
+      const int64_t blk = s / BK, j = s % BK;
+      k.read(sh.k_at(b, s, kv), int(sh.H), row_k);
+      v.read(sh.v_at(b, s, kv), int(sh.V), row_v);
+      float* kt_b = kt.get() + blk * Hp * BK;
+      for (int h = 0; h < sh.H; ++h) kt_b[h * BK + j] = row_k[h];
+      if (rows_k) std::memcpy(kr.get() + s * Hp, row_k, sizeof(float) * sh.H);
+      if (t_v) {
+        float* vt_b = vt.get() + blk * Vp * BK;
+        for (int h = 0; h < sh.V; ++h) vt_b[h * BK + j] = row_v[h];
+      } else {
+        std::memcpy(vr.get() + s * Vp, row_v, sizeof(float) * sh.V);
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------
-// Forward: one task per (b, n, query block).
+// Forward: one task per (b, key/value head); its G query heads and every query block.
 
 void forward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, void* o, bool o_bf16,
                   float* lse, int64_t task) {
+  const int64_t b = task / sh.K, kv = task % sh.K;
+  const int G = sh.G();
   const int64_t nq = (sh.T + BQ - 1) / BQ;
-  const int64_t qb = task % nq, n = (task / nq) % sh.N, b = task / (nq * sh.N);
-  const int64_t kv = n / sh.G();
-  const int Hp = round_up(int(sh.H), W), Vp = round_up(int(sh.V), W);
-  const int64_t t0 = qb * BQ;
-  const int tq = int(std::min<int64_t>(BQ, sh.T - t0));
-  Buf Q(BQ * Hp), Kt(Hp * BK), Vb(BK * Vp), L(BQ * BK), O(BQ * Vp);
+  const int64_t s_all = sh.causal ? std::min<int64_t>(sh.S, sh.T) : sh.S;
+  PackedKV kvp(sh, k, v, b, kv, s_all, false, false);
+  const int Hp = kvp.Hp, Vp = kvp.Vp;
+  Buf Q(BQ * Hp), L(BQ * BK), O(BQ * Vp);
   float m[BQ], l[BQ];
-  for (int i = 0; i < BQ; ++i) { m[i] = -INFINITY; l[i] = 0.0f; }
-  for (int i = 0; i < tq; ++i)
-    for (int h = 0; h < sh.H; ++h) Q.get()[i * Hp + h] = q.at(sh.q_at(b, t0 + i, n) + h);
-  const int64_t s_end = sh.causal ? std::min<int64_t>(sh.S, t0 + tq) : sh.S;
-  for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
-    const int sk = int(std::min<int64_t>(BK, s_end - s0));
-    std::memset(Kt.get(), 0, sizeof(float) * Hp * BK);
-    std::memset(Vb.get(), 0, sizeof(float) * BK * Vp);
-    for (int j = 0; j < sk; ++j) {
-      const int64_t ko = sh.k_at(b, s0 + j, kv), vo = sh.v_at(b, s0 + j, kv);
-      for (int h = 0; h < sh.H; ++h) Kt.get()[h * BK + j] = k.at(ko + h);
-      for (int h = 0; h < sh.V; ++h) Vb.get()[j * Vp + h] = v.at(vo + h);
-    }
-    gemm(L.get(), BK, Q.get(), Hp, 1, Kt.get(), BK, BQ, BK, Hp, false);
-    mask_tile(sh, L.get(), b, n, t0, s0, sk);
-    for (int i = 0; i < BQ; ++i) {
-      float* row = L.get() + i * BK;
-      v16 mx = load(row);
-      for (int j = W; j < BK; j += W) { v16 x = load(row + j); mx = x > mx ? x : mx; }
-      const float m_new = std::max(m[i], hmax(mx));
-      const float shift = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0
-      v16 sum = splat(0.0f);
-      for (int j = 0; j < BK; j += W) {
-        v16 p = vexp(load(row + j) - shift);
-        store(row + j, p);
-        sum += p;
+  for (int gi = 0; gi < G; ++gi) {
+    const int64_t n = kv * G + gi;
+    for (int64_t qb = 0; qb < nq; ++qb) {
+      const int64_t t0 = qb * BQ;
+      const int tq = int(std::min<int64_t>(BQ, sh.T - t0));
+      for (int i = 0; i < BQ; ++i) { m[i] = -INFINITY; l[i] = 0.0f; }
+      std::memset(Q.get(), 0, sizeof(float) * BQ * Hp);
+      std::memset(O.get(), 0, sizeof(float) * BQ * Vp);
+      for (int i = 0; i < tq; ++i) q.read(sh.q_at(b, t0 + i, n), int(sh.H), Q.get() + i * Hp);
+      // Causal: the block's last row sees keys up to t0 + tq - 1, no later block.
+      const int64_t s_end = sh.causal ? std::min<int64_t>(sh.S, t0 + tq) : sh.S;
+      for (int64_t s0 = 0; s0 < s_end; s0 += BK) {
+        const int sk = int(std::min<int64_t>(BK, s_end - s0));
+        const int64_t blk = s0 / BK;
+        gemm(L.get(), BK, Q.get(), Hp, 1, kvp.kt.get() + blk * Hp * BK, BK, BQ, BK, Hp, false);
+        mask_tile(sh, L.get(), b, n, t0, s0, sk);
+        for (int i = 0; i < BQ; ++i) {
+          float* row = L.get() + i * BK;
+          v16 mx = load(row);
+          for (int j = W; j < BK; j += W) { v16 x = load(row + j); mx = x > mx ? x : mx; }
+          const float m_new = std::max(m[i], hmax(mx));
+          const float shift = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0
+          v16 sum = splat(0.0f);
+          for (int j = 0; j < BK; j += W) {
+            v16 p = vexp(load(row + j) - shift);
+            store(row + j, p);
+            sum += p;
+          }
+          const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - shift);
+          l[i] = l[i] * alpha + hsum(sum);
+          m[i] = m_new;
+          if (alpha != 1.0f) {
+            float* orow = O.get() + i * Vp;
+            for (int h = 0; h < Vp; h += W) store(orow + h, load(orow + h) * alpha);
+          }
+        }
+        gemm(O.get(), Vp, L.get(), BK, 1, kvp.vr.get() + s0 * Vp, Vp, BQ, Vp, BK, true);
       }
-      const float alpha = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - shift);
-      l[i] = l[i] * alpha + hsum(sum);
-      m[i] = m_new;
-      float* orow = O.get() + i * Vp;
-      for (int h = 0; h < Vp; h += W) store(orow + h, load(orow + h) * alpha);
+      for (int i = 0; i < tq; ++i) {
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        write(o, o_bf16, sh.o_at(b, t0 + i, n), int(sh.V), O.get() + i * Vp, inv);
+        lse[(b * sh.T + t0 + i) * sh.N + n] = l[i] > 0.0f ? m[i] + std::log(l[i]) : -INFINITY;
+      }
     }
-    gemm(O.get(), Vp, L.get(), BK, 1, Vb.get(), Vp, BQ, Vp, BK, true);
-  }
-  for (int i = 0; i < tq; ++i) {
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    const int64_t oo = sh.o_at(b, t0 + i, n);
-    for (int h = 0; h < sh.V; ++h) put(o, o_bf16, oo + h, O.get()[i * Vp + h] * inv);
-    lse[(b * sh.T + t0 + i) * sh.N + n] = l[i] > 0.0f ? m[i] + std::log(l[i]) : -INFINITY;
   }
 }
 
@@ -395,17 +440,24 @@ void backward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, Tensor o, Tens
                    const float* lse, const float* dlse, Grads g, int64_t task) {
   const int64_t b = task / sh.K, kv = task % sh.K;
   const int G = sh.G();
-  const int Hp = round_up(int(sh.H), W), Vp = round_up(int(sh.V), W);
   const int64_t nq = (sh.T + BQ - 1) / BQ, Tp = nq * BQ;
-  // Per query row of the group: D_i = do_i . o_i - dlse_i, lse_i; dq in float32.
-  Buf D(G * Tp), LSE(G * Tp), dQ(size_t(G) * Tp * Hp);
+  PackedKV kvp(sh, k, v, b, kv, sh.S, true, true);
+  const int Hp = kvp.Hp, Vp = kvp.Vp;
+  // Per query row of the group, packed once: q, do, D_i = do_i . o_i - dlse_i, lse_i;
+  // dq accumulated in float32.
+  Buf Qa(size_t(G) * Tp * Hp), dOa(size_t(G) * Tp * Vp), D(G * Tp), LSE(G * Tp);
+  Buf dQ(size_t(G) * Tp * Hp), orow(Vp);
   for (int gi = 0; gi < G; ++gi) {
     const int64_t n = kv * G + gi;
     for (int64_t t = 0; t < Tp; ++t) {
       float d = 0.0f, ls = INFINITY;  // padding rows: p = exp(-inf) = 0
       if (t < sh.T) {
-        const int64_t oo = sh.o_at(b, t, n);
-        for (int h = 0; h < sh.V; ++h) d += dout.at(oo + h) * o.at(oo + h);
+        float* q_row = Qa.get() + (gi * Tp + t) * Hp;
+        float* do_row = dOa.get() + (gi * Tp + t) * Vp;
+        q.read(sh.q_at(b, t, n), int(sh.H), q_row);
+        dout.read(sh.o_at(b, t, n), int(sh.V), do_row);
+        o.read(sh.o_at(b, t, n), int(sh.V), orow.get());
+        for (int h = 0; h < sh.V; ++h) d += do_row[h] * orow.get()[h];
         const int64_t r = (b * sh.T + t) * sh.N + n;
         d -= dlse[r];
         ls = lse[r] == -INFINITY ? INFINITY : lse[r];  // a row that sees no key: p = 0
@@ -414,39 +466,24 @@ void backward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, Tensor o, Tens
       LSE.get()[gi * Tp + t] = ls;
     }
   }
-  Buf Kb(BK * Hp), Kt(Hp * BK), Vt(Vp * BK), dK(BK * Hp), dV(BK * Vp);
-  Buf Q(BQ * Hp), dO(BQ * Vp), P(BQ * BK), dP(BQ * BK);
+  Buf dK(BK * Hp), dV(BK * Vp), P(BQ * BK), dP(BQ * BK);
   for (int64_t s0 = 0; s0 < sh.S; s0 += BK) {
     const int sk = int(std::min<int64_t>(BK, sh.S - s0));
-    std::memset(Kb.get(), 0, sizeof(float) * BK * Hp);
-    std::memset(Kt.get(), 0, sizeof(float) * Hp * BK);
-    std::memset(Vt.get(), 0, sizeof(float) * Vp * BK);
+    const int64_t blk = s0 / BK;
+    const float* Kt = kvp.kt.get() + blk * Hp * BK;
+    const float* Kb = kvp.kr.get() + s0 * Hp;
+    const float* Vt = kvp.vt.get() + blk * Vp * BK;
     std::memset(dK.get(), 0, sizeof(float) * BK * Hp);
     std::memset(dV.get(), 0, sizeof(float) * BK * Vp);
-    for (int j = 0; j < sk; ++j) {
-      const int64_t ko = sh.k_at(b, s0 + j, kv), vo = sh.v_at(b, s0 + j, kv);
-      for (int h = 0; h < sh.H; ++h) {
-        float x = k.at(ko + h);
-        Kb.get()[j * Hp + h] = x;
-        Kt.get()[h * BK + j] = x;
-      }
-      for (int h = 0; h < sh.V; ++h) Vt.get()[h * BK + j] = v.at(vo + h);
-    }
     // Causal: key s0 is first seen by query s0, in query block s0 / BQ.
     const int64_t qb0 = sh.causal ? s0 / BQ : 0;
     for (int gi = 0; gi < G; ++gi) {
       const int64_t n = kv * G + gi;
       for (int64_t qb = qb0; qb < nq; ++qb) {
         const int64_t t0 = qb * BQ;
-        const int tq = int(std::min<int64_t>(BQ, sh.T - t0));
-        std::memset(Q.get(), 0, sizeof(float) * BQ * Hp);
-        std::memset(dO.get(), 0, sizeof(float) * BQ * Vp);
-        for (int i = 0; i < tq; ++i) {
-          const int64_t qo = sh.q_at(b, t0 + i, n), oo = sh.o_at(b, t0 + i, n);
-          for (int h = 0; h < sh.H; ++h) Q.get()[i * Hp + h] = q.at(qo + h);
-          for (int h = 0; h < sh.V; ++h) dO.get()[i * Vp + h] = dout.at(oo + h);
-        }
-        gemm(P.get(), BK, Q.get(), Hp, 1, Kt.get(), BK, BQ, BK, Hp, false);
+        const float* Q = Qa.get() + (gi * Tp + t0) * Hp;
+        const float* dO = dOa.get() + (gi * Tp + t0) * Vp;
+        gemm(P.get(), BK, Q, Hp, 1, Kt, BK, BQ, BK, Hp, false);
         mask_tile(sh, P.get(), b, n, t0, s0, sk);
         const float* lse_t = LSE.get() + gi * Tp + t0;
         for (int i = 0; i < BQ; ++i) {
@@ -454,32 +491,28 @@ void backward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, Tensor o, Tens
           for (int j = 0; j < BK; j += W) store(row + j, vexp(load(row + j) - lse_t[i]));
         }
         // dv += p^T do; dp = do v^T; ds = p (dp - D); dk += ds^T q; dq += ds k.
-        gemm(dV.get(), Vp, P.get(), 1, BK, dO.get(), Vp, BK, Vp, BQ, true);
-        gemm(dP.get(), BK, dO.get(), Vp, 1, Vt.get(), BK, BQ, BK, Vp, false);
+        gemm(dV.get(), Vp, P.get(), 1, BK, dO, Vp, BK, Vp, BQ, true);
+        gemm(dP.get(), BK, dO, Vp, 1, Vt, BK, BQ, BK, Vp, false);
         const float* d_t = D.get() + gi * Tp + t0;
         for (int i = 0; i < BQ; ++i) {
           float* ds = dP.get() + i * BK;
           const float* p = P.get() + i * BK;
           for (int j = 0; j < BK; j += W) store(ds + j, load(p + j) * (load(ds + j) - d_t[i]));
         }
-        gemm(dK.get(), Hp, dP.get(), 1, BK, Q.get(), Hp, BK, Hp, BQ, true);
-        gemm(dQ.get() + (size_t(gi) * Tp + t0) * Hp, Hp, dP.get(), BK, 1, Kb.get(), Hp, BQ, Hp,
-             BK, true);
+        gemm(dK.get(), Hp, dP.get(), 1, BK, Q, Hp, BK, Hp, BQ, true);
+        gemm(dQ.get() + (size_t(gi) * Tp + t0) * Hp, Hp, dP.get(), BK, 1, Kb, Hp, BQ, Hp, BK,
+             true);
       }
     }
     for (int j = 0; j < sk; ++j) {
-      const int64_t ko = sh.k_at(b, s0 + j, kv), vo = sh.v_at(b, s0 + j, kv);
-      for (int h = 0; h < sh.H; ++h) put(g.dk, g.bf16, ko + h, dK.get()[j * Hp + h]);
-      for (int h = 0; h < sh.V; ++h) put(g.dv, g.bf16, vo + h, dV.get()[j * Vp + h]);
+      write(g.dk, g.bf16, sh.k_at(b, s0 + j, kv), int(sh.H), dK.get() + j * Hp);
+      write(g.dv, g.bf16, sh.v_at(b, s0 + j, kv), int(sh.V), dV.get() + j * Vp);
     }
   }
   for (int gi = 0; gi < G; ++gi) {
     const int64_t n = kv * G + gi;
-    for (int64_t t = 0; t < sh.T; ++t) {
-      const int64_t qo = sh.q_at(b, t, n);
-      const float* row = dQ.get() + (size_t(gi) * Tp + t) * Hp;
-      for (int h = 0; h < sh.H; ++h) put(g.dq, g.bf16, qo + h, row[h]);
-    }
+    for (int64_t t = 0; t < sh.T; ++t)
+      write(g.dq, g.bf16, sh.q_at(b, t, n), int(sh.H), dQ.get() + (size_t(gi) * Tp + t) * Hp);
   }
 }
 
@@ -518,8 +551,7 @@ ffi::Error ForwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer q, ffi::AnyBuffe
   const Tensor tq{q.untyped_data(), bf16}, tk{k.untyped_data(), bf16}, tv{v.untyped_data(), bf16};
   void* out = o->untyped_data();
   float* lse_out = lse->typed_data();
-  const int64_t nq = (sh.T + BQ - 1) / BQ;
-  parallel_for(xla_pool, pool, threads, sh.B * sh.N * nq, [&](int64_t task) {
+  parallel_for(xla_pool, pool, threads, sh.B * sh.K, [&](int64_t task) {
     forward_task(sh, tq, tk, tv, out, bf16, lse_out, task);
   });
   return ffi::Error::Success();
