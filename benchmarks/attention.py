@@ -4,6 +4,9 @@
     python benchmarks/attention.py --seq 256,1024 --causal=false --dtype bfloat16
     python benchmarks/attention.py --seq 1024,4096 --scalings= # the kernel options only
     python benchmarks/attention.py --scalings= --options=   # the CPU kernels against torch
+    OMP_NUM_THREADS=1 ATTNSCALE_NATIVE_THREADS=1 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false \
+      intra_op_parallelism_threads=1" python benchmarks/attention.py --scalings= --options= \
+      --clock cpu                                        # one thread each, CPU time
 
 For each sequence length (batch x heads fixed), each scaling and each
 implementation ("fused": folded into one kernel call, cuDNN on a GPU with bf16,
@@ -102,18 +105,24 @@ def compile_case(name, implementation, seq, args):
   return compiled, qkv
 
 
-def time_round_robin(cases, iters):
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_round_robin(cases, iters, clock="wall"):
   """Median ms per case, timing the cases in turn, `iters` rounds.
 
   Interleaving spreads a noisy machine's slow spells over every case instead of
-  charging them to whichever case happened to be running.
+  charging them to whichever case happened to be running. clock="cpu" counts the
+  process's CPU time instead of the wall's (every thread's): on a shared machine,
+  with one thread per framework, the work a call costs without the time it waited.
   """
+  now = CLOCKS[clock]
   times = {key: [] for key in cases}
   for _ in range(iters):
     for key, (compiled, qkv) in cases.items():
-      t0 = time.perf_counter()
+      t0 = now()
       jax.block_until_ready(compiled(*qkv))
-      times[key].append(time.perf_counter() - t0)
+      times[key].append(now() - t0)
   return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
 
@@ -168,7 +177,7 @@ def kernels_table(args, kernels):
         cases[kernel] = (case, ())
       else:
         cases[kernel] = compile_case("standard", kernel, seq, case_args)
-    ms = time_round_robin(cases, args.iters)
+    ms = time_round_robin(cases, args.iters, args.clock)
     mems = [f"{_memory_bytes(cases[k][0]) / 2**20:.1f}" for k in kernels if k != "torch"]
     ratios = ([f"{ms[k] / ms['torch']:.2f}" for k in kernels if k != "torch"]
               if "torch" in kernels else [])
@@ -199,6 +208,9 @@ def main(argv=None):
   parser.add_argument("--kernels", default="native,xla,torch",
                       help="kernels-table columns (native, xla, torch); '' skips the table")
   parser.add_argument("--kernel_seq", default="64,128,256,512,1024,2048,4096")
+  parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                      help="kernels table: wall time, or the process's CPU time (cpu: "
+                           "with one thread per framework, the work without the waits)")
   parser.add_argument("--options", default=",".join(OPTIONS),
                       help="kernel-options rows (fused path, standard scaling); '' skips them")
   args = parser.parse_args(argv)

@@ -179,18 +179,20 @@ def measure_in_process(size, frameworks, args) -> dict:
     out[f] = (time.perf_counter() - start, [])
     print(f"{size} {f}: compiled and ran 2 steps in {out[f][0]:.1f} s", file=sys.stderr,
           flush=True)
+  now = time.process_time if args.clock == "cpu" else time.perf_counter
   for _ in range(args.rounds):
     for f, run in runners.items():
-      start = time.perf_counter()
+      start = now()
       run(args.steps)
-      out[f][1].append((time.perf_counter() - start) / args.steps)
+      out[f][1].append((now() - start) / args.steps)
   return out
 
 
 def measure_in_subprocess(size, framework, args) -> tuple[float, list[float]]:
   """Runs this script for one framework and size (--child); its last line is JSON."""
   cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sizes", size,
-         "--frameworks", framework, "--rounds", str(args.rounds), "--steps", str(args.steps)]
+         "--frameworks", framework, "--rounds", str(args.rounds), "--steps", str(args.steps),
+         "--clock", args.clock]
   if args.dtype:
     cmd += ["--dtype", args.dtype]
   if args.dropout:
@@ -218,6 +220,9 @@ def main():
   parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
                       help="glibc malloc tunables, as train.py's ATTNSCALE_MALLOC "
                            f"(default {hostmem.DEFAULT}): attnscale/runtime/hostmem.py")
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                      help="wall time, or the process's CPU time (cpu: with one thread per "
+                           "framework on a shared machine, the work without the waits)")
   parser.add_argument("--in_process", action="store_true",
                       help="all frameworks in this process, rounds interleaved")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -242,7 +247,7 @@ def main():
   mode = "one process, interleaved rounds" if args.in_process else "one process per framework"
   print(f"# {device.platform}: {kind} ({platform.machine()}), {versions(frameworks)}, "
         f"{args.dtype or 'float32'}, dropout {args.dropout}, "
-        f"median of {args.rounds} rounds of {args.steps} steps "
+        f"median of {args.rounds} rounds of {args.steps} steps, {args.clock} time "
         f"({mode}), GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES') or 'glibc defaults'}")
   if peak:
     print(f"# MFU against {kind}'s dense bf16 peak, {peak / 1e12:.0f} TFLOP/s")
