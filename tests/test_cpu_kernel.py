@@ -246,3 +246,26 @@ def test_fallback_to_the_xla_kernel(env, tmp_path):
     assert len(lines) == 1 and "/bin/false" in lines[0], out.stdout
   else:
     assert lines == [], out.stdout
+
+
+BUILD = """
+import sys
+from attnscale.core.cpu_kernel import build
+print(build.library_path())
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_building_at_once_share_one_library(tmp_path):
+  # An empty cache, two first uses at once: one builds, the other waits on the lock
+  # and loads the same file; no partial library is ever in place.
+  env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": ROOT}
+  procs = [subprocess.Popen([sys.executable, "-c", BUILD], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(2)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  paths = {out.strip().splitlines()[-1] for out, _ in outs}
+  assert len(paths) == 1
+  folder = os.path.dirname(paths.pop())
+  assert [f for f in os.listdir(folder) if f.endswith(".so")] and not [
+      f for f in os.listdir(folder) if f.endswith(".tmp")]
