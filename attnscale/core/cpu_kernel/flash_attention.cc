@@ -5,7 +5,8 @@
 //
 // The scale is folded into q by the caller, so one kernel serves every scaling.
 // Forward (Dao 2023, "FlashAttention-2", Algorithm 1): one task per (batch,
-// key/value head) packs its keys and values once; each query block of BQ rows of
+// key/value head) packs its keys and values once (or a chunk of every C-th query
+// block, where B K is under 8 tasks); each query block of BQ rows of
 // each of its query heads meets the key blocks of BK keys one by one with an online softmax (running
 // row max m_i and sum l_i, the output rescaled by exp(m_old - m_new)); a causal
 // query block stops at its last row's key. Only the BQ x BK logits of one block
@@ -14,8 +15,10 @@
 // lse, the sink's, joins dl_ij = p_ij (dp_ij - D_i)): one task per (batch,
 // key/value head) walks its key blocks; for each it meets every query block of
 // every query head of its group, accumulating dk and dv in the block and dq in
-// the task's own float32 buffer, so no two tasks write one element: no atomics,
-// and the same bits whatever the number of threads.
+// the task's own float32 buffer, so no two tasks write one element: no atomics.
+// Where B K is under 8, each (batch, head) splits into C chunks of every C-th key
+// block, whose dq sums are added in chunk order afterwards. C follows from the
+// shape, so the bits are the same whatever the number of threads.
 //
 // Layout: q [B, T, N, H], k [B, S, K, H], v [B, S, K, V], o [B, T, N, V], lse [B, T, N]
 // (float32); query head n reads key/value head n / G, G = N / K. Inputs float32 or
@@ -389,9 +392,20 @@ struct PackedKV {
 // ---------------------------------------------------------------------------
 // Forward: one task per (b, key/value head); its G query heads and every query block.
 
+// Tasks per (b, key/value head) where B K alone is too few to share among the
+// threads (long sequences at batch 1): a chunk of every C-th query (forward) or key
+// (backward) block each. C follows from the shape alone, never from the thread
+// count, so the bits are the same on any number of threads.
+constexpr int64_t MIN_TASKS = 8;
+
+inline int64_t chunks_for(const Shape& sh, int64_t blocks) {
+  const int64_t heads = sh.B * sh.K;
+  return std::max<int64_t>(1, std::min<int64_t>(blocks, (MIN_TASKS + heads - 1) / heads));
+}
+
 void forward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, void* o, bool o_bf16,
-                  float* lse, int64_t task) {
-  const int64_t b = task / sh.K, kv = task % sh.K;
+                  float* lse, int64_t chunks, int64_t task) {
+  const int64_t chunk = task % chunks, b = task / chunks / sh.K, kv = task / chunks % sh.K;
   const int G = sh.G();
   const int64_t nq = (sh.T + BQ - 1) / BQ;
   const int64_t s_all = sh.causal ? std::min<int64_t>(sh.S, sh.T) : sh.S;
@@ -401,7 +415,7 @@ void forward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, void* o, bool o
   float m[BQ], l[BQ];
   for (int gi = 0; gi < G; ++gi) {
     const int64_t n = kv * G + gi;
-    for (int64_t qb = 0; qb < nq; ++qb) {
+    for (int64_t qb = chunk; qb < nq; qb += chunks) {
       const int64_t t0 = qb * BQ;
       const int tq = int(std::min<int64_t>(BQ, sh.T - t0));
       for (int i = 0; i < BQ; ++i) { m[i] = -INFINITY; l[i] = 0.0f; }
@@ -460,9 +474,12 @@ struct Grads {
   bool bf16;
 };
 
+// dq_part: with chunks > 1, each chunk's dq in float32, [chunks][B][K][G][Tp][Hp], summed
+// by `reduce_dq` in chunk order; with one chunk (nullptr) the task writes dq itself.
 void backward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, Tensor o, Tensor dout,
-                   const float* lse, const float* dlse, Grads g, int64_t task) {
-  const int64_t b = task / sh.K, kv = task % sh.K;
+                   const float* lse, const float* dlse, Grads g, int64_t chunks, float* dq_part,
+                   int64_t task) {
+  const int64_t chunk = task % chunks, b = task / chunks / sh.K, kv = task / chunks % sh.K;
   const int G = sh.G();
   const int64_t nq = (sh.T + BQ - 1) / BQ, Tp = nq * BQ;
   PackedKV kvp(sh, k, v, b, kv, sh.S, true, true);
@@ -497,7 +514,7 @@ void backward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, Tensor o, Tens
     }
   }
   Buf dK(BK * Hp), dV(BK * Vp), P(BQ * BK), dP(BQ * BK);
-  for (int64_t s0 = 0; s0 < sh.S; s0 += BK) {
+  for (int64_t s0 = chunk * BK; s0 < sh.S; s0 += chunks * BK) {
     const int sk = int(std::min<int64_t>(BK, sh.S - s0));
     const int64_t blk = s0 / BK;
     const float* Kt = kvp.kt.get() + blk * Hp * BK;
@@ -539,10 +556,36 @@ void backward_task(const Shape& sh, Tensor q, Tensor k, Tensor v, Tensor o, Tens
       write(g.dv, g.bf16, sh.v_at(b, s0 + j, kv), int(sh.V), dV.get() + j * Vp);
     }
   }
+  if (dq_part) {
+    const size_t size = size_t(G) * Tp * Hp;
+    std::memcpy(dq_part + ((chunk * sh.B + b) * sh.K + kv) * size, dQ.get(), sizeof(float) * size);
+    return;
+  }
   for (int gi = 0; gi < G; ++gi) {
     const int64_t n = kv * G + gi;
     for (int64_t t = 0; t < sh.T; ++t)
       write(g.dq, g.bf16, sh.q_at(b, t, n), int(sh.H), dQ.get() + (size_t(gi) * Tp + t) * Hp);
+  }
+}
+
+// dq of (b, key/value head) `task`: its chunks' partial sums added in chunk order.
+void reduce_dq(const Shape& sh, Grads g, int64_t chunks, const float* dq_part, int64_t task) {
+  const int64_t b = task / sh.K, kv = task % sh.K;
+  const int G = sh.G(), Hp = round_up(int(sh.H), W);
+  const int64_t Tp = (sh.T + BQ - 1) / BQ * BQ;
+  const size_t size = size_t(G) * Tp * Hp;
+  std::vector<float> row(Hp);
+  for (int gi = 0; gi < G; ++gi) {
+    const int64_t n = kv * G + gi;
+    for (int64_t t = 0; t < sh.T; ++t) {
+      const size_t at = (size_t(gi) * Tp + t) * Hp;
+      std::fill(row.begin(), row.end(), 0.0f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = dq_part + ((c * sh.B + b) * sh.K + kv) * size + at;
+        for (int h = 0; h < Hp; ++h) row[h] += part[h];
+      }
+      write(g.dq, g.bf16, sh.q_at(b, t, n), int(sh.H), row.data());
+    }
   }
 }
 
@@ -581,8 +624,9 @@ ffi::Error ForwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer q, ffi::AnyBuffe
   const Tensor tq{q.untyped_data(), bf16}, tk{k.untyped_data(), bf16}, tv{v.untyped_data(), bf16};
   void* out = o->untyped_data();
   float* lse_out = lse->typed_data();
-  parallel_for(xla_pool, pool, threads, sh.B * sh.K, [&](int64_t task) {
-    forward_task(sh, tq, tk, tv, out, bf16, lse_out, task);
+  const int64_t chunks = chunks_for(sh, (sh.T + BQ - 1) / BQ);
+  parallel_for(xla_pool, pool, threads, sh.B * sh.K * chunks, [&](int64_t task) {
+    forward_task(sh, tq, tk, tv, out, bf16, lse_out, chunks, task);
   });
   return ffi::Error::Success();
 }
@@ -602,9 +646,19 @@ ffi::Error BackwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer q, ffi::AnyBuff
   const Grads g{dq->untyped_data(), dk->untyped_data(), dv->untyped_data(), bf16};
   const float* lse_in = lse.typed_data();
   const float* dlse_in = dlse.typed_data();
-  parallel_for(xla_pool, pool, threads, sh.B * sh.K, [&](int64_t task) {
-    backward_task(sh, tq, tk, tv, to, tdo, lse_in, dlse_in, g, task);
+  const int64_t chunks = chunks_for(sh, (sh.S + BK - 1) / BK);
+  std::unique_ptr<float[]> dq_part;
+  if (chunks > 1) {
+    const int64_t Tp = (sh.T + BQ - 1) / BQ * BQ;
+    dq_part.reset(new float[size_t(chunks) * sh.B * sh.K * sh.G() * Tp * round_up(int(sh.H), W)]);
+  }
+  parallel_for(xla_pool, pool, threads, sh.B * sh.K * chunks, [&](int64_t task) {
+    backward_task(sh, tq, tk, tv, to, tdo, lse_in, dlse_in, g, chunks, dq_part.get(), task);
   });
+  if (chunks > 1)
+    parallel_for(xla_pool, pool, threads, sh.B * sh.K, [&](int64_t task) {
+      reduce_dq(sh, g, chunks, dq_part.get(), task);
+    });
   return ffi::Error::Success();
 }
 
