@@ -145,6 +145,7 @@ def load() -> ctypes.CDLL | None:
     return lib
   except Exception as e:  # noqa: BLE001 - any failure means: run the XLA kernel instead
     cause = " ".join(str(e).split()) or type(e).__name__
-    warnings.warn(f"attnscale: the native CPU attention kernel is unavailable ({cause}); "
-                  f"using the XLA kernel", RuntimeWarning, stacklevel=2)
+    # warn_explicit with no source line to quote: the warning is one line.
+    warnings.warn_explicit(f"the native CPU attention kernel is unavailable ({cause}); "
+                           f"using the XLA kernel", RuntimeWarning, "attnscale", 0)
     return None
