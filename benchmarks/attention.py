@@ -3,6 +3,10 @@
     python benchmarks/attention.py                      # docs/benchmarks.md's tables
     python benchmarks/attention.py --seq 256,1024 --causal=false --dtype bfloat16
     python benchmarks/attention.py --seq 1024,4096 --scalings= # the kernel options only
+    python benchmarks/attention.py --scalings= --options=   # the CPU kernels against torch
+    OMP_NUM_THREADS=1 ATTNSCALE_NATIVE_THREADS=1 XLA_FLAGS="--xla_cpu_multi_thread_eigen=false \
+      intra_op_parallelism_threads=1" python benchmarks/attention.py --scalings= --options= \
+      --clock cpu                                        # one thread each, CPU time
 
 For each sequence length (batch x heads fixed), each scaling and each
 implementation ("fused": folded into one kernel call, cuDNN on a GPU with bf16,
@@ -16,6 +20,14 @@ scaling on the fused path within 1.15x of standard. The "kernel" column says
 which kernel the fused path compiled to (cuDNN's custom call found in the
 compiled program, or XLA): checked, not assumed. A further table compares the fused
 standard attention with `jax.nn.dot_product_attention`'s default.
+
+The kernels table (--kernels; "" skips it) times plain causal attention, forward
++ backward, on each CPU kernel: attnscale's native flash-attention kernel
+(`attnscale.core.cpu_kernel`), its XLA kernel, and PyTorch's
+`F.scaled_dot_product_attention` (its CPU flash kernel; needs `pip install torch`),
+at the cpu preset's heads (4 of 32) and tokens per step (B T = 4096, so batch 64
+at T = 64 and 1 at T = 4096), --kernel_seq lengths. Memory: the compiled
+program's temporaries (JAX); PyTorch's is not measured (no CPU allocator stats).
 
 The kernel-options table (--options; "" skips it) times the fused path, standard
 scaling, with each option against plain softmax, same shapes and method: the
@@ -93,24 +105,85 @@ def compile_case(name, implementation, seq, args):
   return compiled, qkv
 
 
-def time_round_robin(cases, iters):
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_round_robin(cases, iters, clock="wall"):
   """Median ms per case, timing the cases in turn, `iters` rounds.
 
   Interleaving spreads a noisy machine's slow spells over every case instead of
-  charging them to whichever case happened to be running.
+  charging them to whichever case happened to be running. clock="cpu" counts the
+  process's CPU time instead of the wall's (every thread's): on a shared machine,
+  with one thread per framework, the work a call costs without the time it waited.
   """
+  now = CLOCKS[clock]
   times = {key: [] for key in cases}
   for _ in range(iters):
     for key, (compiled, qkv) in cases.items():
-      t0 = time.perf_counter()
+      t0 = now()
       jax.block_until_ready(compiled(*qkv))
-      times[key].append(time.perf_counter() - t0)
+      times[key].append(now() - t0)
   return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
 
 def kernel_of(compiled) -> str:
-  """"cudnn" if the compiled program calls cuDNN's fused attention, else "xla"."""
-  return "cudnn" if "__cudnn$fmha" in compiled.as_text() else "xla"
+  """"cudnn" or "native" if the compiled program calls cuDNN's fused attention or the
+  native CPU kernel, else "xla"."""
+  text = compiled.as_text()
+  return "cudnn" if "__cudnn$fmha" in text else "native" if "attnscale_flash" in text else "xla"
+
+
+class _TorchCase:
+  """PyTorch's SDPA forward + backward at one shape, called as a compiled JAX case is."""
+
+  def __init__(self, shape, dtype, is_causal):
+    import torch
+    import torch.nn.functional as F
+    self.torch, self.F, self.is_causal = torch, F, is_causal
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    # [B, T, N, H] tensors seen as [B, N, T, H], as nanoGPT's view + transpose.
+    self.qkv = [torch.randn(shape, dtype=torch_dtype).transpose(1, 2).requires_grad_()
+                for _ in range(3)]
+
+  def __call__(self, *unused):
+    q, k, v = self.qkv
+    out = self.F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+    out.float().pow(2).sum().backward()
+    for x in self.qkv:
+      x.grad = None
+    return out
+
+
+def kernels_table(args, kernels):
+  """Plain causal attention forward + backward on each CPU kernel, B T = 4096 tokens."""
+  unknown = set(kernels) - {"native", "xla", "torch"}
+  if unknown:
+    raise ValueError(f"--kernels must be among ['native', 'xla', 'torch'], got {sorted(unknown)}")
+  heads, head_dim = 4, 32  # the cpu preset's
+  print(f"\n| seq | batch | {' | '.join(f'{k} ms' for k in kernels)} | "
+        f"{' | '.join(f'{k} mem MiB' for k in kernels if k != 'torch')} | "
+        f"{' | '.join(f'{k} / torch' for k in kernels if k != 'torch' and 'torch' in kernels)} |")
+  print("|---:|---:|" + "---:|" * (len(kernels) * 2 - ("torch" in kernels)
+                                 + sum(k != "torch" for k in kernels) * ("torch" in kernels)))
+  for seq in map(int, args.kernel_seq.split(",")):
+    batch = max(1, 4096 // seq)
+    case_args = argparse.Namespace(**{**vars(args), "batch": batch, "heads": heads,
+                                      "head_dim": head_dim})
+    cases = {}
+    for kernel in kernels:
+      if kernel == "torch":
+        case = _TorchCase((batch, seq, heads, head_dim), args.dtype, args.causal)
+        case()  # warm-up
+        cases[kernel] = (case, ())
+      else:
+        cases[kernel] = compile_case("standard", kernel, seq, case_args)
+    ms = time_round_robin(cases, args.iters, args.clock)
+    mems = [f"{_memory_bytes(cases[k][0]) / 2**20:.1f}" for k in kernels if k != "torch"]
+    ratios = ([f"{ms[k] / ms['torch']:.2f}" for k in kernels if k != "torch"]
+              if "torch" in kernels else [])
+    print(f"| {seq} | {batch} | " + " | ".join(f"{ms[k]:.2f}" for k in kernels) + " | "
+          + " | ".join(mems + ratios) + " |", flush=True)
+    del cases
 
 
 def _memory_bytes(compiled):
@@ -132,6 +205,12 @@ def main(argv=None):
   parser.add_argument("--iters", type=int, default=7)
   parser.add_argument("--scalings", default=",".join(scalings.names()))
   parser.add_argument("--implementations", default="fused,reference")
+  parser.add_argument("--kernels", default="native,xla,torch",
+                      help="kernels-table columns (native, xla, torch); '' skips the table")
+  parser.add_argument("--kernel_seq", default="64,128,256,512,1024,2048,4096")
+  parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                      help="kernels table: wall time, or the process's CPU time (cpu: "
+                           "with one thread per framework, the work without the waits)")
   parser.add_argument("--options", default=",".join(OPTIONS),
                       help="kernel-options rows (fused path, standard scaling); '' skips them")
   args = parser.parse_args(argv)
@@ -140,6 +219,9 @@ def main(argv=None):
   print(f"# {device.platform}: {getattr(device, 'device_kind', '?')} ({platform.processor() or platform.machine()}),"
         f" JAX {jax.__version__}, batch {args.batch} x heads {args.heads}, head_dim {args.head_dim},"
         f" {args.dtype}, causal={args.causal}, median of {args.iters} interleaved rounds")
+  kernels = [k for k in args.kernels.split(",") if k]
+  if kernels:
+    kernels_table(args, kernels)
   if args.scalings:
     scaling_tables(args)
   options = [o for o in args.options.split(",") if o]

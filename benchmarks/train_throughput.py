@@ -7,10 +7,12 @@
     python benchmarks/train_throughput.py --sizes gpt2 --frameworks jax --dtype bfloat16  # GPU
 
 Sizes: `cpu` (the cpu preset: 4 layers, width 128, 4 heads, block 128, batch
-32), `nanogpt` (6 x 384, 6 heads, block 256, batch 64) and `gpt2` (GPT-2 small's
+32), `nanogpt_cpu` (nanoGPT's README CPU recipe: 4 x 128, 4 heads, block 64,
+batch 12), `nanogpt` (6 x 384, 6 heads, block 256, batch 64) and `gpt2` (GPT-2 small's
 body: 12 x 768, 12 heads, block 1024, batch 16; for a GPU). The JAX side is the
 train step `train.py` runs (`steps.make_train_step`, scaling `standard`,
-dropout off on both sides; the program of the steps it does not log, so without
+dropout off on both sides; `jax` on the CPU's default attention kernel, the
+native one where it built, `jax_xla` on the XLA kernel; the program of the steps it does not log, so without
 the attention metrics, which the PyTorch twin does not compute either); the PyTorch side is `torch_reference.py` (same
 shapes, init, AdamW and clipping; eager, or torch.compile). Both get the same
 real batches of tiny Shakespeare.
@@ -35,6 +37,7 @@ offline).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -57,11 +60,13 @@ from configs import shakespeare_char  # noqa: E402
 SIZES = {
     "cpu": ("preset=cpu", {}),
     "nanogpt": ("preset=nanogpt", {}),
+    "nanogpt_cpu": ("preset=nanogpt_cpu", {}),
     "gpt2": ("preset=nanogpt", {"model.num_layers": 12, "model.width": 768,
                                 "model.num_heads": 12, "model.block_size": 1024,
                                 "seq_len": 1024, "batch_size": 16}),
 }
-FRAMEWORKS = {"jax": "attnscale (JAX)", "torch": "PyTorch eager", "torch_compile": "torch.compile"}
+FRAMEWORKS = {"jax": "attnscale (JAX)", "jax_xla": "attnscale (JAX), XLA kernel",
+              "torch": "PyTorch eager", "torch_compile": "torch.compile"}
 # Dense bf16 peak FLOP/s by device_kind prefix (vendor data sheets; no sparsity).
 PEAK_BF16 = {"NVIDIA H100 PCIe": 756e12, "NVIDIA H100": 989e12, "NVIDIA H200": 989e12,
              "NVIDIA A100": 312e12, "NVIDIA L4": 121e12, "NVIDIA A10G": 125e12,
@@ -140,7 +145,11 @@ def torch_runner(config, batches_np, compile: bool):
 def make_runner(framework: str, config, args):
   task = tasks.get_task(config)
   batches_np = [task.train_batch(i) for i in range(args.steps)]
-  if framework == "jax":
+  if framework.startswith("jax"):
+    if framework == "jax_xla":  # today's XLA attention kernel instead of the CPU default
+      config = copy.deepcopy(config)  # the others' config stays as it was
+      with config.unlocked():
+        config.model.attention_impl = "xla"
     return jax_runner(config, batches_np)
   return torch_runner(config, batches_np, compile=framework == "torch_compile")
 
@@ -170,18 +179,20 @@ def measure_in_process(size, frameworks, args) -> dict:
     out[f] = (time.perf_counter() - start, [])
     print(f"{size} {f}: compiled and ran 2 steps in {out[f][0]:.1f} s", file=sys.stderr,
           flush=True)
+  now = time.process_time if args.clock == "cpu" else time.perf_counter
   for _ in range(args.rounds):
     for f, run in runners.items():
-      start = time.perf_counter()
+      start = now()
       run(args.steps)
-      out[f][1].append((time.perf_counter() - start) / args.steps)
+      out[f][1].append((now() - start) / args.steps)
   return out
 
 
 def measure_in_subprocess(size, framework, args) -> tuple[float, list[float]]:
   """Runs this script for one framework and size (--child); its last line is JSON."""
   cmd = [sys.executable, os.path.abspath(__file__), "--child", "--sizes", size,
-         "--frameworks", framework, "--rounds", str(args.rounds), "--steps", str(args.steps)]
+         "--frameworks", framework, "--rounds", str(args.rounds), "--steps", str(args.steps),
+         "--clock", args.clock]
   if args.dtype:
     cmd += ["--dtype", args.dtype]
   if args.dropout:
@@ -209,6 +220,9 @@ def main():
   parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
                       help="glibc malloc tunables, as train.py's ATTNSCALE_MALLOC "
                            f"(default {hostmem.DEFAULT}): attnscale/runtime/hostmem.py")
+  parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                      help="wall time, or the process's CPU time (cpu: with one thread per "
+                           "framework on a shared machine, the work without the waits)")
   parser.add_argument("--in_process", action="store_true",
                       help="all frameworks in this process, rounds interleaved")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -233,7 +247,7 @@ def main():
   mode = "one process, interleaved rounds" if args.in_process else "one process per framework"
   print(f"# {device.platform}: {kind} ({platform.machine()}), {versions(frameworks)}, "
         f"{args.dtype or 'float32'}, dropout {args.dropout}, "
-        f"median of {args.rounds} rounds of {args.steps} steps "
+        f"median of {args.rounds} rounds of {args.steps} steps, {args.clock} time "
         f"({mode}), GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES') or 'glibc defaults'}")
   if peak:
     print(f"# MFU against {kind}'s dense bf16 peak, {peak / 1e12:.0f} TFLOP/s")

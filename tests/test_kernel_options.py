@@ -1,5 +1,6 @@
 """The soft-cap, the attention sink, the sigmoid, softpick, ReLU/L and stick-breaking
-normalisers and FoX's forget gate on the fused XLA kernel: the fused path equals the
+normalisers and FoX's forget gate on the fused path (the XLA kernel; the sinks on
+the native CPU kernel where it built, attnscale/core/cpu_kernel): the fused path equals the
 reference (values and gradients) for every scaling, and none of the options lets a
 query see the future or padding. (Each new normaliser written out: tests/test_normalizers.py.)"""
 

@@ -500,24 +500,42 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
 # ---------------------------------------------------------------------------
 # 8. Golden metrics after one step.
 
-# The test preset, seed 0, scaling standard, CPU. The step's learning rate is 0
-# (warm-up), so these pin init, data and loss; step 2 of run_a below pins the
+# The test preset, seed 0, scaling standard, CPU, on each CPU attention kernel
+# (model.attention_impl): "xla" pins today's values, "native" its twin. The step's
+# learning rate is 0 (warm-up), so these pin init, data and loss; step 2 pins the
 # first update (optimizer, schedule, dropout) too.
 GOLDEN_ONE_STEP = {"loss": 4.16920, "grad_norm": 0.78324, "val_loss": 4.17722}
 GOLDEN_STEP_2_LOSS = 4.17656
+# The native kernel's: equal to the XLA kernel's to 5 decimals (measured 2026-12-01).
+GOLDEN_ONE_STEP_NATIVE = {"loss": 4.16920, "grad_norm": 0.78324, "val_loss": 4.17722}
+GOLDEN_STEP_2_LOSS_NATIVE = 4.17656
+GOLDEN = {"xla": (GOLDEN_ONE_STEP, GOLDEN_STEP_2_LOSS),
+          "native": (GOLDEN_ONE_STEP_NATIVE, GOLDEN_STEP_2_LOSS_NATIVE)}
 GOLDEN_MESSAGE = ("update this golden value only if the change to the "
                   "model/data/optimizer was intended")
 
 
-def test_golden_loss_after_one_step(run_a, tfds_dir, tmp_path):
-  config = make_config(tfds_dir, num_train_steps=1, log_every=1)
-  result = train_lib.train_and_evaluate(config, str(tmp_path))
-  got = {k: round(result[k], 5) for k in GOLDEN_ONE_STEP}
-  for key, golden in GOLDEN_ONE_STEP.items():
+@pytest.mark.parametrize("impl", list(GOLDEN))
+def test_golden_loss_after_one_step(impl, tfds_dir, tmp_path):
+  if impl == "native":
+    from attnscale.core import cpu_kernel
+    if jax.default_backend() != "cpu" or not cpu_kernel.available():
+      pytest.skip("the native CPU kernel did not build here")
+  golden_one_step, golden_step_2 = GOLDEN[impl]
+  config = make_config(tfds_dir, num_train_steps=1, log_every=1,
+                       **{"model.attention_impl": impl})
+  result = train_lib.train_and_evaluate(config, str(tmp_path / "one"))
+  from attnscale.runtime import provenance
+  assert provenance.read(str(tmp_path / "one"))[-1]["attention_kernel"] == impl
+  got = {k: round(result[k], 5) for k in golden_one_step}
+  for key, golden in golden_one_step.items():
     assert result[key] == pytest.approx(golden, abs=1e-5), f"{key}: {got}: {GOLDEN_MESSAGE}"
-  step_2 = train_losses(run_a[1])[2]
-  assert step_2 == pytest.approx(GOLDEN_STEP_2_LOSS, abs=1e-5), (
-      f"step 2 loss {step_2:.5f}: {GOLDEN_MESSAGE}")
+  config = make_config(tfds_dir, num_train_steps=2, log_every=1,
+                       **{"model.attention_impl": impl})
+  train_lib.train_and_evaluate(config, str(tmp_path / "two"))
+  step_2 = train_losses(str(tmp_path / "two"))[2]
+  assert step_2 == pytest.approx(golden_step_2, abs=1e-5), (
+      f"step 2 loss {step_2:.7f}: {GOLDEN_MESSAGE}")
 
 
 # ---------------------------------------------------------------------------

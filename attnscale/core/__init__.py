@@ -2,7 +2,8 @@
 
     attention.py         attention(), attention_weights(): the reference and fused paths
     fused.py             the fused path: the scaling folded into q, the kernel picked by target
-    xla_attention.py     the fused path's XLA kernel (CPU, and what the others refuse)
+    xla_attention.py     the fused path's XLA kernel (what the others refuse)
+    cpu_kernel/          the fused path's CPU kernel: FlashAttention-2 in C++ via jax.ffi
     splash_attention.py  the fused path's TPU kernel (Pallas splash attention)
     scalings.py          the registry of scalings: formula, source, learned parameters
     length_scalings.py   the scalings whose temperature grows with the sequence (log-n, YaRN)

@@ -18,9 +18,11 @@ implementations:
 * the fused path (default, `attnscale.core.fused`): s_i folded into q, c_i applied
   to the output, and one scale-1 kernel call, so one kernel serves every scaling:
   splash attention (`attnscale.core.splash_attention`, Pallas) on a TPU, cuDNN flash attention
-  (`jax.nn.dot_product_attention`) on a GPU, `attnscale.core.xla_attention` elsewhere
-  and for what those cannot take (every normaliser but softmax, and FoX's gate,
-  everywhere; soft-cap and sink on cuDNN).
+  (`jax.nn.dot_product_attention`) on a GPU, the native CPU flash-attention kernel
+  (`attnscale.core.cpu_kernel`, C++ through jax.ffi) on a CPU, `attnscale.core.xla_attention`
+  elsewhere and for what those cannot take (every normaliser but softmax, and FoX's gate,
+  everywhere; soft-cap and sink on cuDNN; soft-cap and stats on the native kernel;
+  `fused.kernel_for` is the rule).
 
 The kernel follows the platform the program is compiled *for*, not the host's:
 the device kind of the mesh the step is traced under
@@ -46,7 +48,7 @@ from attnscale.core.visibility import VisibleKeys, upcast
 
 Array = jax.Array
 
-IMPLEMENTATIONS = (None, "reference", "xla", "cudnn", "splash")
+IMPLEMENTATIONS = (None, "reference", "xla", "native", "cudnn", "splash")
 NORMALIZERS = ("softmax", "sigmoid", *normalizers_lib.ROW_NORMALIZERS)
 
 
@@ -81,8 +83,10 @@ def attention(q_BTNH: Array,
       in key-norm sums, not in n.
     is_causal: query i attends to keys j <= i only (top-left aligned).
     implementation: None (fused: splash on a TPU where it takes the call,
-      cuDNN on a GPU for bf16/fp16 softmax with no soft-cap and no sink, else
-      "xla"), "xla" (fused, `attnscale.core.xla_attention`), "cudnn" (fused, cuDNN
+      cuDNN on a GPU for bf16/fp16 softmax with no soft-cap and no sink, the
+      native kernel on a CPU where it takes the call, else "xla"), "xla" (fused,
+      `attnscale.core.xla_attention`), "native" (fused, `attnscale.core.cpu_kernel`
+      where `fused.native_refusal` names no reason, else "xla"), "cudnn" (fused, cuDNN
       flash attention; errors where cuDNN refuses, and for sigmoid, a soft-cap
       or a sink, which jax.nn's cuDNN call cannot take), "splash" (fused,
       `attnscale.core.splash_attention`; in Pallas interpret mode off a TPU, which

@@ -7,8 +7,11 @@ q, one scale-1 kernel, the output factor after it.
 (`kernel_for`) by the platform the program is compiled for (`target_platform`:
 the mesh's device kind, so a TPU program compiled on a CPU host gets splash) and
 calls it: splash attention on a TPU (`attnscale.core.splash_attention`), cuDNN
-flash attention on a GPU (bf16/fp16 softmax without soft-cap or sink), the XLA
-kernel (`attnscale.core.xla_attention`) elsewhere and for what those refuse.
+flash attention on a GPU (bf16/fp16 softmax without soft-cap or sink), the native
+CPU flash-attention kernel on a CPU (`attnscale.core.cpu_kernel`, C++ through
+jax.ffi, built at first use; softmax with or without a sink, any mask, float32 or
+bfloat16), the XLA kernel (`attnscale.core.xla_attention`) elsewhere and for
+what those refuse (`kernel_for` is the one rule).
 Every kernel returns the same z, tested against the reference
 (tests/test_attention.py, tests/test_splash_scalings.py).
 
@@ -23,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from attnscale.core import xla_attention
+from attnscale.core import cpu_kernel, xla_attention
 from attnscale.core.visibility import upcast
 
 Array = jax.Array
@@ -104,8 +107,15 @@ def fused(q_BTNH, k_BSKH, v_BSKH, keys, implementation, normalizer, logit_softca
   dtype = v_BSKH.dtype
   kernel = kernel_for(implementation, q_BTNH.shape, k_BSKH.shape, dtype, keys.mask_BNTS,
                       normalizer, logit_softcap, sink, log_forget=log_forget_BTN is not None,
-                      logit_mod=logit_mod, pair_bias=logit_bias_BTS is not None)
+                      logit_mod=logit_mod, pair_bias=logit_bias_BTS is not None,
+                      return_stats=return_stats)
   z_BTNH = None
+  if kernel == "native":
+    z_BTNH, lse_BTN = cpu_kernel.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, keys.mask_BNTS,
+                                                       keys.is_causal)
+    # sum_j p_ij = sigmoid(lse_i - b), as the XLA kernel's (`_xla`); lse = -inf (no key): 0.
+    sink_BTN = None if sink is None else jax.nn.sigmoid(lse_BTN - broadcast(sink, lse_BTN.shape))
+    return z_BTNH, sink_BTN, None
   if kernel == "splash":
     z_BTNH = by_value_slices(lambda v: _splash(q_BTNH, k_BSKH, v, keys, logit_softcap, sink),
                              v_BSKH, q_BTNH.shape[-1])
@@ -165,17 +175,21 @@ def target_platform() -> str:
 
 def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
                logit_softcap, sink, log_forget: bool = False, *, logit_mod=None,
-               pair_bias: bool = False) -> str:
-  """The fused kernel a call runs: "splash", "cudnn" or "xla" (see `fused`).
+               pair_bias: bool = False, return_stats: bool = False) -> str:
+  """The fused kernel a call runs: "splash", "cudnn", "native" or "xla" (see `fused`).
 
   None picks by `target_platform()`: splash on a TPU unless
   `splash_attention.unsupported_reason` names a reason; cuDNN on a GPU for
   bf16/fp16 softmax with no soft-cap and no sink (jax.nn neither takes a tanh
-  nor returns lse); the XLA kernel otherwise, for FoX's forget gate (`log_forget`:
-  neither splash nor jax.nn takes a T x S bias built in the kernel), for a [B, T, S]
-  logit bias (`pair_bias`, selective attention's: `attention` refuses it on splash
-  and cuDNN), and always for a scaling with a per-pair logit transform
-  (`logit_mod`: neither takes one).
+  nor returns lse); on a CPU the native kernel wherever `native_refusal` names
+  no reason (softmax, with or without a sink; no soft-cap; float32 or bfloat16;
+  no stats; one device; the library built); the XLA kernel otherwise, for FoX's
+  forget gate (`log_forget`: neither splash nor jax.nn takes a T x S bias built
+  in the kernel), for a [B, T, S] logit bias (`pair_bias`, selective
+  attention's: `attention` refuses it on splash and cuDNN), and always for a
+  scaling with a per-pair logit transform (`logit_mod`: none of the others
+  takes one). "native" asks for the native kernel and gets the XLA kernel
+  where `native_refusal` names a reason (a build that failed has warned once).
   """
   if logit_mod is not None:
     if implementation in ("splash", "cudnn"):
@@ -187,6 +201,9 @@ def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
   if log_forget or pair_bias:
     return "xla"
   platform = target_platform()
+  if implementation == "native" or platform == "cpu":
+    refusal = native_refusal(dtype, normalizer, logit_softcap, return_stats)
+    return "native" if refusal is None else "xla"
   # Splash takes a key (padding) mask [B|1, 1, 1, S] as segment ids; not a per-head
   # or per-query one.
   custom_mask = mask_BNTS is not None and (mask_BNTS.shape[2] != 1 or mask_BNTS.shape[1] != 1)
@@ -197,6 +214,34 @@ def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
   if platform == "gpu" and plain and dtype in (jnp.bfloat16, jnp.float16):
     return "cudnn"  # cuDNN's fused attention takes half precision only
   return "xla"
+
+
+def native_refusal(dtype, normalizer, logit_softcap, return_stats=False) -> str | None:
+  """Why the native CPU kernel cannot run a call, or None where it can (the rest of
+  the rule, a per-pair transform, FoX's gate, a [T, S] bias, is `kernel_for`'s).
+
+  It is FlashAttention-2's softmax with the row log-sum-exp (a sink works from
+  that), float32 or bfloat16 inputs, on the CPU, for a program of one device
+  (XLA cannot partition a custom call over a mesh's axes); no soft-cap (its tanh
+  and derivative would sit in every tile), no other normaliser, no stats (the
+  diagnostics' row max and entropy come from the XLA kernel).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if target_platform() != "cpu":
+    return f"the program is compiled for {target_platform()}, not the CPU"
+  if not mesh.empty and mesh.size != 1:
+    return f"a mesh of {mesh.size} devices"
+  if normalizer != "softmax":
+    return f"normalizer={normalizer!r} (softmax only)"
+  if logit_softcap is not None:
+    return "a logit soft-cap"
+  if return_stats:
+    return "return_stats (the XLA kernel computes the stats)"
+  if jnp.dtype(dtype) not in cpu_kernel.DTYPES:
+    return f"dtype {jnp.dtype(dtype).name} (float32 or bfloat16 only)"
+  if not cpu_kernel.available():
+    return "the native library did not build"
+  return None
 
 
 def _key_mask_BS(keys, batch: int) -> Array | None:

@@ -101,6 +101,23 @@ def check_length(cfg: ModelConfig, length: int) -> None:
                      "'none' to run longer than training")
 
 
+def attention_kernel(cfg: ModelConfig) -> str:
+  """The kernel this model's attention runs in a program for the current mesh's
+  platform (`fused.kernel_for`, the one rule): "native", "xla", "splash", "cudnn" or
+  "reference". For provenance.json, so that a run says which kernel trained it."""
+  if cfg.attention_impl == "reference":
+    return "reference"
+  from attnscale.core import fused
+  dtype = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}.get(cfg.dtype, jnp.float32)
+  factory = scalings.entry(cfg.scaling).factory
+  shape = (1, cfg.block_size, cfg.num_heads, cfg.width // cfg.num_heads)
+  return fused.kernel_for(
+      cfg.attention_impl, shape, shape[:2] + (cfg.num_kv_heads or cfg.num_heads, shape[3]),
+      dtype, None, cfg.normalizer, cfg.logit_softcap or None,
+      None if cfg.sink == "none" else 0.0, log_forget=cfg.forget_gate,
+      logit_mod=getattr(factory, "logit_mod", None), pair_bias=cfg.selective)
+
+
 def gather_positions(x_BTD: Array, positions_BP: Array | None) -> Array:
   """x at the given positions per row, [B, P, D] (all of x when positions is None)."""
   if positions_BP is None:

@@ -88,7 +88,8 @@ class ModelConfig:
   shared_kv: bool = field(False, "one projection for keys and values (W_K = W_V)")
   normalizer: str = field("softmax", "softmax | sigmoid (the softmax alternative; slow path)")
   attention_impl: str | None = field(
-      None, "None/xla/cudnn: the fused kernel (None picks one) | reference")
+      None, "None: the fused kernel for the platform (native on a CPU where it built) | "
+      "native (C++ flash attention, CPU) | xla (today's XLA kernel) | cudnn | splash | reference")
   causal: bool = field(True, "False: bidirectional (an encoder); padding goes in the mask")
   ln_position: str = field("pre", "pre: x + f(LN(x)) (GPT-2) | post: LN(x + f(x)) (BERT)")
   head: str = field(

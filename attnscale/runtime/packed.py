@@ -162,7 +162,8 @@ def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
       state_R = _put(state_R, k, state)
   for k, slot in enumerate(real):  # after every resume: which runs shared the program
     provenance.write(slot.workdir, pack=[os.path.abspath(s.workdir) for s in real],
-                     pack_size=len(slots), slot=k, **rundir.provenance_imports(slot.config))
+                     pack_size=len(slots), slot=k, attention_kernel=s.attention_kernel,
+                     **rundir.provenance_imports(slot.config))
   program = Pack(slots[0].task, base, s.graphdef, shardings_R, mesh, hparams_R)
   num_params = sum(x[0].size for x in jax.tree.leaves(state_R["params"]))
   padding = f" (+{len(slots) - len(real)} padding)" if len(slots) > len(real) else ""

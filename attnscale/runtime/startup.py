@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding
 
 from attnscale import tasks
 from attnscale.config import run as run_config
+from attnscale.models import base as models_base
 from attnscale.runtime import optimizers
 from attnscale.runtime import train_state as ts
 
@@ -45,6 +46,13 @@ class Start:
   @property
   def batch_sharding(self) -> NamedSharding:
     return ts.batch_sharding(self.mesh)
+
+  @property
+  def attention_kernel(self) -> str:
+    """The attention kernel the run's programs use on its mesh's platform ("native",
+    "xla", "splash", "cudnn", ...): what its provenance records."""
+    with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+      return models_base.attention_kernel(self.run.model)
 
 
 def start(config, *, devices=None, mesh: jax.sharding.Mesh | None = None,
