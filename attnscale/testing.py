@@ -469,16 +469,16 @@ def forget_and_differential_kernels(target: str, normalizers) -> dict[str, str]:
   {"fox/<normalizer>": kernel, "differential": kernel}."""
   import attnscale
   from attnscale.core.differential import differential_attention
-  from attnscale.runtime import aot
+  from attnscale.runtime import hlo
   q, kv, gate, wide = (8, 256, 8, 64), (8, 256, 4, 64), (8, 256, 8), (8, 256, 4, 128)
   kernels = {}
   for normalizer in normalizers:
     fox = lambda q, k, v, lf, normalizer=normalizer: attnscale.attention(
         q, k, v, is_causal=True, normalizer=normalizer, log_forget=lf)
-    kernels[f"fox/{normalizer}"] = aot.attention_kernel(
+    kernels[f"fox/{normalizer}"] = hlo.attention_kernel(
         compile_attention_grad(target, fox, q, kv, kv, gate))
   diff = lambda q1, q2, k1, k2, v: differential_attention(q1, q2, k1, k2, v, 0.5, is_causal=True)
-  kernels["differential"] = aot.attention_kernel(
+  kernels["differential"] = hlo.attention_kernel(
       compile_attention_grad(target, diff, q, q, kv, kv, wide))
   return kernels
 

@@ -48,7 +48,7 @@ def main():
 
   import jax
 
-  from attnscale.runtime import aot
+  from attnscale.runtime import aot, aot_report
   from configs import shakespeare_char
 
   print(f"# compiled on {jax.devices()[0].platform} (no accelerator), JAX {jax.__version__}; "
@@ -73,8 +73,8 @@ def main():
         flops = row.get("flops", {}).get("compiled_per_device")
         roof = row.get("roofline", {})
         cells = [model, f"{target} ({n} {'GPUs' if r['platform'] == 'gpu' else 'chips'})",
-                 remat, aot.format_bytes(mem["parameters"] + mem["optimizer_state"]),
-                 aot.format_bytes(mem.get("temporaries") or 0),
+                 remat, aot_report.format_bytes(mem["parameters"] + mem["optimizer_state"]),
+                 aot_report.format_bytes(mem.get("temporaries") or 0),
                  f"{mem['total'] / GiB:.2f} / {r['device_memory_bytes'] / GiB:.0f} GiB",
                  "yes" if mem["fits"] else f"no: {row['why']}", row.get("kernel", "-"),
                  " / ".join(str(c[k]) for k in ("all-gather", "reduce-scatter", "all-reduce",

@@ -11,7 +11,7 @@ import sys
 import jax
 import numpy as np
 
-from attnscale.runtime import aot
+from attnscale.runtime import aot, aot_report, hlo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 14.5B parameters: 54 GiB of float32 weights, more than any CI machine's memory.
@@ -48,7 +48,7 @@ def test_a_program_that_does_not_fit_exits_1_after_the_table_saying_why(tmp_path
 
 
 def test_sizes_below_a_hundredth_of_a_gib_are_in_smaller_units():
-  assert [aot.format_bytes(b) for b in (None, 0, 100, 2048, 0.66 * 2**20, 0.07 * 2**30,
+  assert [aot_report.format_bytes(b) for b in (None, 0, 100, 2048, 0.66 * 2**20, 0.07 * 2**30,
                                         95 * 2**30)] == [
       "-", "0 B", "100 B", "2.00 KiB", "0.66 MiB", "0.07 GiB", "95.00 GiB"]
 
@@ -56,7 +56,7 @@ def test_sizes_below_a_hundredth_of_a_gib_are_in_smaller_units():
 def test_devices_say_chips_and_the_cores_a_tpu_name_counts():
   def phrase(target, n, kind):
     t = aot.target(target)
-    return aot.devices_phrase({"num_devices": n, "platform": t.platform, "device_kind": kind,
+    return aot_report.devices_phrase({"num_devices": n, "platform": t.platform, "device_kind": kind,
                                "chip": t.chip or kind, "cores_per_chip": t.cores_per_chip})
   assert phrase("tpu-v5p-128", 64, "TPU v5") == (
       "64 chips of TPU v5p (2 TensorCores each, one JAX device: the name counts 128 cores)")
@@ -75,8 +75,8 @@ _BATCH = {"inputs": jax.ShapeDtypeStruct((64, 256), np.int32)}
 
 
 def _found(result_shape, kind="all-gather"):
-  hlo = f"  %x.1 = {result_shape} {kind}(%y.1), replica_groups=[2,32]<=[64]"
-  return aot.activation_collectives(hlo, _PARAMS, _BATCH, 64, (6, 6, 64))
+  text = f"  %x.1 = {result_shape} {kind}(%y.1), replica_groups=[2,32]<=[64]"
+  return hlo.activation_collectives(text, _PARAMS, _BATCH, 64, (6, 6, 64))
 
 
 def test_a_weight_gathered_in_stages_is_not_an_activation():

@@ -12,7 +12,7 @@ skipped without them. tests/test_compile_tpu.py does the TPU slice.
 import pytest
 
 from attnscale.core import scalings
-from attnscale.runtime import aot
+from attnscale.runtime import aot, aot_report, hlo
 from attnscale.testing import (
   check_fsdp_report,
   compile_attention_grad,
@@ -76,7 +76,7 @@ def test_too_large_is_a_row_that_says_why_without_xla_s_error_lines(capfd):
   report = aot.compile_report(c, "gpu-h100x1")
   assert report["fits"] is False and report["train_step"]["memory"]["over_by"] > 0
   assert ("train_step does not fit: XLA compiled it; its memory analysis exceeds the "
-          "device's memory") in aot.format_report(report)
+          "device's memory") in aot_report.format_report(report)
   err = capfd.readouterr().err
   assert "error in the calculation" not in err and "rematerialization" not in err, err
 
@@ -96,7 +96,7 @@ def test_new_normalizers_forget_gate_and_differential_attention_compile():
   for normalizer in NEW_NORMALIZERS:
     plain = lambda q, k, v, normalizer=normalizer: attnscale.attention(
         q, k, v, is_causal=True, normalizer=normalizer)
-    assert aot.attention_kernel(compile_attention_grad(TARGET, plain, q, kv, kv)) == "xla"
+    assert hlo.attention_kernel(compile_attention_grad(TARGET, plain, q, kv, kv)) == "xla"
   kernels = forget_and_differential_kernels(TARGET, ("softmax", *NEW_NORMALIZERS))
   assert kernels.pop("differential") == "cudnn"
   assert set(kernels.values()) == {"xla"}, kernels

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from attnscale.core import scalings
-from attnscale.runtime import aot
+from attnscale.runtime import aot, aot_report, hlo
 from attnscale.testing import (
   check_fsdp_report,
   compile_config,
@@ -80,7 +80,7 @@ def test_every_scaling_gets_splash_and_costs_about_what_standard_costs():
       continue  # a per-pair logit transform (scale_invariant): the XLA kernel everywhere
     lowered, _ = aot.lower_steps(compile_config("cpu", name), TARGET)
     compiled = lowered["train_step"].compile()
-    assert aot.attention_kernel(compiled.as_text()) == "splash", name
+    assert hlo.attention_kernel(compiled.as_text()) == "splash", name
     if name == "unit_scaled":  # another model, not a scaling: the kernel is the claim
       continue
     mem = compiled.memory_analysis()
@@ -109,7 +109,7 @@ def test_too_large_is_a_row_that_says_why(capfd):
   report = aot.compile_report(c, TARGET)
   memory = report["train_step"]["memory"]
   assert memory["fits"] is False and memory["over_by"] > 0 and report["fits"] is False, memory
-  table = aot.format_report(report)
+  table = aot_report.format_report(report)
   assert "no (+" in table
   assert ("train_step does not fit (not compiled: the rows below fits are -): XLA's "
           "compile-time out-of-memory: CompileTimeHbmOom: Ran out of memory on HBM, the total "
@@ -128,7 +128,7 @@ def test_fsdp_over_a_v5p_128_gathers_weights_not_activations():
   for step in ("train_step", "eval_step"):
     assert report[step]["activation_collectives"] == [], report[step]["activation_collectives"]
   assert report["train_step"]["collectives"]["all-gather"] > 0
-  table = aot.format_report(report)
+  table = aot_report.format_report(report)
   assert ("target tpu-v5p-128: 64 chips of TPU v5p (2 TensorCores each, one JAX device: the "
           "name counts 128 cores), 95.00 GiB HBM each") in table
   assert "MiB" in table.splitlines()[4]  # the parameters per device: 0.66 MiB, not 0.00 GiB
