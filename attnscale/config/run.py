@@ -24,7 +24,6 @@ import dataclasses
 import difflib
 import functools
 import types
-import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -332,7 +331,3 @@ def of(config: ml_collections.ConfigDict | RunConfig) -> RunConfig:
   if isinstance(config, RunConfig):
     return config
   return convert(config, check=False)
-
-
-def type_hints() -> dict[str, Any]:
-  return typing.get_type_hints(RunConfig)
