@@ -72,9 +72,9 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
   """`config.model` as a `ModelConfig`, with the top-level fields it takes
   (`config.remat`, default none). A field ModelConfig lacks fails in one line
   (naming the new name of a renamed one)."""
-  fields = config.model.to_dict()
+  values = config.model.to_dict()
   known = {f.name for f in schema_fields(ModelConfig)}
-  for name in fields:
+  for name in values:
     if name in known:
       continue
     old = f"model.{name}"
@@ -83,19 +83,9 @@ def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     raise ValueError(f"{old} is not a model field (one of {sorted(known)})")
   top = {f.name: config.get(f.metadata["top_level"], schema_default(f))
          for f in schema_fields(ModelConfig, top_level=True)}
-  return ModelConfig(**fields, **top)
+  return ModelConfig(**values, **top)
 
 
-# Config fields that moved or were renamed: old path -> new path. Overriding an
-# old path fails with a one-line error naming the new one.
-RENAMED_FIELDS: dict[str, str] = {
-    f"model.{name}": f"model.unit.{name}"
-    for name in ("residual_mult", "residual_attn_ratio", "residual_rule", "attn_residual")
-} | {"model.qk_layernorm": "model.qk_norm"}
-# A renamed field whose values changed too: old path -> {old value: new value}.
-RENAMED_FIELD_VALUES: dict[str, dict] = {
-    "model.qk_layernorm": {True: "layernorm", False: "none"},
-}
 def value_hint(old: str) -> str:
   """" (model.qk_norm=layernorm for True, ...)" for a renamed field whose values changed."""
   values = RENAMED_FIELD_VALUES.get(old)
