@@ -21,7 +21,7 @@ from attnscale import testing
 from attnscale.runtime import config_files, configlib, hostmem, provenance
 
 README = os.path.join(testing.ROOT, "README.md")
-CONFIGS = ("bert_small.py", "gpt2.py", "shakespeare_char.py")
+CONFIGS = ("bert_small.py", "gpt2.py", "probes.py", "shakespeare_char.py")
 
 
 def readme_example() -> tuple[str, list[list[str]]]:

@@ -57,7 +57,7 @@ def test_the_metric_keys_are_the_recorded_strings(counted_run):
   assert [metric_keys.attention_key(p, 0) for p in metric_keys.PER_LAYER[4:]] == [
       f"train/attn/{name}/layer_0" for name in ("sink_rate", "sink_heads", "top_key_weight",
                                                 "max_act", "act_ratio", "kurtosis",
-                                                "sink_rate_heads")]
+                                                "first_value_ratio", "sink_rate_heads")]
   run, _ = counted_run
   rows = metrics_writer.read_rows(run.workdir)
   written = {k for row in rows for k in row if k != "step"}

@@ -278,7 +278,8 @@ def test_presets_validate():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"task": "mlx"}, "config.task must be one of ['char_lm', 'mlm', 'token_lm'], got 'mlx'"),
+    ({"task": "mlx"}, "config.task must be one of ['char_lm', 'mlm', 'token_lm', 'trigger', "
+                      "'mqar', 'max_retrieval'], got 'mlx'"),
     ({"dataset": "wiki"}, "config.dataset must be one of ['wikitext2', 'wikitext2_2k', 'wikitext103']"),
     ({"model.causal": True}, "model.causal must be False for task 'mlm'"),
     ({"mask_rate": 1.5}, "config.mask_rate must be in [0, 1], got 1.5"),
