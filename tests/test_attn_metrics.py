@@ -74,7 +74,9 @@ def test_fused_stats_equal_reference(case, option):
 
 def test_stats_carry_no_gradient_and_leave_the_output_alone():
   q, k, v, mask = _inputs()
-  kw = dict(mask=mask, is_causal=True, sink=0.0)
+  # The statistics come from the XLA kernel: the output is compared on it (the native
+  # CPU kernel, the default, agrees with it to rounding only).
+  kw = dict(mask=mask, is_causal=True, sink=0.0, implementation="xla")
   z = attnscale.attention(q, k, v, **kw)
   z_stats, _ = attnscale.attention(q, k, v, return_stats=True, **kw)
   np.testing.assert_array_equal(z, z_stats)
