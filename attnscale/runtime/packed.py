@@ -146,12 +146,12 @@ def stacked_hparams(runs) -> dict[str, jax.Array]:
           for k in packing.TRACED_FIELDS}
 
 
-def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
-  base, shardings, mesh = s.run, s.shardings, s.mesh
+def _train(slots: list[loop.Slot], start: startup.Start, locks) -> list[dict]:
+  base, shardings, mesh = start.run, start.shardings, start.mesh
   shardings_R = _stacked_shardings(shardings, mesh)
   # Every slot's initial state at once: the init vmapped over the seeds (the only
   # field the init reads that may differ in a pack).
-  init = ts.init_fn(base, s.optimizer.tx)
+  init = ts.init_fn(base, start.optimizer.tx)
   hparams_R = stacked_hparams([s.run for s in slots])
   with ts.threefry_kernel_on_gpu():  # GPU compile time: its docstring
     state_R = jax.jit(jax.vmap(init), out_shardings=shardings_R)(hparams_R["seed"])
@@ -161,10 +161,10 @@ def _train(slots: list[loop.Slot], s: startup.Start, locks) -> list[dict]:
     if slot.last_good is not None:  # resumed from its checkpoint
       state_R = _put(state_R, k, state)
   for k, slot in enumerate(real):  # after every resume: which runs shared the program
-    provenance.write(slot.workdir, pack=[os.path.abspath(s.workdir) for s in real],
-                     pack_size=len(slots), slot=k, attention_kernel=s.attention_kernel,
+    provenance.write(slot.workdir, pack=[os.path.abspath(r.workdir) for r in real],
+                     pack_size=len(slots), slot=k, attention_kernel=start.attention_kernel,
                      **rundir.provenance_imports(slot.config))
-  program = Pack(slots[0].task, base, s.graphdef, shardings_R, mesh, hparams_R)
+  program = Pack(slots[0].task, base, start.graphdef, shardings_R, mesh, hparams_R)
   num_params = sum(x[0].size for x in jax.tree.leaves(state_R["params"]))
   padding = f" (+{len(slots) - len(real)} padding)" if len(slots) > len(real) else ""
   rundir.log(f"{base.task} | a pack of {len(real)} runs{padding} | "
