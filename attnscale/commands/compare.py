@@ -118,10 +118,13 @@ def read(run_dir: str, attention_layer: int | None = None) -> dict:
   (negative: from the last), "step", "num_train_steps", "final_train_loss"
   (the last train/loss_last20), "max_logit_last" (the last row's largest logit
   over layers), "elapsed_s"}."""
-  from attnscale.runtime import configlib, metrics_writer
+  from attnscale.runtime import configlib, metrics_writer, provenance
   from attnscale.runtime import metric_keys as keys
   with open(os.path.join(run_dir, "config.json")) as f:
     config = configlib.migrate(json.load(f))
+  # The run's own scalings and tasks (config.imports), from where training found
+  # them, so that its label can name them from any folder.
+  configlib.import_modules(config, recorded=provenance.import_files(run_dir))
   rows = metrics_writer.read_rows(run_dir)
   series = lambda key: [(r["step"], r[key]) for r in rows if key in r]
   last = lambda key: next((r[key] for r in reversed(rows) if key in r), math.nan)

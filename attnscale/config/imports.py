@@ -71,7 +71,9 @@ class _NotFound(ValueError):
 
 
 def _entries(config) -> tuple[str, ...]:
-  entries = getattr(config, "imports", None) or ()
+  # A ConfigDict, or a run's config.json as read (a dict).
+  entries = (config.get("imports") if isinstance(config, dict)
+             else getattr(config, "imports", None)) or ()
   if isinstance(entries, str) or not all(isinstance(e, str) and e for e in entries):
     raise ValueError(f"config.imports must be a tuple of module names or .py paths, e.g. "
                      f"--config.imports='(\"my_scalings\",)', got {entries!r}")
