@@ -118,3 +118,26 @@ def test_sweeps_evaluate_finished_then_archive(trained, tmp_path):
   shutil.copytree(tmp_path / "raw", tmp_path / "fresh")  # another machine: no weights
   (tmp_path / "fresh" / "a" / "eval.json").unlink()
   assert run_records.evaluate_finished(str(tmp_path / "fresh")) == []  # nothing to read
+
+
+def test_evaluation_reads_the_parameters_alone(trained):
+  """eval.py restores `params` only (orbax's partial restore): the same arrays as a
+  full restore, and a target whose optimizer state could not hold the saved one
+  (another optimizer's layout) does not matter to it."""
+  from attnscale.runtime import checkpoints as ckpt
+  config, workdir = trained
+  s = eval_lib.evaluation_start(config, data=False, workdir=workdir)
+  checkpoints = ckpt.Checkpoints(workdir, s.run.keep_checkpoints)
+  try:
+    full = checkpoints.restore(s.shapes, s.shardings)
+    alone = checkpoints.restore(s.shapes, s.shardings, only=("params",))
+    other = dict(s.shapes, opt_state={"not": jax.ShapeDtypeStruct((3,), jnp.float32)})
+    sharded = dict(s.shardings, opt_state={"not": None})
+    newest, step, damaged = checkpoints.restore_newest_intact(other, sharded, only=("params",))
+  finally:
+    checkpoints.close()
+  assert set(alone) == {"params"} and set(newest) == {"params"} and (step, damaged) == (10, [])
+  for a, b, c in zip(jax.tree.leaves(full["params"]), jax.tree.leaves(alone["params"]),
+                     jax.tree.leaves(newest["params"]), strict=True):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)

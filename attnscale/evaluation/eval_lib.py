@@ -49,8 +49,9 @@ def restore(config, workdir, step=None, *, start: startup.Start | None = None):
   By default the newest checkpoint that can be read: newer ones that cannot (a
   truncated file) get one warning line on stderr and stay where they are
   (evaluating changes no checkpoint; train.py's rerun sets them aside). The state
-  is restored into its shapes (nothing is initialised first), and only the
-  parameters are kept.
+  parameters alone are read, into their shapes (nothing is initialised first; the
+  optimizer state is neither read nor needed, so damage there does not stop an
+  evaluation).
 
   Args:
     config: the run's config (`load_config`), or None with `start`.
@@ -68,15 +69,17 @@ def restore(config, workdir, step=None, *, start: startup.Start | None = None):
     if step is None:
       if checkpoints.latest_step() is None:
         raise ValueError(f"--workdir {workdir} has no checkpoint to evaluate")
-      state, step, damaged = checkpoints.restore_newest_intact(state, s.shardings)
+      state, step, damaged = checkpoints.restore_newest_intact(state, s.shardings,
+                                                               only=("params",))
       if damaged and jax.process_index() == 0:
         print(f"warning: {ckpt.describe_damaged(damaged)}; evaluating step {step}",
               file=sys.stderr, flush=True)
     else:
       try:
-        state = checkpoints.restore(state, s.shardings, step)
+        state = checkpoints.restore(state, s.shardings, step, only=("params",))
       except ckpt.DamagedCheckpointError as e:
-        intact = [k for k in checkpoints.intact_steps(state, s.shardings) if k != step]
+        intact = [k for k in checkpoints.intact_steps(state, s.shardings, only=("params",))
+                  if k != step]
         raise ValueError(f"--step={step}: {e}; steps that can be read: "
                          f"{', '.join(map(str, intact)) or 'none'}") from None
   finally:

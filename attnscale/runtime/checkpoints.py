@@ -87,11 +87,14 @@ class Checkpoints:
     self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
   def restore(self, state: State, shardings, step: int | None = None, *,
-              alone: bool = False) -> State:
+              alone: bool = False, only: tuple[str, ...] | None = None) -> State:
     """Restores `step` (default: latest) into the layout of `state`.
 
     `alone`: read without orbax's barrier of every process after the read, for a
     caller that agrees with the others itself (`restore_newest_intact`).
+    `only`: these entries alone (orbax's partial restore: the others, the optimizer
+    state for one, are not read, so a checkpoint whose optimizer state is damaged
+    still evaluates); the result holds just them.
 
     An entry of `ADDED_STATE_ENTRIES` that the checkpoint lacks (it was written
     before the entry existed) keeps its value in `state`, the initial one.
@@ -106,6 +109,9 @@ class Checkpoints:
     if step not in self.manager.all_steps():
       raise ValueError(f"no checkpoint of step {step} in {self.manager.directory} "
                        f"(it has steps {sorted(self.manager.all_steps())})")
+    if only is not None:
+      return self._restore_entries({k: state[k] for k in only},
+                                   {k: shardings[k] for k in only}, step)
     with self._reading(step):
       saved = set(self.manager.item_metadata(step).keys())  # None.keys(): no _METADATA
     lacking = [k for k in state if k not in saved]
@@ -142,8 +148,10 @@ class Checkpoints:
       raise DamagedCheckpointError(self.directory, step,
                                    why if len(why) <= 300 else why[:297] + "...") from e
 
-  def restore_newest_intact(self, state: State, shardings) -> tuple[State, int, list]:
-    """The newest checkpoint that can be read, restored; steps newest first.
+  def restore_newest_intact(self, state: State, shardings, *,
+                            only: tuple[str, ...] | None = None) -> tuple[State, int, list]:
+    """The newest checkpoint that can be read, restored; steps newest first
+    (`only`: of these entries, as `restore` reads them).
 
     Returns:
       (state, its step, the DamagedCheckpointErrors of the newer steps).
@@ -165,7 +173,7 @@ class Checkpoints:
     several = jax.process_count() > 1
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        restored, error = self.restore(state, shardings, step, alone=several), None
+        restored, error = self.restore(state, shardings, step, alone=several, only=only), None
       except DamagedCheckpointError as e:
         restored, error = None, e
       read = _each_process(error is None)
@@ -193,31 +201,35 @@ class Checkpoints:
     return {_path(p): tuple(m.shape) for p, m in jax.tree_util.tree_flatten_with_path(params)[0]}
 
   def restore_params(self, params, shardings, step: int):
-    """The parameters saved at `step` alone (orbax's partial restore: the optimizer
-    state is not read), into the layout of `params` with `shardings`.
+    """The parameters saved at `step` alone (`restore(..., only=("params",))`), into
+    the layout of `params` with `shardings`.
 
     Raises:
       DamagedCheckpointError: the checkpoint cannot be read.
     """
-    target = {"params": abstract_state(params, shardings)}
+    return self._restore_entries({"params": params}, {"params": shardings}, step)["params"]
+
+  def _restore_entries(self, state: State, shardings, step: int) -> State:
+    target = abstract_state(state, shardings)
     handler = ocp.PyTreeCheckpointHandler()
     try:
       with self._reading(step):
-        restored = handler.restore(
+        return handler.restore(
             epath.Path(self.directory) / str(step) / "default",
             args=ocp.args.PyTreeRestore(
                 item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
                 partial_restore=True))
     finally:
       handler.close()
-    return restored["params"]
 
-  def intact_steps(self, state: State, shardings) -> list[int]:
-    """The steps that restore (each read in full, into the layout of `state`)."""
+  def intact_steps(self, state: State, shardings, *,
+                   only: tuple[str, ...] | None = None) -> list[int]:
+    """The steps that restore (each read in full, or its `only` entries, into the
+    layout of `state`)."""
     intact = []
     for step in sorted(self.manager.all_steps()):
       with contextlib.suppress(DamagedCheckpointError):
-        self.restore(state, shardings, step)
+        self.restore(state, shardings, step, only=only)
         intact.append(step)
     return intact
 
