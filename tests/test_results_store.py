@@ -157,3 +157,22 @@ def test_a_figure_saved_twice_has_the_same_bytes(tmp_path):
   data = open(one, "rb").read()
   assert data == open(two, "rb").read()
   assert b"tEXt" not in data and b"tIME" not in data and b"iTXt" not in data
+
+
+def test_labels_are_declared_after_the_fact_and_kept_where_declared(runs, tmp_path, capsys):
+  """`set_labels` writes config.label into runs that have none (and says so in
+  archived.json), leaves a run that has one as it is, and changes nothing else."""
+  store = str(tmp_path / "runs.parquet")
+  config = json.loads((runs / "b" / "config.json").read_text())
+  (runs / "b" / "config.json").write_text(json.dumps(config | {"label": "mine"}, indent=2,
+                                                     sort_keys=True))
+  results_store.pack(store, [str(runs)])
+  before = _files(runs)
+  assert results_store.set_labels(store, {"a": "softmax", "b": "other"}, "by hand") == 1
+  results_store.unpack(store, str(tmp_path / "back"))
+  after = _files(tmp_path / "back")
+  assert json.loads(after["a/config.json"]) == config | {"label": "softmax"}
+  assert json.loads(after["a/archived.json"])["backfilled"] == {"label": "by hand"}
+  assert json.loads(after["b/config.json"])["label"] == "mine"
+  assert {k for k in after if after[k] != before[k]} == {"a/config.json", "a/archived.json"}
+  assert list(results_store.runs_frame(store)["label"]) == ["softmax", "mine"]

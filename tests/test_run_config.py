@@ -90,7 +90,7 @@ def test_a_sweep_declares_the_label_and_the_study_reads_it():
   from attnscale.studies import normalisers_runs
   config = json.loads(shakespeare_char.get_config("preset=test").to_json())
   config["model"]["positions"] = "rope"
-  assert normalisers_runs.normaliser_label(config) == "softmax"  # derived: a run by hand
+  assert normalisers_runs.normaliser_label(config) == "standard"  # a run by hand: derived
   config["label"] = "my_label"
   assert normalisers_runs.normaliser_label(config) == "my_label"
   assert configlib.run_label(config) == "standard"  # the attention setup, still derived

@@ -8,9 +8,10 @@ eleven studies' stores: 15.6 MB):
 
   folder, run        the folder the run was archived in ("raw", "raw_cpu", ...) and
                      its directory name; rows sorted by both
-  label ... host     convenience columns a researcher filters on (`run_records.read_run`
-                     at packing time: label, variant, learning_rate, seed, steps,
-                     status, final_train_loss, max_logit, commit, host)
+  label ... host     convenience columns a researcher filters on, at packing time:
+                     label (config.label, else `run_records.read_run`'s), variant,
+                     learning_rate, seed, steps, status, final_train_loss, max_logit,
+                     commit, host
   <file name>        one string column per record file, its text exactly (null: the
                      run has no such file); a gzipped file (metrics.jsonl.gz) is stored
                      decompressed under its name without ".gz"; a JSON-lines file
@@ -47,6 +48,8 @@ the old store whole.
   python -m attnscale.experiments.results_store archive runs/sink_hunt docs/results/normalisers/sink_hunt.parquet
   python -m attnscale.experiments.results_store unpack docs/results/transfer/runs.parquet runs/transfer
   python -m attnscale.experiments.results_store ls docs/results/shared_kv/runs.parquet/raw_cpu
+  python -m attnscale.experiments.results_store label docs/results/normalisers/runs.parquet \
+      --config=configs/shakespeare_char.py --sweep=normalisers
 
 STORE/FOLDER names the runs archived in one folder of a store (shared_kv's store
 holds raw and raw_cpu); a store with one folder needs no FOLDER.
@@ -151,7 +154,10 @@ def _run_row(run_dir: str, folder: str) -> dict:
       row[column + TEMPLATE], row[column + F32], row[column + F64] = numbers
   read = run_records.read_run(run_dir)
   if read is not None:
-    row.update({"label": read["scaling"], **{k: read[k] for k in CONVENIENCE[1:]}})
+    # The sweep's declared label where it has one, else the attention setup.
+    declared = json.loads(row.get("config.json") or "{}").get("label")
+    row.update({"label": declared or read["scaling"],
+                **{k: read[k] for k in CONVENIENCE[1:]}})
   return row
 
 
@@ -426,6 +432,31 @@ def pack(store: str, folders: Sequence[str]) -> int:
   return len(rows)
 
 
+def set_labels(store: str, labels: dict[str, str], note: str) -> int:
+  """Declares the label of runs archived before sweeps stored one: writes
+  `config.label` into the config.json of each run of `store` named in `labels` (its
+  directory name -> the label its sweep's point declares) that has none, and the
+  `label` column; its archived.json lists the field under "backfilled" with `note`
+  (how it was found). Returns the number of runs changed. Atomic, as `add`.
+  """
+  with _Locked(store):
+    rows = _read_rows(store)
+    changed = 0
+    for r in rows:
+      config = json.loads(r["config.json"])
+      if r["run"] not in labels or config.get("label"):
+        continue
+      config["label"] = r["label"] = labels[r["run"]]
+      r["config.json"] = json.dumps(config, indent=2, sort_keys=True)
+      archived = json.loads(r.get("archived.json") or "{}")
+      archived.setdefault("backfilled", {})["label"] = note
+      r["archived.json"] = json.dumps(archived)
+      changed += 1
+    if changed:
+      _write(_table(rows), store)
+  return changed
+
+
 # ---- reading ------------------------------------------------------------------
 
 
@@ -614,6 +645,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                  "--workdir, to resume it: its finished runs count as done)")
   u.add_argument("--only", default="", help="only the runs whose name matches this "
                  "regular expression (re.search)")
+  lab = sub.add_parser("label", help="write each run's label into its config.json "
+                       "(config.label), from the point of the sweep that made it, for "
+                       "runs archived before sweeps stored it")
+  lab.add_argument("store", help=f"X{SUFFIX}")
+  lab.add_argument("--config", required=True, help="the sweep's config file "
+                   "(configs/shakespeare_char.py)")
+  lab.add_argument("--sweep", required=True, help="the sweep that made the runs")
   ls = sub.add_parser("ls", help="list a store's runs")
   ls.add_argument("store", help=f"X{SUFFIX} or X{SUFFIX}/FOLDER")
   args = p.parse_args(argv)
@@ -639,6 +677,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         _selected(args.store)
       n = len(unpack(args.store, args.dest, only=args.only))
       print(f"unpacked {n} runs into {args.dest}")
+    elif args.command == "label":
+      from attnscale.experiments import sweeps
+      points = sweeps.load_sweep(args.config, args.sweep, workdir=workdir(args.store))
+      labels = {p.name: p.label for p in points if p.label}
+      n = set_labels(args.store, labels, f"the label of its point in {args.sweep} "
+                     f"({os.path.basename(args.config)}), by its directory name")
+      print(f"labelled {n} runs of {args.store}")
     else:
       frame = runs_frame(args.store)
       with __import__("pandas").option_context("display.max_rows", None,

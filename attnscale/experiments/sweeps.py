@@ -111,7 +111,7 @@ def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[
     ValueError: the config has no sweeps, or no sweep of that name (the
       message lists the known ones).
   """
-  module = _sweeps_module(config_file)
+  module = sweeps_module(config_file)
   known = getattr(module, "SWEEPS", ())
   if name not in known:
     raise ValueError(f"--sweep must be one of {list(known)}, got {name!r}")
@@ -131,14 +131,14 @@ def load_sweep(config_file: str, name: str, workdir: str | None = None) -> list[
 
 def sweep_names(config_file: str) -> list[str]:
   """The names of `config_file`'s sweeps (its sweeps module's `SWEEPS`), in order."""
-  return list(_sweeps_module(config_file).SWEEPS)
+  return list(sweeps_module(config_file).SWEEPS)
 
 
 def default_pack(config_file: str, name: str) -> int:
   """The pack size sweep `name` runs with by default: its sweeps module's
   `default_pack(name)` if it defines one, else `PACK_BY_PRESET[preset]` of the
   sweep's preset, else 1 (unpacked)."""
-  module = _sweeps_module(config_file)
+  module = sweeps_module(config_file)
   if hasattr(module, "default_pack"):
     return module.default_pack(name)
   known = getattr(module, "SWEEPS", ())
@@ -146,7 +146,7 @@ def default_pack(config_file: str, name: str) -> int:
   return getattr(module, "PACK_BY_PRESET", {}).get(preset, 1)
 
 
-def _sweeps_module(config_file: str):
+def sweeps_module(config_file: str):
   """The sweeps module of `config_file`: its own <config>_sweeps.py beside it."""
   directory, config_name = os.path.split(os.path.abspath(config_file))
   if config_name == "sweeps.py" and not os.path.isfile(config_file):

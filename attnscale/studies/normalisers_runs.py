@@ -14,45 +14,45 @@ from collections.abc import Callable, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from attnscale.experiments import run_records, sweep_results
+from attnscale.experiments import run_records, sweep_results, sweeps
 from attnscale.runtime import configlib
 from attnscale.studies import sensitivity as sensitivity_study
 
 REFERENCE = "softmax"
-# The sweep's labels (configs/shakespeare_char_sweeps.py NORMALISERS) -> the
-# `configlib.run_label` of their runs, in the tables' order: the softmax family, then
-# each non-softmax normaliser beside its RMS QK-norm twin.
-SOFTMAX_FAMILY = {"softmax": "standard", "sink_learned": "standard+sink_learned",
-                  "sink_zero": "standard+sink_zero",
-                  "gate_headwise": "standard+gate_headwise",
-                  "gate_elementwise": "standard+gate_elementwise", "fox": "standard+fox",
-                  "differential": "standard+diff", "selective": "standard+selective"}
-NON_SOFTMAX = ("sigmoid", "softpick", "relu", "stickbreaking")
-LABELS = SOFTMAX_FAMILY | {
-    f"{n}{twin}": f"{scaling}+{n}" for n in NON_SOFTMAX
-    for twin, scaling in (("", "standard"), ("_qk_rmsnorm", "qk_rmsnorm"))}
-POSITIONS = "rope"
-# The BERT's labels (configs/bert_small_sweeps.py BERT_NORMALISERS): the claims that need
-# no causal order, (a) and (b); stick-breaking, FoX and selective attention are causal.
-BERT_LABELS = ("softmax", "gate_elementwise", "softpick", "relu")
-_BY_RUN_LABEL = {v: k for k, v in LABELS.items()}
+# The labels are the sweeps' (each run's config.label, which the sweep writes and the
+# committed stores hold): the char LM's from configs/shakespeare_char_sweeps.py
+# NORMALISERS, the BERT's from configs/bert_small_sweeps.py BERT_NORMALISERS.
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+
+
+def _declared(config: str, name: str) -> dict:
+  return getattr(sweeps.sweeps_module(os.path.join(_CONFIGS, config)), name)
+
+
+def _table_order(declared: Mapping[str, tuple[str, dict]]) -> tuple[str, ...]:
+  """The softmax family (the labels that keep softmax), then each other normaliser
+  beside its twins (the same normaliser under another scaling), in the sweep's order."""
+  normaliser = {k: o.get("model.normalizer", "softmax") for k, (_, o) in declared.items()}
+  family = [k for k in declared if normaliser[k] == "softmax"]
+  others = dict.fromkeys(n for n in normaliser.values() if n != "softmax")
+  return tuple(family) + tuple(k for n in others for k in declared if normaliser[k] == n)
+
+
+_NORMALISERS = _declared("shakespeare_char.py", "NORMALISERS")
+LABELS = _table_order(_NORMALISERS)
+SOFTMAX_FAMILY = tuple(k for k, (_, o) in _NORMALISERS.items() if "model.normalizer" not in o)
+# The BERT's labels: the claims that need no causal order, (a) and (b); stick-breaking,
+# FoX and selective attention are causal.
+BERT_LABELS = tuple(_declared("bert_small.py", "BERT_NORMALISERS"))
 
 
 def normaliser_label(config: Mapping) -> str:
-  """The sweep's label of a run from its config.json (`LABELS`); a run the sweep does
-  not define (other positions, another option) keeps its run_label, never averaged
-  into a sweep label."""
-  if config.get("label"):  # the sweep's own name for the run
+  """A run's label: its sweep's (`config.label`); a run made by hand has none and
+  keeps its `configlib.run_label`, never averaged into a sweep's label."""
+  if config.get("label"):
     return config["label"]
-  # A run made before sweeps declared labels: its attention setup, mapped to the
-  # sweep's label. The BERT's runs (post-LN) take the char LM's labels: their own
-  # store keeps them apart.
-  run_label = configlib.run_label(ml_collections.ConfigDict(dict(config)))
-  run_label = run_label.replace("+post_ln", "")
-  positions = config["model"].get("positions", "learned")
-  if positions != POSITIONS:
-    return f"{run_label}+positions_{positions}"
-  return _BY_RUN_LABEL.get(run_label, run_label)
+  return configlib.run_label(ml_collections.ConfigDict(dict(config)))
 
 
 def order(labels) -> list[str]:
