@@ -307,7 +307,7 @@ def cpu_batch_chunk(q_shape, k_shape, is_causal: bool) -> int | None:
   bidirectional attention in a program compiled for one CPU device; None (the
   whole batch at once) otherwise.
 
-  Measured (#37, docs/benchmarks.md): the small BERT's step (bidirectional, one
+  Measured (docs/benchmarks.md): the small BERT's step (bidirectional, one
   [B, N, T, S] block) 5-8% faster with groups of 2 rows, on one thread and on
   two; the causal char LM's step 5-13% slower (its query blocks already cut the
   logits, and smaller products parallelise worse), so causal attention keeps

@@ -53,7 +53,7 @@ D_i is a dot product over H (here 32) instead of autodiff's row sum over the
 keys, and no select runs backward for the causal mask (p_ij = 0 already):
 21.2 ms against 26.4 forward + backward at B=32, T=128, N=4, H=32 (one CPU
 core, medians of interleaved runs; autodiff's row sums ran as YNNPACK
-reductions at 2-4 ns an element; docs/benchmarks.md, #37). Same forward ops
+reductions at 2-4 ns an element; docs/benchmarks.md). Same forward ops
 and bits; the gradients differ from autodiff's in rounding only (D_i is summed
 in another order, and in bf16 from z, which used p rounded to bf16).
 
@@ -267,7 +267,7 @@ def dot_product_attention(q_BTNH: Array,
 # [B, N, T, S] through L3 pass after pass. At the small BERT's shape (B=32,
 # T=S=128, N=4, H=32: groups of 2) forward + backward took 33 ms a layer against
 # 44 for the whole batch (one AMD EPYC core, quiet, medians of 12), and its train
-# step 5-8% less (docs/benchmarks.md, #37).
+# step 5-8% less (docs/benchmarks.md).
 CPU_CHUNK_BYTES = 512 * 1024
 
 

@@ -408,7 +408,7 @@ def write_tables(raw: list[dict], out: str) -> tuple[list[str], list[str]]:
            "law, arXiv 2510.05554)."]
   paths = [reporting.save_figure(plot_beta(raw, fits), out, "critical_length")]
   paths += reporting.write_tables(fits, out, "critical_length",
-                                  title="Critical beta against n (issue #62)", notes=notes,
+                                  title="Critical beta against n: the power and log laws fitted", notes=notes,
                                   formats=FIT_FORMATS)
   paths += reporting.write_tables(beta_rows(raw), out, "critical_length_beta",
                                   title="beta* at each n: geometric mean over seeds [min, max]",
