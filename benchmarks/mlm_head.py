@@ -37,8 +37,8 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 from attnscale import models  # noqa: E402
+from attnscale.config import schema  # noqa: E402
 from attnscale.data import mlm, tokenizer  # noqa: E402
-from attnscale.runtime import configlib  # noqa: E402
 from attnscale.tasks import mlm as mlm_task  # noqa: E402
 from configs import bert_small  # noqa: E402
 
@@ -69,7 +69,7 @@ def measure(size: str, head: str, args) -> dict:
   arg, overrides = SIZES[size]
   config = bert_small.get_config(arg)
   config.update_from_flattened_dict(overrides)
-  model = models.build(configlib.model_config(config), rngs=nnx.Rngs(params=0))
+  model = models.build(schema.model_config(config), rngs=nnx.Rngs(params=0))
   graphdef, params = nnx.split(model)
   batch = synthetic_batch(config)
 

@@ -18,7 +18,8 @@ import ml_collections
 import pytest
 
 from attnscale import testing
-from attnscale.runtime import config_files, configlib, hostmem, provenance
+from attnscale.config import imports as config_imports
+from attnscale.runtime import config_files, hostmem, provenance
 
 README = os.path.join(testing.ROOT, "README.md")
 CONFIGS = ("bert_small.py", "gpt2.py", "probes.py", "shakespeare_char.py")
@@ -200,15 +201,15 @@ def test_an_entry_that_is_not_here_imports_from_its_recorded_file(tmp_path, monk
   config = ml_collections.ConfigDict({"imports": ("user_pkg.user_mod", "user_plain.py")})
   path = list(sys.path)
   monkeypatch.chdir(tmp_path)  # training, from the folder that holds them
-  recorded = configlib.import_files(config)
+  recorded = config_imports.import_files(config)
   assert recorded == {"user_pkg.user_mod": str(tmp_path / "user_pkg" / "user_mod.py"),
                       "user_plain.py": str(tmp_path / "user_plain.py")}
   _forget_user_modules()
   monkeypatch.setattr(sys, "path", path)
   monkeypatch.chdir(folder(tmp_path, "elsewhere"))  # evaluating, from another folder
   with pytest.raises(ValueError, match="no module named 'user_pkg.user_mod'"):
-    configlib.import_modules(config)
-  names = configlib.import_modules(config, recorded=recorded)
+    config_imports.import_modules(config)
+  names = config_imports.import_modules(config, recorded=recorded)
   assert names == ["user_pkg.user_mod", "user_plain"]
   assert sys.modules["user_pkg.user_helper"].X == 1 and sys.modules["user_plain"].Y == 2
 
@@ -218,7 +219,7 @@ def test_a_recorded_file_that_is_gone_fails_in_one_line(tmp_path, monkeypatch, c
   config = ml_collections.ConfigDict({"imports": ("user_gone",)})
   gone = str(tmp_path / "moved" / "user_gone.py")
   with pytest.raises(ValueError) as e:
-    configlib.import_modules(config, recorded={"user_gone": gone})
+    config_imports.import_modules(config, recorded={"user_gone": gone})
   message = str(e.value)
   assert "\n" not in message
   for part in ("config.imports", "'user_gone'", gone, "PYTHONPATH",

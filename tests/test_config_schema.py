@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from attnscale import models
+from attnscale.config import builders, migration, schema
 from attnscale.core import scalings
 from attnscale.models import ModelConfig, UnitConfig
 from attnscale.runtime import cli, config_reference, configlib, rundir
@@ -23,7 +24,7 @@ from configs import bert_small, gpt2, shakespeare_char
 
 def _all_fields(schema, prefix=""):
   for f in dataclasses.fields(schema):
-    default = configlib.schema_default(f)
+    default = builders.schema_default(f)
     yield prefix + f.name, f
     if dataclasses.is_dataclass(default):
       yield from _all_fields(type(default), f"{prefix}{f.name}.")
@@ -39,26 +40,26 @@ def test_every_field_has_a_one_line_doc():
                                              (bert_small, bert_small.PRESETS),
                                              (gpt2, gpt2.PRESETS)])
 def test_configs_build_config_model_from_the_schema(module, presets):
-  fields = {f.name for f in configlib.schema_fields(ModelConfig)}
+  fields = {f.name for f in builders.schema_fields(ModelConfig)}
   unit_fields = {f.name for f in dataclasses.fields(UnitConfig)}
   for preset in presets:
     for scaling in ("standard", "unit_scaled"):
       model = module.get_config(f"preset={preset},scaling={scaling}").model
       assert set(model.keys()) == fields and set(model.unit.keys()) == unit_fields
-  # The defaults are ModelConfig's, the config argument's logic is configlib.model's.
-  default = configlib.model_config(shakespeare_char.get_config("preset=nanogpt"))
+  # The defaults are ModelConfig's, the config argument's logic is builders.model's.
+  default = schema.model_config(shakespeare_char.get_config("preset=nanogpt"))
   assert dataclasses.replace(default, dropout=0.0) == ModelConfig()
-  unit = configlib.model("unit_scaled")
+  unit = builders.model("unit_scaled")
   assert (unit.variant, unit.scaling, unit.unit.attn_residual) == ("unit", "fully_scaled",
                                                                    "relative")
-  assert configlib.model("key_norm_power", p=3.0).scaling_params.to_dict() == {"p": 3.0}
-  assert configlib.model("cosine", temperature=12.0).scaling_params.to_dict() == {
+  assert builders.model("key_norm_power", p=3.0).scaling_params.to_dict() == {"p": 3.0}
+  assert builders.model("cosine", temperature=12.0).scaling_params.to_dict() == {
       "temperature": 12.0}
-  assert configlib.model("cosine").scaling_params.to_dict() == {}
+  assert builders.model("cosine").scaling_params.to_dict() == {}
 
 
 def test_none_able_fields_are_typed_placeholders():
-  m = configlib.model()
+  m = builders.model()
   assert m.num_kv_heads is None and m.attention_impl is None
   m.num_kv_heads, m.attention_impl = 2, "reference"  # an override of the right type
   with pytest.raises(TypeError):
@@ -136,7 +137,7 @@ def test_a_run_saved_with_qk_layernorm_loads_resumes_and_keeps_its_label(tmp_pat
   config = shakespeare_char.get_config("preset=test")
   config.model.qk_norm = "layernorm"
   old = _old_config_json(config)
-  migrated = configlib.migrate(json.loads(json.dumps(old)))
+  migrated = migration.migrate(json.loads(json.dumps(old)))
   assert migrated == json.loads(config.to_json())
   assert configlib.run_label(config) == "standard+qk_layernorm"
   # A label read straight from an old config.json (no migrate) is the same too.

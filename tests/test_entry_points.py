@@ -8,7 +8,8 @@ import sys
 import ml_collections
 import pytest
 
-from attnscale.runtime import cli, configlib
+from attnscale.config import schema
+from attnscale.runtime import cli
 from attnscale.testing import assert_one_line_error
 from configs import shakespeare_char
 
@@ -53,9 +54,9 @@ def test_train_py_bad_flag(tmp_path, flags, names):
 def test_train_py_renamed_field_names_the_replacement(tmp_path):
   # Whatever RENAMED_FIELDS holds when the test runs; the message builder is
   # tested with a dict of its own below.
-  if not configlib.RENAMED_FIELDS:
+  if not schema.RENAMED_FIELDS:
     pytest.skip("no renamed fields")
-  old, new = next(iter(configlib.RENAMED_FIELDS.items()))
+  old, new = next(iter(schema.RENAMED_FIELDS.items()))
   proc = run("train.py", f"--workdir={tmp_path / 'run'}", CONFIG, f"--config.{old}=1")
   assert_one_line_error(proc, f"--config.{old}", f"--config.{new}")
 
@@ -99,7 +100,7 @@ def test_override_error_names_the_replacement_of_a_renamed_field():
 
 def test_override_error_reads_renamed_fields_when_called(monkeypatch):
   config = shakespeare_char.get_config("preset=test")
-  monkeypatch.setattr(configlib, "RENAMED_FIELDS", {"model.gone": "model.width"})
+  monkeypatch.setattr(schema, "RENAMED_FIELDS", {"model.gone": "model.width"})
   assert "use --config.model.width" in cli.override_error("model.gone", config)
 
 

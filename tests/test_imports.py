@@ -11,8 +11,8 @@ import ml_collections
 import pytest
 
 from attnscale import testing
+from attnscale.config import imports as config_imports
 from attnscale.core import scalings
-from attnscale.runtime import configlib
 
 # A scaling of the user's own: standard attention at half the logits' scale.
 MODULE = textwrap.dedent('''
@@ -55,14 +55,14 @@ def _config(*imports):
 def test_a_module_name_or_a_path(tmp_path, registry, monkeypatch):
   _write(tmp_path / "user_half_a.py", "user_half_a")
   monkeypatch.syspath_prepend(str(tmp_path))
-  assert configlib.import_modules(_config("user_half_a")) == ["user_half_a"]
+  assert config_imports.import_modules(_config("user_half_a")) == ["user_half_a"]
   assert "user_half_a" in scalings.names()
   (tmp_path / "sub").mkdir()
   path = _write(tmp_path / "sub" / "user_half_b.py", "user_half_b")
-  assert configlib.import_modules(_config(str(path))) == ["user_half_b"]
-  assert configlib.import_modules(_config(str(path))) == ["user_half_b"]  # not run twice
+  assert config_imports.import_modules(_config(str(path))) == ["user_half_b"]
+  assert config_imports.import_modules(_config(str(path))) == ["user_half_b"]  # not run twice
   assert "user_half_b" in scalings.names()
-  assert configlib.import_modules(ml_collections.ConfigDict({})) == []  # a config without
+  assert config_imports.import_modules(ml_collections.ConfigDict({})) == []  # a config without
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -79,10 +79,10 @@ def test_one_line_errors_naming_config_imports(tmp_path, registry, entry, messag
     path.write_text(sources[entry])
     entry, message = str(path), message.format(path=repr(str(path)))
   with pytest.raises(ValueError) as e:
-    configlib.import_modules(_config(entry))
+    config_imports.import_modules(_config(entry))
   assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
   with pytest.raises(ValueError, match=r"config.imports must be a tuple"):
-    configlib.import_modules(ml_collections.ConfigDict({"imports": "my_scalings"}))
+    config_imports.import_modules(ml_collections.ConfigDict({"imports": "my_scalings"}))
 
 
 @pytest.mark.slow

@@ -124,6 +124,23 @@ def test_public_names():
     attnscale.nosuch  # noqa: B018
 
 
+@pytest.mark.parametrize("name, new", [
+    ("add_optimizer", "attnscale.config.builders.add_optimizer"),
+    ("import_modules", "attnscale.config.imports.import_modules"),
+    ("migrate", "attnscale.config.migration.migrate"),
+    ("RENAMED_FIELDS", "attnscale.config.schema.RENAMED_FIELDS"),
+])
+def test_a_name_moved_out_of_configlib_says_where_it_went(name, new):
+  from attnscale.config import builders, imports, migration, schema
+  from attnscale.runtime import configlib
+  with pytest.raises(AttributeError, match=f"^attnscale.runtime.configlib.{name} is {new}$"):
+    getattr(configlib, name)
+  module, attribute = new.rsplit(".", 1)
+  assert getattr({"attnscale.config.builders": builders, "attnscale.config.imports": imports,
+                  "attnscale.config.migration": migration,
+                  "attnscale.config.schema": schema}[module], attribute) is not None
+
+
 def test_cases_cover_registry():
   """Every registered scaling has a test case (tests across modules run them all)."""
   assert {name for _, name, _ in SCALING_CASES} == set(scalings.names())

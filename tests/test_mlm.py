@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 from attnscale import models, tasks, testing
+from attnscale.config import schema
 from attnscale.data import mlm, tokenizer
 from attnscale.evaluation import eval_lib
 from attnscale.models import ModelConfig
@@ -270,7 +271,7 @@ def test_presets_validate():
     for scaling in ("standard", "unit_scaled"):
       config = bert_small.get_config(f"preset={preset},scaling={scaling}")
       configlib.validate(config)
-      configlib.model_config(config)
+      schema.model_config(config)
   unit = bert_small.get_config("scaling=unit_scaled").model
   assert (unit.variant, unit.scaling, unit.ln_position, unit.head) == (
       "unit", "fully_scaled", "pre", "lm")
@@ -302,7 +303,7 @@ def test_bad_model_values(overrides, message):
   config = bert_small.get_config("preset=test")
   config.update_from_flattened_dict(overrides)
   with pytest.raises(ValueError, match=re.escape(message)):
-    configlib.model_config(config)
+    schema.model_config(config)
 
 
 def test_bad_config_argument():

@@ -13,6 +13,7 @@ from flax import nnx
 
 import attnscale
 from attnscale import models
+from attnscale.config import migration, schema
 from attnscale.core import scalings
 from attnscale.core.scalings import Learned, Scaled
 from attnscale.runtime import checkpoints as ckpt
@@ -120,7 +121,7 @@ def test_renamed_names_say_what_replaced_them():
     scalings.get("unit_scaled")
   with pytest.raises(ValueError, match="model.variant='unit_scaled' was renamed 'unit'"):
     tiny(variant="unit_scaled")
-  assert configlib.RENAMED_FIELDS["model.residual_mult"] == "model.unit.residual_mult"
+  assert schema.RENAMED_FIELDS["model.residual_mult"] == "model.unit.residual_mult"
 
 
 def test_old_saved_configs_migrate():
@@ -129,7 +130,7 @@ def test_old_saved_configs_migrate():
   unit = old["model"].pop("unit")
   del unit["scaled_loss"]  # added after the move: migrate fills in ModelConfig's default
   old["model"].update(unit, variant="unit_scaled")  # the flat layout saved before
-  assert configlib.migrate(old) == json.loads(config.to_json())
+  assert migration.migrate(old) == json.loads(config.to_json())
 
 
 def test_one_label_per_run():

@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from attnscale import models, tasks
+from attnscale.config import schema
 from attnscale.runtime import configlib, train_lib
 from attnscale.tasks import mqar, synthetic, trigger
 from configs import probes
@@ -114,7 +115,7 @@ def test_the_causal_model_cannot_see_the_answer(name):
   what is before it."""
   c = config(name, "test")
   task = tasks.get_task(c)
-  model = models.build(configlib.model_config(c), rngs=nnx.Rngs(params=0))
+  model = models.build(schema.model_config(c), rngs=nnx.Rngs(params=0))
   inputs_BT = jnp.asarray(task.train_batch(0)["inputs"])
   t = inputs_BT.shape[1] // 2
   other_BT = inputs_BT.at[:, t + 1:].set((inputs_BT[:, t + 1:] + 1) % c.model.vocab_size)
@@ -242,7 +243,7 @@ def test_sink_measures_by_query_group_against_their_definitions():
   from attnscale.runtime import loop
   c = config("trigger")
   task = tasks.get_task(c)
-  model = models.build(configlib.model_config(c), rngs=nnx.Rngs(params=1))
+  model = models.build(schema.model_config(c), rngs=nnx.Rngs(params=1))
   batch = task.train_batch(5)
   groups = task.query_groups(batch)
   stats = diagnostics.task_attention_stats(model, task, batch)

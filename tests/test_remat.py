@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from attnscale import tasks
-from attnscale.runtime import configlib, steps
+from attnscale.config import schema
+from attnscale.runtime import steps
 from attnscale.runtime import train_state as ts
 from configs import bert_small, shakespeare_char
 
@@ -43,4 +44,4 @@ def test_bad_remat_is_one_line():
   config = shakespeare_char.get_config("preset=test")
   config.remat = "some"
   with pytest.raises(ValueError, match=r"config.remat must be one of \['none', 'full', 'dots'\]"):
-    configlib.model_config(config)
+    schema.model_config(config)

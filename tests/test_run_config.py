@@ -15,7 +15,7 @@ import re
 import pytest
 
 from attnscale import fields, tasks
-from attnscale.config import run
+from attnscale.config import migration, run
 from attnscale.fields import field
 from attnscale.runtime import config_reference, configlib, packing
 from configs import shakespeare_char
@@ -53,7 +53,7 @@ def test_a_new_field_is_one_declaration(monkeypatch):
   assert "new_rate" in fields.traced(_WithNewField)
   # ... and an old run's config.json gets the value that reproduces it.
   saved = json.loads(shakespeare_char.get_config("preset=test").to_json())
-  assert configlib.migrate(saved)["new_rate"] == 0.0
+  assert migration.migrate(saved)["new_rate"] == 0.0
 
 
 def test_packing_and_resume_rules_come_from_the_declarations():

@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from attnscale import models
+from attnscale.config import builders, schema
 from attnscale.core import scalings
 from attnscale.core.scalings import MupRule, Preset, Scaled
 from attnscale.models import ModelConfig, mup
@@ -54,7 +55,7 @@ def test_a_declared_mup_rule_trains_under_mup(tfds_dir, registered):
   config = make_config(tfds_dir, "preset=test", **{"model.scaling": "test_scaled_dot",
                                                      "model.parameterization": "mup",
                                                      "model.mup_attn_mult": 2.0})
-  cfg = configlib.model_config(config)  # width 32, 2 heads, base_width 64: d 16, d_base 32
+  cfg = schema.model_config(config)  # width 32, 2 heads, base_width 64: d 16, d_base 32
   assert mup.attention_scaling(cfg) == ("test_scaled_dot", {"mult": 2.0 * math.sqrt(2.0)})
   model = models.build(cfg, rngs=nnx.Rngs(0))
   assert model.blocks[0].attn.scale_fn().mult == 2.0 * math.sqrt(2.0)
@@ -113,9 +114,9 @@ def test_config_args_and_presets_come_from_the_registration(registered):
   registered("test_preset", presets={"test_in_unit": Preset("unit", {"unit.scaled_loss": False})})
   # The config argument's p (not learned: always passed), and no other; another
   # argument set away from its default is an error naming what the scaling takes.
-  assert configlib.model("test_arg", p=3.0).scaling_params.to_dict() == {"p": 3.0}
+  assert builders.model("test_arg", p=3.0).scaling_params.to_dict() == {"p": 3.0}
   with pytest.raises(ValueError, match=r"s=1 does not apply to scaling=test_arg \(it takes: p\)"):
-    configlib.model("test_arg", p=3.0, s=1.0)
+    builders.model("test_arg", p=3.0, s=1.0)
   with pytest.raises(ValueError, match=r"gamma=2 does not apply to scaling=log_n \(it takes: s\)"):
     shakespeare_char.get_config("preset=test,scaling=log_n,gamma=2")
   config = shakespeare_char.get_config("preset=test,scaling=log_n_power,p=0.5,gamma=2")
@@ -125,7 +126,7 @@ def test_config_args_and_presets_come_from_the_registration(registered):
   with pytest.raises(ValueError, match=r"config_args takes keywords of \('p', 'temperature', 's', "
                                        r"'gamma', 'a'\)"):
     scalings.register("test_bad_arg", config_args=("q",))
-  m = configlib.model("test_in_unit")
+  m = builders.model("test_in_unit")
   assert (m.scaling, m.variant, m.unit.scaled_loss) == ("test_preset", "unit", False)
   config = shakespeare_char.get_config("preset=test,scaling=test_in_unit")
   assert configlib.run_label(config) == "test_in_unit"

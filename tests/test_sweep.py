@@ -342,6 +342,7 @@ BERT = "configs/bert_small.py"
 def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
   """configs/bert_small_sweeps.py: each point of both sweeps' first stage, and of
   the band stage once stage 1 has run, is a config train.py accepts."""
+  from attnscale.config import schema
   from attnscale.runtime import configlib
   from configs import bert_small, bert_small_sweeps
   assert bert_small_sweeps.CONFIG == "bert_small.py"
@@ -353,7 +354,7 @@ def test_every_bert_sweep_point_builds_a_valid_config(tmp_path):
       config = bert_small.get_config(point.arg)
       config.update_from_flattened_dict(dict(point.overrides))
       configlib.validate(config)
-      configlib.model_config(config)
+      schema.model_config(config)
 
   points = sweeps.load_sweep(os.path.join(ROOT, BERT), "bert")
   check(points)

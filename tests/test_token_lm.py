@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from attnscale import testing
+from attnscale.config import schema
 from attnscale.data import lm_tokenizers, prepare_tokens, tokens
 from attnscale.experiments import run_records, sweeps
-from attnscale.runtime import configlib, metrics_writer
+from attnscale.runtime import metrics_writer
 from configs import gpt2
 
 
@@ -147,7 +148,7 @@ def test_configs_and_sweeps():
   for preset in gpt2.PRESETS:
     c = gpt2.get_config(f"preset={preset}")
     assert c.batch_size % c.grad_accum_steps == 0
-  small = configlib.model_config(gpt2.get_config("preset=small"))
+  small = schema.model_config(gpt2.get_config("preset=small"))
   assert (small.num_layers, small.width, small.num_heads, small.block_size,
           small.vocab_size) == (12, 768, 12, 1024, 50304)
   assert gpt2.get_config("preset=small").batch_size * 1024 == 524288

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from attnscale import testing
+from attnscale.config import schema
 from attnscale.models import ModelConfig, mup
 from attnscale.runtime import configlib, optimizers, packed, packing, train_lib
 from attnscale.runtime import train_state as ts
@@ -36,7 +37,7 @@ LIBRARY_UMUP_LR = {
 
 def test_umup_lr_multipliers_equal_the_library(tfds_dir):
   config = make_config(tfds_dir, "preset=test,scaling=unit_scaled", **UMUP)
-  cfg = configlib.model_config(config)
+  cfg = schema.model_config(config)
   params = ts.state_shapes(config)["params"]
   mults = {ts._dotted(path): m for path, m in jax.tree_util.tree_leaves_with_path(
       mup.lr_multipliers(cfg, params))}

@@ -79,6 +79,7 @@ def labels(configs: list[dict]) -> list[str]:
   `configlib.RESUMABLE_CHANGES`)."""
   import ml_collections
 
+  from attnscale.config import migration
   from attnscale.runtime import configlib
   names = [configlib.run_label(ml_collections.ConfigDict(c)) for c in configs]
   out = list(names)
@@ -88,7 +89,7 @@ def labels(configs: list[dict]) -> list[str]:
       continue
     differ = set()
     for i in group[1:]:
-      differ |= {k for k, _, _ in configlib.flat_diff(configs[group[0]], configs[i])
+      differ |= {k for k, _, _ in migration.flat_diff(configs[group[0]], configs[i])
                  if k.split(".")[0] not in configlib.RESUMABLE_CHANGES + ("data_dir",)}
     for i in group:
       flat = _flatten(configs[i])
@@ -118,13 +119,15 @@ def read(run_dir: str, attention_layer: int | None = None) -> dict:
   (negative: from the last), "step", "num_train_steps", "final_train_loss"
   (the last train/loss_last20), "max_logit_last" (the last row's largest logit
   over layers), "elapsed_s"}."""
-  from attnscale.runtime import configlib, metrics_writer, provenance
+  from attnscale.config import imports as config_imports
+  from attnscale.config import migration
   from attnscale.runtime import metric_keys as keys
+  from attnscale.runtime import metrics_writer, provenance
   with open(os.path.join(run_dir, "config.json")) as f:
-    config = configlib.migrate(json.load(f))
+    config = migration.migrate(json.load(f))
   # The run's own scalings and tasks (config.imports), from where training found
   # them, so that its label can name them from any folder.
-  configlib.import_modules(config, recorded=provenance.import_files(run_dir))
+  config_imports.import_modules(config, recorded=provenance.import_files(run_dir))
   rows = metrics_writer.read_rows(run_dir)
   series = lambda key: [(r["step"], r[key]) for r in rows if key in r]
   last = lambda key: next((r[key] for r in reversed(rows) if key in r), math.nan)

@@ -205,16 +205,16 @@ def keep_records(h: types.SimpleNamespace, workdir: str, *, evaluate: bool = Tru
 
 
 def import_modules(config_file: str, points) -> None:
-  """Imports every point's config.imports (`configlib.import_modules`), so a
+  """Imports every point's config.imports (`config_imports.import_modules`), so a
   module that cannot be imported fails the sweep before any point runs."""
-  from attnscale.runtime import configlib
+  from attnscale.config import imports as config_imports
   spec = importlib.util.spec_from_file_location("_sweep_config", config_file)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   for point in points:
     config = module.get_config(point.arg)
     config.imports = dict(point.overrides).get("imports", config.get("imports", ()))
-    configlib.import_modules(config)
+    config_imports.import_modules(config)
 
 
 def run() -> None:

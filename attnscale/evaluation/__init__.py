@@ -4,5 +4,5 @@
     length_eval.py  loss at each context length and by position
     diagnostics.py  per-layer attention statistics (entropy, max logit, sinks)
 
-May import core, numerics, models, data, tasks and runtime.
+May import core, numerics, models, data, tasks, config and runtime.
 """

@@ -20,15 +20,17 @@ import ml_collections
 from flax import nnx
 
 from attnscale import tasks
+from attnscale.config import imports as config_imports
+from attnscale.config import migration
 from attnscale.evaluation import diagnostics, length_eval
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import configlib, provenance, run_config, startup, steps
+from attnscale.runtime import provenance, run_config, startup, steps
 from attnscale.runtime import train_state as ts
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run's saved config, in today's field names (`configlib.migrate`), with
-  the modules it names in `imports` imported (`configlib.import_modules`), as
+  """The run's saved config, in today's field names (`migration.migrate`), with
+  the modules it names in `imports` imported (`config_imports.import_modules`), as
   train.py imported them: by name or path from here, else from the files train.py
   recorded in WORKDIR/provenance.json (so from any folder)."""
   path = os.path.join(workdir, "config.json")
@@ -38,8 +40,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.exists(path):
     raise ValueError(f"--workdir {workdir} has no config.json: is it a train.py run directory?")
   with open(path) as f:
-    config = ml_collections.ConfigDict(configlib.migrate(json.load(f)))
-  configlib.import_modules(config, recorded=provenance.import_files(workdir))
+    config = ml_collections.ConfigDict(migration.migrate(json.load(f)))
+  config_imports.import_modules(config, recorded=provenance.import_files(workdir))
   return config
 
 

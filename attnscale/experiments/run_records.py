@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from attnscale.config import migration
 from attnscale.runtime import configlib, metrics_writer
 from attnscale.runtime import metric_keys as keys
 
@@ -217,7 +218,7 @@ def read_run(run_dir: str) -> dict | None:
   if not os.path.exists(config_path):
     return None
   with open(config_path) as f:
-    config = configlib.migrate(json.load(f))
+    config = migration.migrate(json.load(f))
   records = metrics_writer.read_rows(run_dir)
   train = [r for r in records if keys.LOSS in r]
   val = [r[keys.VAL_LOSS] for r in records if keys.VAL_LOSS in r]

@@ -40,7 +40,7 @@ RENAMED_VALUES = {("model.variant", "unit_scaled"): "unit"}
 
 def field(default: Any = dataclasses.MISSING, doc: str = "", **kw) -> Any:
   """A config field: its default and its one-line doc (`metadata["doc"]`), the
-  single source of `config.model` (configlib.model_fields) and of
+  single source of `config.model` (attnscale.config.builders.model_fields) and of
   docs/reference/config.md. `top_level`: set from that top-level config field,
   not from `config.model`."""
   top_level = kw.pop("top_level", None)

@@ -183,7 +183,7 @@ def override_error(path: str, config, *, renamed: Mapping[str, str] | None = Non
     path: the dotted field path the override names (`model.nosuch`).
     config: the config (a ConfigDict or a nested dict) it was meant for.
     renamed: old dotted path -> new dotted path; None reads
-      `configlib.RENAMED_FIELDS` now (it changes as fields move).
+      `attnscale.config.schema.RENAMED_FIELDS` now (it changes as fields move).
     flag: the config flag's name.
 
   Returns:
@@ -192,8 +192,8 @@ def override_error(path: str, config, *, renamed: Mapping[str, str] | None = Non
   """
   hint = lambda old: ""
   if renamed is None:
-    from attnscale.runtime import configlib  # imports JAX: only on this error path
-    renamed, hint = configlib.RENAMED_FIELDS, configlib.value_hint
+    from attnscale.config import schema
+    renamed, hint = schema.RENAMED_FIELDS, schema.value_hint
   parts = path.split(".")
   for i in range(len(parts), 0, -1):
     old = ".".join(parts[:i])

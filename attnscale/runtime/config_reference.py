@@ -19,9 +19,8 @@ import os
 import sys
 
 from attnscale import fields, tasks
-from attnscale.config import run
+from attnscale.config import builders, run
 from attnscale.models.config import ModelConfig
-from attnscale.runtime import configlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = ("configs/shakespeare_char.py", "configs/bert_small.py", "configs/gpt2.py",
@@ -74,7 +73,7 @@ def _top_level_rows(schema, configs, prefix: str = "") -> list[str]:
 def _model_rows(schema, configs, prefix: str = "") -> list[str]:
   rows = []
   for f in dataclasses.fields(schema):
-    default = configlib.schema_default(f)
+    default = builders.schema_default(f)
     path = prefix + f.name
     if dataclasses.is_dataclass(default):
       rows.append(f"| `{path}` | | {'| ' * len(configs)}{_cell(f.metadata['doc'])} |")

@@ -23,8 +23,8 @@ import os
 
 import ml_collections
 
+from attnscale.config import migration
 from attnscale.config import run as run_config
-from attnscale.runtime import configlib
 
 # The fields a packed step takes as arrays (`RunConfig.hparams`), those that are
 # also a branch (on when > 0: on in every run of a pack or in none), and what may
@@ -51,7 +51,7 @@ def check_packable(configs) -> None:
   first = json.loads(configs[0].to_json())
   for i, config in enumerate(configs[1:], 1):
     other = json.loads(config.to_json())
-    for name, a, b in configlib.flat_diff(first, other):
+    for name, a, b in migration.flat_diff(first, other):
       if name.split(".")[0] not in PACK_FREE_FIELDS:
         raise ValueError(
             f"run {i} of the pack differs from run 0 in {name} ({b!r} against {a!r}): the "

@@ -45,7 +45,7 @@ before it used; "splash", "cudnn" or "reference"): the kernels agree to rounding
 so a run on one does not repeat a run on another bit for bit.
 
 "imports" (only in a run whose config has `imports`) maps each entry of
-config.imports to the file it was imported from (`configlib.import_files`), so
+config.imports to the file it was imported from (`attnscale.config.imports.import_files`), so
 that eval.py and the studies, run from another folder or with another sys.path,
 import the same file (`import_files(run_dir)`; `eval_lib.load_config`).
 """

@@ -18,6 +18,8 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
+from attnscale.config import imports as config_imports
+from attnscale.config import migration
 from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import configlib, run_lock
 
@@ -39,10 +41,10 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   new = json.loads(config.to_json())
   if os.path.exists(path):
     with open(path) as f:
-      old = configlib.migrate(json.load(f))  # a run saved before a rename or a new field
+      old = migration.migrate(json.load(f))  # a run saved before a rename or a new field
     resumable = configlib.RESUMABLE_CHANGES + (
         ("num_train_steps",) if config.lr_schedule == "constant" else ())
-    changed = [(k, old_v, new_v) for k, old_v, new_v in configlib.flat_diff(old, new)
+    changed = [(k, old_v, new_v) for k, old_v, new_v in migration.flat_diff(old, new)
                if k.split(".")[0] not in resumable]
     diffs = [f"{k}: {old_v!r} -> {new_v!r}" for k, old_v, new_v in changed]
     if [k for k, _, _ in changed] == ["num_train_steps"]:  # continuing a run: why not this one
@@ -93,7 +95,7 @@ def workdir_lock(workdir: str, force: bool):
 
 def provenance_imports(config) -> dict:
   """The "imports" field of a run's provenance record ({} without config.imports)."""
-  files = configlib.import_files(config)
+  files = config_imports.import_files(config)
   return {"imports": files} if files else {}
 
 
@@ -149,9 +151,9 @@ def start_from(source: str, config: ml_collections.ConfigDict, state: ckpt.State
   if not has_checkpoint(source):
     raise ValueError(f"{where}: {source} has no checkpoint to start from")
   with open(os.path.join(source, "config.json")) as f:
-    old = configlib.migrate(json.load(f))
+    old = migration.migrate(json.load(f))
   new = json.loads(config.to_json())
-  differs = [f"{k} {a!r} -> {b!r}" for k, a, b in configlib.flat_diff(old, new)
+  differs = [f"{k} {a!r} -> {b!r}" for k, a, b in migration.flat_diff(old, new)
              if k.startswith("model.") or k == "seq_len"]
   checkpoints = ckpt.Checkpoints(source, keep=old.get("keep_checkpoints", 3))
   try:

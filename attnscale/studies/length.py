@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attnscale.config import migration
 from attnscale.evaluation.length_eval import position_bins
 from attnscale.experiments import (
   reporting,
@@ -33,7 +34,7 @@ from attnscale.experiments import (
   sweep_results,
   verdicts,
 )
-from attnscale.runtime import configlib, provenance
+from attnscale.runtime import provenance
 from attnscale.studies import registry
 
 
@@ -83,7 +84,7 @@ def read_run(workdir: str) -> RunLengths:
     raise ValueError(f"--workdirs {workdir}: its eval.json has no 'lengths': rerun eval.py "
                      "with --lengths=...")
   with open(os.path.join(workdir, "config.json")) as f:
-    config = configlib.migrate(json.load(f))
+    config = migration.migrate(json.load(f))
   return RunLengths(workdir, result["scaling"], config["model"].get("positions", "learned"),
                     int(config["seed"]), int(config["seq_len"]),
                     {int(k): v for k, v in result["lengths"].items()})

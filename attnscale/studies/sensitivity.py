@@ -43,6 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attnscale.config import migration
 from attnscale.experiments import (
   reporting,
   results_store,
@@ -51,7 +52,7 @@ from attnscale.experiments import (
   sweeps,
   verdicts,
 )
-from attnscale.runtime import configlib, metric_keys, metrics_writer
+from attnscale.runtime import metric_keys, metrics_writer
 from attnscale.studies import registry
 
 MAX_LOGIT = metric_keys.MAX_LOGIT  # + layer index: metrics.jsonl's keys
@@ -79,7 +80,7 @@ def read_rows(workdir: str, fields=None) -> list[dict]:
       continue
     run = os.path.join(workdir, row["run"])
     with open(os.path.join(run, "config.json")) as f:
-      config = configlib.migrate(json.load(f))
+      config = migration.migrate(json.load(f))
     rows.append({**row, "label": row["scaling"], "vocab_size": config["model"]["vocab_size"],
                  "logits": max_logit_curve(run), **(fields(config) if fields else {})})
   return rows
