@@ -232,7 +232,9 @@ def _robust(base: Sequence[dict], runs: Sequence[dict]) -> str:
   training loss (`verdicts.robust`); "untested: one rate each (...)" where both ran
   a single rate (the sweep runs each scaling at one rate: `verdicts.one_rate`)."""
   measure = lambda r: r["final_train_loss"]
-  a, b = verdicts.by_rate(base, measure), verdicts.by_rate(runs, measure)
+  # A row without its rate (a hand-made one) counts as one rate, unnamed.
+  rated = lambda rs: [{"learning_rate": math.nan, **r} for r in rs]
+  a, b = verdicts.by_rate(rated(base), measure), verdicts.by_rate(rated(runs), measure)
   if not a or not b:
     return "-"
   untested = verdicts.one_rate(a, b)
