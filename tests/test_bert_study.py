@@ -100,6 +100,11 @@ def test_study_writes_its_tables_with_the_known_verdicts(tmp_path):
   assert [ranking[k]["bert_rank"] for k in ("unit_scaled", "standard", "fully_scaled")] == [
       "1", "2", "3"]
   assert ranking["fully_scaled"]["agree"] == "yes"
+  with open(out / "bert.csv") as f:
+    table = {r["label"]: r for r in csv.DictReader(f)}
+  # One tied rate each (the others ran one seed): the robust verdict is the paired one.
+  assert table["fully_scaled"]["val_robust"] == "worse"
+  assert table["standard"]["val_robust"] == "baseline" and table["standard"]["ties"]
   with open(out / "runs.csv") as f:
     runs = list(csv.DictReader(f))
   assert len(runs) == 16 and {r["commit"] for r in runs} == {"a" * 40}

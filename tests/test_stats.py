@@ -224,3 +224,13 @@ def test_resolution_is_the_median_half_width():
   cs = [stats.compare({0: 1.0, 1: 1.1, 2: 0.9}, {0: 1.0 + d, 1: 1.1 + d, 2: 0.9 + 2 * d})
         for d in (0.01, 0.02, 0.04)]
   assert stats.resolution(cs) == pytest.approx(sorted(c.hi - c.effect for c in cs)[1])
+
+
+def test_one_rate_each_is_untested_not_tie_robust():
+  from attnscale.experiments import verdicts
+  one = {2.0**-9: {0: 1.0, 1: 1.1, 2: 0.9}}
+  other = {2.0**-5: {0: 1.2, 1: 1.3, 2: 1.1}}
+  assert verdicts.one_rate(one, other) == "untested: one rate each (2^-9 2^-5)"
+  assert verdicts.one_rate(one, one) == "untested: one rate each (2^-9)"
+  # A second rate run by either label: the tie sets are measured, `robust` reads them.
+  assert verdicts.one_rate(one | {2.0**-8: {0: 1.0, 1: 1.1}}, other) == ""

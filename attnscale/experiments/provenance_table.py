@@ -2,8 +2,10 @@
 
 Each run's provenance.json (attnscale/runtime/provenance.py) records the commit,
 whether the tree was dirty, the host and, since packing recorded them, the pack
-size and the run's slot. Older records lack `pack_size`; it is recovered where the
-record allows, in this order:
+size and the run's slot. The committed stores' older records have them written in
+by attnscale/experiments/provenance_backfill.py (marked "recovered"), from their
+command lines. A record that still lacks `pack_size` (a store not backfilled) is
+read where it allows, in this order:
 
   * `pack_size` itself (runs since the field existed);
   * the packed trainer's `--pack_size=K` on its command line;
@@ -123,8 +125,10 @@ def section(stores: Sequence[str], results: str = os.path.join("docs", "results"
   """The page's provenance section: a table per store (`rows`)."""
   parts = [BEGIN, "Per label (the runs' own scaling name), each run's last provenance.json "
            "record (attnscale/experiments/provenance_table.py). pack sizes: runs sharing "
-           "one compiled program; '~n' recovered from the pack's list of runs (padding may "
-           "have made it larger); 'unknown' where the record shows neither. dirty-tree "
+           "one compiled program, as training recorded it or, for runs before it did, as "
+           "their command line shows it (attnscale/experiments/provenance_backfill.py); "
+           "'~n' from a pack's list of runs where neither is there (padding may have made "
+           "it larger); 'unknown' where the record shows nothing. dirty-tree "
            "runs: started from a checkout with uncommitted code changes. A paired "
            "comparison of two labels that differ here in commit, host or pack size mixes "
            "them.\n"]

@@ -4,6 +4,8 @@
     ties_cell(losses, best)        a label's tie set, "2^-9 2^-8" (stats.tie_set)
     robust(a, b, ...)              the verdict over every pairing of two tie sets
                                    (stats.robust_compare), one cell
+    one_rate(a, b)                 "untested: one rate each (2^-9)" where neither label
+                                   ran a second rate, so no tie set can be measured
     family(comparisons)            Holm-adjusted p and the family-wise verdict of each
                                    comparison against the baseline, one cell each
     resolution_note(...)           "the smallest difference this design resolves"
@@ -44,6 +46,18 @@ def robust(a_measure: ByRate, b_measure: ByRate, a_ties: Sequence[float],
   if not a_ties or not b_ties:
     return ""
   return stats.robust_compare(a_measure, b_measure, a_ties, b_ties).format(higher_is_better)
+
+
+def one_rate(*measures: ByRate) -> str:
+  """The robust cell of a study that ran each label at one rate (chosen by another
+  sweep): "untested: one rate each (2^-9 2^-5)", the rates run; "" where some label
+  ran two or more, so that `robust` can be read. A single rate is its own tie set,
+  and the verdict there would read as tie-robust without any evidence that it is."""
+  ran = [[r for r, v in m.items() if v] for m in measures]
+  if any(len(rates) > 1 for rates in ran):
+    return ""
+  rates = sorted({r for rates in ran for r in rates})
+  return f"untested: one rate each ({' '.join(rate_label(r) for r in rates)})"
 
 
 def family(comparisons: Mapping[Hashable, stats.Comparison],

@@ -37,6 +37,8 @@ unvmapped program; K: a pack of `sweep.py --pack=K`, its short last pack padded
 to K), "slot" the run's place in it, and "pack" (packed runs) the directories of
 the pack's runs: the same config and seed round differently at another pack size,
 never with other pack-mates at the same one (docs/guides/sweeps.md, "Packing").
+A record from before the fields has them written in afterwards from its command
+line, with "recovered": ["pack_size", "slot"] (attnscale/experiments/provenance_backfill.py).
 
 "attention_kernel" is the kernel the run's attention trained on
 (`attnscale.models.base.attention_kernel`: "native", the C++ flash-attention

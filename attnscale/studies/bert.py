@@ -131,8 +131,11 @@ def _by_seed(best: Mapping, metric: str) -> dict:
   return {r["seed"]: r[metric] for r in best["runs"] if metric in r}
 
 
-def label_rows(best: Mapping[str, dict]) -> list[dict]:
-  """One row per label, lowest validation loss first (`bert.md`)."""
+def label_rows(best: Mapping[str, dict], rows: Sequence[dict] = (),
+               workdir: str = "") -> list[dict]:
+  """One row per label, lowest validation loss first (`bert.md`); with the sweep's
+  `rows` (and `workdir`, where their eval.json files are) also each label's tie set
+  and the tie-robust validation verdict (`_robust`)."""
   out = []
   for label, b in best.items():
     val = stats.mean_interval(_by_seed(b, "val_loss").values())
@@ -161,7 +164,47 @@ def label_rows(best: Mapping[str, dict]) -> list[dict]:
   for row in out:
     row["val_holm"] = family.get(row["label"]) or (
         "baseline" if row["label"] == BASELINE else "-")
+  if rows:
+    _robust(out, best, rows, workdir)
   return sorted(out, key=lambda r: (math.isnan(r["val_loss"]), r["val_loss"], r["train_loss"]))
+
+
+def _robust(table: list[dict], best: Mapping[str, dict], rows: Sequence[dict],
+            workdir: str) -> None:
+  """Adds `ties` (the label's tie set on the final training loss, the measure its
+  best rate is chosen by: `stats.tie_set`) and `val_robust` (validation loss against
+  standard at every pairing of the two tie sets: `stats.robust_compare`) to each row.
+  The validation loss of a tied rate comes from its runs' eval.json; a tied rate
+  without one is left out of the pairings (`verdicts.robust`)."""
+  def runs(label):
+    return [r for r in rows if r["scaling"] == label and r["status"] == "done"]
+
+  def val(r):
+    result = _eval_json(os.path.join(workdir, r["run"]))
+    return result["val_loss"] if result is not None else None
+
+  def val_by_rate(label):
+    out: dict[float, dict] = {}
+    for r in runs(label):
+      v = val(r)
+      if v is not None:
+        out.setdefault(r["learning_rate"], {})[r["seed"]] = v
+    return out
+
+  ties = {label: stats.tie_set(verdicts.by_rate(runs(label), lambda r: r["final_train_loss"]),
+                               b["learning_rate"])
+          for label, b in best.items() if runs(label)}
+  base = val_by_rate(BASELINE) if BASELINE in ties else {}
+  for row in table:
+    label = row["label"]
+    row["ties"] = " ".join(verdicts.rate_label(r) for r in ties.get(label, ()))
+    if label == BASELINE:
+      row["val_robust"] = "baseline"
+    elif label in ties and base:
+      row["val_robust"] = verdicts.robust(base, val_by_rate(label), ties[BASELINE],
+                                          ties[label]) or "-"
+    else:
+      row["val_robust"] = "-"
 
 
 def claim_rows(best: Mapping[str, dict]) -> list[dict]:
@@ -303,7 +346,7 @@ def run_cli(args) -> tuple[list[str], list[str]]:
   rows = read_rows(workdir)
   code = registry.code_note(rows, args, "bert")
   best = at_best(rows, workdir, evaluate=not args.no_eval)
-  table = label_rows(best)
+  table = label_rows(best, rows, workdir)
   claims = claim_rows(best)
   attention = attention_rows(best)
   notes = [f"{len(rows)} runs of the bert sweep ({results_store.shown(workdir)}); {code}.",
@@ -314,7 +357,11 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "paired by seed (attnscale.experiments.stats.compare): worse, better or within "
            "noise at 95%; acc_vs_standard: the same for masked-token accuracy, in points "
            "(better = higher); val_holm: val_vs_standard's Holm-adjusted p over the labels, "
-           "with its verdict where it survives (docs/guides/sweeps.md, verdicts that hold)."]
+           "with its verdict where it survives; ties: the rates tied with the label's best "
+           "on the final training loss (stats.tie_set: paired over 2+ shared seeds, the "
+           "interval covers 0); val_robust: val_vs_standard at every pairing of the two "
+           "labels' tied rates that were evaluated, the verdict where all agree, else "
+           "'depends on the rate chosen' (docs/guides/sweeps.md, verdicts that hold)."]
   missing = [run for b in best.values() for run in b.get("unevaluated", [])]
   if missing:
     notes.append(f"Not evaluated ({len(missing)}: archived without weights before eval.py "

@@ -168,8 +168,10 @@ def run(a):
              "and positions; labels with 3 seeds only (each law at its chosen gamma). Growth: "
              "the loss at the longest length minus at the shortest.",
              "holm L=N: at the longest length, the Holm-adjusted p over every group's comparison "
-             "with the reference, with the verdict where it survives (docs/guides/sweeps.md, "
-             "verdicts that hold).", code])
+             "with the reference, with the verdict where it survives; robust L=N: the same "
+             "comparison at every pairing of the two groups' tied rates, 'untested: one rate "
+             "each' where each ran one rate (docs/guides/sweeps.md, verdicts that hold).",
+             code])
   paths += reporting.write_tables(
       entropy_rows(three), a.out, "critical_length_entropy",
       title="Critical length, trained: attention entropy against keys seen",

@@ -49,6 +49,9 @@ class RunLengths:
     seed: config.seed.
     train_len: config.seq_len, the training window.
     lengths: {L: {"val_loss", "bits_per_char", "targets", "loss_by_position"}}.
+    learning_rate: config.learning_rate (NaN where not read).
+    final_train_loss: the mean of the last 20 steps (`run_records.read_run`), the
+      measure a best rate is chosen by (NaN where not read).
   """
 
   workdir: str
@@ -57,6 +60,8 @@ class RunLengths:
   seed: int
   train_len: int
   lengths: dict[int, dict]
+  learning_rate: float = math.nan
+  final_train_loss: float = math.nan
 
   @property
   def group(self) -> tuple[str, str]:
@@ -85,9 +90,13 @@ def read_run(workdir: str) -> RunLengths:
                      "with --lengths=...")
   with open(os.path.join(workdir, "config.json")) as f:
     config = migration.migrate(json.load(f))
+  # A test's hand-written run has no rate and no metrics: its rate reads NaN.
+  record = (run_records.read_run(workdir) if "learning_rate" in config else None) or {}
   return RunLengths(workdir, result["scaling"], config["model"].get("positions", "learned"),
                     int(config["seed"]), int(config["seq_len"]),
-                    {int(k): v for k, v in result["lengths"].items()})
+                    {int(k): v for k, v in result["lengths"].items()},
+                    float(config.get("learning_rate", math.nan)),
+                    float(record.get("final_train_loss", math.nan)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +172,30 @@ def comparison_rows(r: LengthResult, reference: str = "standard") -> list[dict]:
   family = verdicts.family(longest)
   for i, row in enumerate(rows):
     row[f"holm L={last}"] = family.get(i, "")
+  for (a, b, _), row in zip(pairs, rows):
+    row[f"robust L={last}"] = robust(groups[a], groups[b], last)
   return rows
+
+
+def robust(a_runs: Sequence[RunLengths], b_runs: Sequence[RunLengths], length: int) -> str:
+  """b against a in validation loss at `length`, at every pairing of the two groups'
+  tie sets on the final training loss (`verdicts.robust`); "untested: one rate each
+  (...)" where each group ran one rate (`verdicts.one_rate`: the sweep trains each
+  scaling at its best rate from another sweep, so no tie set is measured here)."""
+  def by_rate(runs, value):
+    out: dict[float, dict] = {}
+    for run in runs:
+      out.setdefault(run.learning_rate, {})[run.seed] = value(run)
+    return out
+
+  val = lambda run: run.lengths[length]["val_loss"]
+  a, b = by_rate(a_runs, val), by_rate(b_runs, val)
+  untested = verdicts.one_rate(a, b)
+  if untested:
+    return untested
+  ties = [stats.tie_set(by_rate(runs, lambda run: run.final_train_loss))
+          for runs in (a_runs, b_runs)]
+  return verdicts.robust(a, b, *ties) or "-"
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -255,8 +287,10 @@ def run_length(a):
              "a is `against`, b the row's scaling and positions. Growth: the loss at the "
              "longest evaluation length minus at the shortest.",
              "holm L=N: at the longest length, the Holm-adjusted p over every group's comparison "
-             "with the reference, with the verdict where it survives (docs/guides/sweeps.md, "
-             "verdicts that hold)."])
+             "with the reference, with the verdict where it survives; robust L=N: the same "
+             "comparison at every pairing of the two groups' tied rates, 'untested: one rate "
+             "each' where each group ran one rate, so nothing shows whether the verdict holds "
+             "at a rate tied with it (docs/guides/sweeps.md, verdicts that hold)."])
   written, notes = reporting.write_study(plot_length(r), r.summary_rows(), a.out, "length",
                           "Loss against evaluation length", notes)
   return written + paths, notes

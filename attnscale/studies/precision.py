@@ -221,7 +221,27 @@ def summary_table(rows: Sequence[dict]) -> list[dict]:
       for r in out if r["dtype"] != "float32"})
   for r in out:
     r["holm"] = family.get((r["scaling"], r["dtype"]), "")
+    mine = [x for x in rows if str(x["scaling"]) == r["scaling"]]
+    r["robust"] = "" if r["dtype"] == "float32" else _robust(
+        [x for x in mine if x["dtype"] == "float32"], [x for x in mine if x["dtype"] == r["dtype"]])
   return out
+
+
+def _robust(base: Sequence[dict], runs: Sequence[dict]) -> str:
+  """A format against float32 at every pairing of their tie sets on the final
+  training loss (`verdicts.robust`); "untested: one rate each (...)" where both ran
+  a single rate (the sweep runs each scaling at one rate: `verdicts.one_rate`)."""
+  measure = lambda r: r["final_train_loss"]
+  # A row without its rate (a hand-made one) counts as one rate, unnamed.
+  rated = lambda rs: [{"learning_rate": math.nan, **r} for r in rs]
+  a, b = verdicts.by_rate(rated(base), measure), verdicts.by_rate(rated(runs), measure)
+  if not a or not b:
+    return "-"
+  untested = verdicts.one_rate(a, b)
+  if untested:
+    return untested
+  ties = [stats.tie_set({lr: v for lr, v in m.items() if v}) for m in (a, b)]
+  return verdicts.robust(a, b, *ties) or "-"
 
 
 def page_tables(summary: Sequence[dict], scales: Sequence[dict]) -> str:
@@ -456,7 +476,10 @@ def run_cli(args) -> tuple[list[str], list[str]]:
              "vs_float32: the same paired by seed, 95% t-interval (stats.compare); "
              "grad_lost / fwd_lost: means over the runs (see precision.md); holm: "
              "vs_float32's Holm-adjusted p over every format and scaling, with the verdict "
-             "where it survives (docs/guides/sweeps.md, verdicts that hold)."])
+             "where it survives; robust: vs_float32 at every pairing of the two formats' "
+             "tied rates, 'untested: one rate each' where the sweep ran one rate (the "
+             "scaling's best in the practice sweep), so nothing shows whether the verdict "
+             "holds at a rate tied with it (docs/guides/sweeps.md, verdicts that hold)."])
   runs_csv = os.path.join(args.out, "runs.csv")  # a row a run, with provenance
   sweep_results.write_runs_csv(rows, runs_csv, hyperparameters=("dtype",), results=(
       "delta_vs_float32", "grad_lost", "fwd_lost", "grad_underflow_float16",

@@ -139,7 +139,37 @@ def summary_rows(rows: Sequence[dict], baseline: str = "standard") -> list[dict]
   for r in out:
     r["vs_standard_holm"] = family.get(r["label"]) or (
         "baseline" if r["label"] == baseline else "")
+  _at_best(rows, out, baseline)
   return sorted(out, key=lambda r: r["sensitivity"])
+
+
+def _at_best(rows: Sequence[dict], table: list[dict], baseline: str) -> None:
+  """Adds the comparison S does not make, each label's final loss at its best rate
+  against the baseline's at its own (`best_vs_standard`, paired by seed), with the
+  rates tied with each best (`ties`: `stats.tie_set`), the verdict at every pairing
+  of the two tie sets (`best_robust`) and the Holm-adjusted p over the labels
+  (`best_holm`; docs/guides/sweeps.md, verdicts that hold)."""
+  loss = lambda r: r["final_train_loss"]
+  by_rate = {r["label"]: verdicts.by_rate([x for x in rows if x["label"] == r["label"]], loss)
+             for r in table}
+  best = {r["label"]: r["best_lr"] for r in table if math.isfinite(r["best_lr"])}
+  ties = {label: stats.tie_set({lr: v for lr, v in by_rate[label].items() if v}, lr)
+          for label, lr in best.items()}
+  comparisons = {label: stats.compare(by_rate[baseline][best[baseline]], by_rate[label][lr])
+                 for label, lr in best.items() if baseline in best and label != baseline}
+  family = verdicts.family(comparisons)
+  for r in table:
+    label = r["label"]
+    r["ties"] = " ".join(verdicts.rate_label(x) for x in ties.get(label, ()))
+    if label == baseline:
+      r["best_vs_standard"] = r["best_robust"] = r["best_holm"] = "baseline"
+    elif label in comparisons:
+      r["best_vs_standard"] = comparisons[label].format()
+      r["best_robust"] = verdicts.robust(by_rate[baseline], by_rate[label], ties[baseline],
+                                         ties[label]) or "-"
+      r["best_holm"] = family.get(label) or "-"
+    else:
+      r["best_vs_standard"] = r["best_robust"] = r["best_holm"] = ""
 
 
 def _plus_minus(mean: float, hi: float, digits: int = 2) -> str:
@@ -242,7 +272,13 @@ def run_cli(args) -> tuple[list[str], list[str]]:
            "L0 = ln V (diverged = L0), per seed; its mean and 95% t-interval over seeds "
            "[S_lo, S_hi]; vs_standard: S minus standard's, paired by seed (stats.compare); "
            "vs_standard_holm: its Holm-adjusted p over the labels, with the verdict where it "
-           "survives (docs/guides/sweeps.md, verdicts that hold).",
+           "survives (docs/guides/sweeps.md, verdicts that hold). S is over every rate run, "
+           "so no best rate is chosen for it.",
+           "best_vs_standard: the final loss at the label's best rate minus standard's at "
+           "its own, paired by seed; ties: the rates tied with the best (stats.tie_set: "
+           "paired, the interval covers 0); best_robust: best_vs_standard at every pairing "
+           "of the two tie sets, the verdict where all agree, else 'depends on the rate "
+           "chosen'; best_holm: its Holm-adjusted p over the labels.",
            f"largest_trained_lr: the largest rate whose mean loss is within {TRAINED} nats of "
            "the best; "
            "max_logit_*: the largest attention logit logged in training (over layers), at "
