@@ -30,6 +30,7 @@ REGISTRY = {
     "critical_length": "attnscale.studies.critical_length:STUDY",
     "critical_length_trained": "attnscale.studies.critical_trained:STUDY",
     "normalisers": "attnscale.studies.normalisers:STUDY",
+    "probes": "attnscale.studies.probes:STUDY",
 }
 
 Runner = Callable[[argparse.Namespace], "tuple[list[str], list[str]]"]
