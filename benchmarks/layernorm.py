@@ -2,6 +2,7 @@
 
     python benchmarks/layernorm.py                      # docs/benchmarks.md's table
     python benchmarks/layernorm.py --clock cpu --iters 51 --dtype bfloat16
+    python benchmarks/layernorm.py --shapes cpu --step cpu   # and the whole train step
 
 Times one jitted LayerNorm (width D, a gain, no bias: the model's blocks') that
 returns y and the gradients of x and the gain for a given dy (a `jax.vjp`), on
@@ -14,14 +15,21 @@ through jax.ffi), and PyTorch's `F.layer_norm` forward + backward (eager; needs
 train.py's malloc tunables (attnscale/runtime/hostmem.py). The median of
 --iters rounds that time every case in turn (a noisy machine's slow spells
 spread over every case); "x 9" is the cost at the cpu preset's 9 LayerNorms a
-step (2 per layer, 4 layers, and the final one). Inside a whole train step XLA
-may fuse a LayerNorm with its neighbours, which a custom call cannot:
-benchmarks/train_throughput.py --layernorm measures the step.
+step (2 per layer, 4 layers, and the final one).
+
+Inside a whole train step XLA may fuse a LayerNorm with its neighbours, which a
+custom call cannot: --step SIZE (a size of benchmarks/train_throughput.py, e.g.
+`cpu`) also times train.py's step at that size with each JAX kernel as
+`model.layernorm_impl`, the programs built in this process and their rounds
+interleaved (--step_rounds rounds of --step_steps steps; needs the data,
+ATTNSCALE_DATA). `train_throughput.py --layernorm` times one kernel's step
+against PyTorch's.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import statistics
@@ -31,7 +39,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_throughput
+from attnscale import tasks  # noqa: E402
 from attnscale.numerics import layer_norm  # noqa: E402
 from attnscale.runtime import hostmem  # noqa: E402
 
@@ -82,6 +92,38 @@ def torch_case(shape, dtype):
   return run
 
 
+def step_table(size, kernels, args):
+  """train.py's step at `size` with each kernel as model.layernorm_impl, interleaved."""
+  import train_throughput  # beside this file
+  base = train_throughput.get_config(size, argparse.Namespace(dropout=0.0, dtype=None,
+                                                              layernorm=None))
+  if args.dtype != "float32":
+    with base.unlocked():
+      base.model.dtype = args.dtype
+  batches_np = [tasks.get_task(base).train_batch(i) for i in range(args.step_steps)]
+  runners = {}
+  for kernel in kernels:
+    config = copy.deepcopy(base)
+    with config.unlocked():
+      config.model.layernorm_impl = kernel
+    runners[kernel] = train_throughput.jax_runner(config, batches_np)
+    runners[kernel](2)  # warm-up: compilation, allocator, caches
+  hostmem.trim()
+  now = CLOCKS[args.clock]
+  times = {kernel: [] for kernel in kernels}
+  for _ in range(args.step_rounds):
+    for kernel, run in runners.items():
+      t0 = now()
+      run(args.step_steps)
+      times[kernel].append((now() - t0) / args.step_steps)
+  ms = {kernel: statistics.median(t) * 1e3 for kernel, t in times.items()}
+  print(f"\n| `{size}` train step | model.layernorm_impl | ms/step | / xla |")
+  print("|---|---|---:|---:|")
+  for kernel in kernels:
+    ratio = f"{ms[kernel] / ms['xla']:.3f}" if "xla" in ms else "-"
+    print(f"| {size} | {kernel} | {ms[kernel]:.1f} | {ratio} |", flush=True)
+
+
 def time_round_robin(cases, iters, clock):
   now = CLOCKS[clock]
   times = {key: [] for key in cases}
@@ -100,6 +142,10 @@ def main(argv=None):
   parser.add_argument("--dtype", default="float32",
                       help="y's dtype (x, the residual stream, is float32): float32 | bfloat16")
   parser.add_argument("--iters", type=int, default=31)
+  parser.add_argument("--step", default="",
+                      help="also time train.py's step at this size (e.g. cpu) on each JAX kernel")
+  parser.add_argument("--step_rounds", type=int, default=5)
+  parser.add_argument("--step_steps", type=int, default=10)
   parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
                       help=f"glibc malloc tunables, as train.py's (default {hostmem.DEFAULT})")
   parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
@@ -123,7 +169,7 @@ def main(argv=None):
         f"{os.environ.get('GLIBC_TUNABLES') or 'glibc defaults'}")
   print("| shape | rows x D | kernel | ran | ms | x 9 ms | / torch |")
   print("|---|---|---|---|---:|---:|---:|")
-  for name in args.shapes.split(","):
+  for name in [s for s in args.shapes.split(",") if s]:
     shape = SHAPES[name]
     cases, ran = {}, {}
     for kernel in kernels:
@@ -137,6 +183,9 @@ def main(argv=None):
       ratio = f"{ms[kernel] / ms['torch']:.2f}" if "torch" in ms else "-"
       print(f"| {name} | {shape[0] * shape[1]} x {shape[2]} | {kernel} | {ran[kernel]} | "
             f"{ms[kernel]:.3f} | {ms[kernel] * PER_STEP:.2f} | {ratio} |", flush=True)
+    del cases
+  if args.step:
+    step_table(args.step, [k for k in kernels if k != "torch"], args)
 
 
 if __name__ == "__main__":

@@ -83,11 +83,17 @@ def _stats(x_BxD, eps):
   return x_BxD, mean_Bx1, jax.lax.rsqrt(var_Bx1 + eps)
 
 
+def _features(v_D, ndim):
+  """[D] -> [1, ..., 1, D], to multiply a rank-`ndim` array explicitly."""
+  return v_D.reshape((1,) * (ndim - 1) + v_D.shape)
+
+
 def _forward(x_BxD, scale_D, bias_D, eps, dtype, has_bias):
   x32_BxD, mean_Bx1, rstd_Bx1 = _stats(x_BxD, eps)
-  y_BxD = (x32_BxD - mean_Bx1) * (rstd_Bx1 * scale_D)  # flax's order of operations
+  # flax's order of operations, so that the forward's bits are flax's.
+  y_BxD = (x32_BxD - mean_Bx1) * (rstd_Bx1 * _features(scale_D, x_BxD.ndim))
   if has_bias:
-    y_BxD = y_BxD + bias_D
+    y_BxD = y_BxD + _features(bias_D, x_BxD.ndim)
   return y_BxD.astype(dtype), (mean_Bx1, rstd_Bx1)
 
 
@@ -105,7 +111,7 @@ def _layer_norm_bwd(eps, dtype, has_bias, residuals, dy_BxD):
   x_BxD, scale_D, bias_D, mean_Bx1, rstd_Bx1 = residuals
   xh_BxD = (x_BxD.astype(mean_Bx1.dtype) - mean_Bx1) * rstd_Bx1
   dy_BxD = dy_BxD.astype(mean_Bx1.dtype)
-  g_BxD = dy_BxD * scale_D
+  g_BxD = dy_BxD * _features(scale_D, x_BxD.ndim)
   dx_BxD = rstd_Bx1 * (g_BxD - jnp.mean(g_BxD, -1, keepdims=True)
                        - xh_BxD * jnp.mean(g_BxD * xh_BxD, -1, keepdims=True))
   D = x_BxD.shape[-1]
