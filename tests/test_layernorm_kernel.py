@@ -2,7 +2,8 @@
 one and the fused-backward XLA one give flax's nn.LayerNorm's values and gradients
 (x, scale, bias) for float32 and bfloat16, odd row counts and widths, batch 1; the
 same bits twice and on any number of threads; flax's LayerNorm when the build
-fails; a model's training step on each equals flax's; the parameters are flax's."""
+fails; a model's training step on each equals flax's; the parameters are flax's;
+the model config names the kernel (provenance.json's "layernorm_kernel")."""
 
 import os
 import subprocess
@@ -186,8 +187,13 @@ def test_a_training_step_equals_flax_s(dtype):
     assert jax.tree.structure(params) == jax.tree.structure(want_params)
 
 
-def test_model_config_checks_the_field():
+def test_model_config_checks_and_names_the_kernel():
   from attnscale.models import ModelConfig
+  from attnscale.models.base import layernorm_kernel
   assert ModelConfig().layernorm_impl is None
+  assert layernorm_kernel(ModelConfig()) == ("native" if cpu_kernel.available() else "xla")
+  assert layernorm_kernel(ModelConfig(layernorm_impl="xla")) == "xla"
+  assert layernorm_kernel(ModelConfig(layernorm_impl="fused_xla")) == "fused_xla"
+  assert layernorm_kernel(ModelConfig(dtype="float16")) == "xla"
   with pytest.raises(ValueError, match="model.layernorm_impl must be one of"):
     ModelConfig(layernorm_impl="apex")

@@ -527,7 +527,8 @@ def test_golden_loss_after_one_step(impl, tfds_dir, tmp_path):
   config = make_config(tfds_dir, num_train_steps=1, log_every=1, **kernels)
   result = train_lib.train_and_evaluate(config, str(tmp_path / "one"))
   from attnscale.runtime import provenance
-  assert provenance.read(str(tmp_path / "one"))[-1]["attention_kernel"] == impl
+  record = provenance.read(str(tmp_path / "one"))[-1]
+  assert record["attention_kernel"] == impl and record["layernorm_kernel"] == impl
   got = {k: round(result[k], 5) for k in golden_one_step}
   for key, golden in golden_one_step.items():
     assert result[key] == pytest.approx(golden, abs=1e-5), f"{key}: {got}: {GOLDEN_MESSAGE}"
