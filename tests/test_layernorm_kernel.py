@@ -1,10 +1,12 @@
 """The model's LayerNorm kernels (attnscale/numerics/layer_norm.py): the native C++
 one and the fused-backward XLA one give flax's nn.LayerNorm's values and gradients
 (x, scale, bias) for float32 and bfloat16, odd row counts and widths, batch 1; the
-same bits twice and on any number of threads; flax's LayerNorm when the build
+same bits twice and on any number of threads; under vmap (a pack of runs) one call
+equal to each run alone; flax's LayerNorm when the build
 fails; a model's training step on each equals flax's; the parameters are flax's;
 the model config names the kernel (provenance.json's "layernorm_kernel")."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -124,6 +126,43 @@ def test_same_bits_twice_and_on_any_number_of_threads(monkeypatch):
     monkeypatch.setenv("ATTNSCALE_NATIVE_THREADS", threads)
     for got, w in zip(_bits(shape), want):
       np.testing.assert_array_equal(got, w, err_msg=f"pool {pool}, threads {threads}")
+
+
+@native_only
+@pytest.mark.parametrize("kernel", ["native", "fused_xla"])
+def test_vmap_over_a_pack_equals_each_run_alone(kernel):
+  # A pack of 3 runs (`attnscale.runtime.packed`): each its own gain, bias, x and dy;
+  # 200 rows each, so that a run's rows span two tasks of the native kernel.
+  R, shape = 3, (2, 100, 24)
+  keys = jax.random.split(jax.random.key(5), 4)
+  x = jax.random.normal(keys[0], (R, *shape)) * 2.0 + 1.0
+  dy = jax.random.normal(keys[1], (R, *shape))
+  scale = 1.0 + jax.random.normal(keys[2], (R, 24))
+  bias = jax.random.normal(keys[3], (R, 24))
+
+  def forward(kernel, scale, bias, x):
+    ln = layer_norm.LayerNorm(24, implementation=kernel, rngs=nnx.Rngs(0))
+    ln.scale[...], ln.bias[...] = scale, bias
+    return ln(x)
+
+  def one(kernel, scale, bias, x, dy):
+    y, vjp = jax.vjp(functools.partial(forward, kernel), scale, bias, x)
+    return (y, *vjp(dy))
+
+  packed = jax.jit(jax.vmap(functools.partial(one, kernel)))(scale, bias, x, dy)
+  text = jax.jit(jax.vmap(functools.partial(one, kernel))).lower(scale, bias, x, dy).as_text()
+  assert "while" not in text  # one call for the pack, not a loop over its runs
+  flax_s = jax.jit(jax.vmap(functools.partial(one, "xla")))(scale, bias, x, dy)
+  for r in range(R):
+    alone = jax.jit(functools.partial(one, kernel))(scale[r], bias[r], x[r], dy[r])
+    for name, p, a, w in zip(("y", "dscale", "dbias", "dx"), packed, alone, flax_s):
+      np.testing.assert_allclose(p[r], a, rtol=1e-6, atol=1e-6, err_msg=f"run {r}: {name}")
+      np.testing.assert_allclose(p[r], w[r], rtol=2e-5, atol=1e-4, err_msg=f"run {r}: {name}")
+  # x batched, the gain shared: the gain's gradient sums over the pack.
+  shared = lambda kernel: jax.grad(lambda s: jnp.sum(jax.vmap(
+      lambda x: forward(kernel, s, bias[0], x))(x) * dy))(scale[0])
+  g, g_flax = shared(kernel), shared("xla")
+  np.testing.assert_allclose(g, g_flax, rtol=2e-5, atol=1e-4)
 
 
 FALLBACK = """

@@ -16,7 +16,8 @@
 // bfloat16), s and b [D] float32, mu and r [R] float32; every sum in float32.
 // Rows go in tasks of ROWS rows; ds and db sum each task's rows into its own
 // partial, and the partials are added in task order afterwards, so the bits are
-// the same whatever the number of threads.
+// the same whatever the number of threads. Under vmap (a pack of runs) x is
+// [G..., R, D] with a scale and bias per group [G..., D], one call for all.
 
 #include <algorithm>
 #include <cmath>
@@ -154,28 +155,53 @@ void backward_row(const float* x, const float* dy, const float* s, float mu, flo
   for (int64_t i = Dv; i < D; ++i) dx[i] = (g[i] - mean_g - xh[i] * mean_gx) * r;
 }
 
+// The rows and groups of a call: x [G..., R, D] holds G groups of R rows, each with
+// its own scale and bias [G..., D] (vmap's batch axes: a pack's runs), G = 1 outside
+// vmap. Tasks never straddle two groups.
+struct Groups {
+  int64_t G, R, D, per_group;  // per_group: tasks per group
+  int64_t tasks() const { return G * per_group; }
+  int64_t group(int64_t task) const { return task / per_group; }
+  int64_t begin(int64_t task) const { return group(task) * R + task % per_group * ROWS; }
+  int64_t end(int64_t task) const { return std::min((group(task) + 1) * R, begin(task) + ROWS); }
+};
+
+bool groups_of(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::F32>& scale, Groups* g) {
+  auto dims = x.dimensions();
+  if (dims.size() < 2 || dims.back() <= 0 || scale.element_count() % size_t(dims.back()))
+    return false;
+  g->D = dims.back();
+  g->G = int64_t(scale.element_count()) / g->D;
+  const int64_t rows = int64_t(x.element_count()) / g->D;
+  if (g->G <= 0 || rows % g->G) return false;
+  g->R = rows / g->G;
+  g->per_group = std::max<int64_t>(1, (g->R + ROWS - 1) / ROWS);
+  return true;
+}
+
 ffi::Error ForwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer x, ffi::Buffer<ffi::F32> scale,
                        ffi::Buffer<ffi::F32> bias, float eps, int64_t has_bias, int64_t pool,
                        int64_t threads, ffi::Result<ffi::AnyBuffer> y,
                        ffi::ResultBuffer<ffi::F32> mean, ffi::ResultBuffer<ffi::F32> rstd) {
-  auto dims = x.dimensions();
-  if (dims.size() != 2 || !supported(x) || !supported(*y) ||
-      scale.dimensions().size() != 1 || scale.dimensions()[0] != dims[1] ||
-      (has_bias && bias.element_count() != size_t(dims[1])))
-    return ffi::Error::InvalidArgument("attnscale layer norm: x [R, D] f32/bf16, scale [D]");
-  const int64_t R = dims[0], D = dims[1];
+  Groups gr;
+  if (!supported(x) || !supported(*y) || !groups_of(x, scale, &gr) ||
+      (has_bias && bias.element_count() != scale.element_count()))
+    return ffi::Error::InvalidArgument("attnscale layer norm: x [G.., R, D] f32/bf16, "
+                                       "scale and bias [G.., D]");
+  const int64_t D = gr.D;
   const bool x_bf16 = is_bf16(x), y_bf16 = is_bf16(*y);
   const void* xd = x.untyped_data();
   void* yd = y->untyped_data();
   const float* s = scale.typed_data();
   const float* b = has_bias ? bias.typed_data() : nullptr;
   float *mu = mean->typed_data(), *r = rstd->typed_data();
-  parallel_for(xla_pool, pool, threads, (R + ROWS - 1) / ROWS, [&](int64_t task) {
+  parallel_for(xla_pool, pool, threads, gr.tasks(), [&](int64_t task) {
     std::vector<float> xbuf(x_bf16 ? D : 0), ybuf(D);
-    for (int64_t row = task * ROWS; row < std::min(R, (task + 1) * ROWS); ++row) {
+    const int64_t g = gr.group(task);
+    for (int64_t row = gr.begin(task); row < gr.end(task); ++row) {
       const float* xr = read_row(xd, x_bf16, row * D, D, xbuf.data());
       float* yr = y_bf16 ? ybuf.data() : static_cast<float*>(yd) + row * D;
-      forward_row(xr, s, b, D, eps, yr, mu + row, r + row);
+      forward_row(xr, s + g * D, b ? b + g * D : nullptr, D, eps, yr, mu + row, r + row);
       if (y_bf16) write_row(yd, true, row * D, D, yr);
     }
   });
@@ -187,12 +213,12 @@ ffi::Error BackwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer x, ffi::Buffer<
                         ffi::AnyBuffer dy, int64_t pool, int64_t threads,
                         ffi::Result<ffi::AnyBuffer> dx, ffi::ResultBuffer<ffi::F32> dscale,
                         ffi::ResultBuffer<ffi::F32> dbias) {
-  auto dims = x.dimensions();
-  if (dims.size() != 2 || !supported(x) || !supported(dy) || dy.dimensions().size() != 2 ||
-      dy.dimensions()[0] != dims[0] || dy.dimensions()[1] != dims[1] ||
-      scale.dimensions().size() != 1 || scale.dimensions()[0] != dims[1])
-    return ffi::Error::InvalidArgument("attnscale layer norm: x, dy [R, D] f32/bf16, scale [D]");
-  const int64_t R = dims[0], D = dims[1], tasks = (R + ROWS - 1) / ROWS;
+  Groups gr;
+  if (!supported(x) || !supported(dy) || !groups_of(x, scale, &gr) ||
+      dy.element_count() != x.element_count())
+    return ffi::Error::InvalidArgument("attnscale layer norm: x, dy [G.., R, D] f32/bf16, "
+                                       "scale [G.., D]");
+  const int64_t D = gr.D, tasks = gr.tasks();
   const bool x_bf16 = is_bf16(x), dy_bf16 = is_bf16(dy), dx_bf16 = is_bf16(*dx);
   const void *xd = x.untyped_data(), *dyd = dy.untyped_data();
   void* dxd = dx->untyped_data();
@@ -203,22 +229,27 @@ ffi::Error BackwardImpl(ffi::ThreadPool xla_pool, ffi::AnyBuffer x, ffi::Buffer<
     std::vector<float> buf(5 * D);
     float *xbuf = buf.data(), *dybuf = xbuf + D, *xh = dybuf + D, *g = xh + D, *dxbuf = g + D;
     float* ds = partial.data() + size_t(task) * 2 * D;
-    for (int64_t row = task * ROWS; row < std::min(R, (task + 1) * ROWS); ++row) {
+    const float* sg = s + gr.group(task) * D;
+    for (int64_t row = gr.begin(task); row < gr.end(task); ++row) {
       const float* xr = read_row(xd, x_bf16, row * D, D, xbuf);
       const float* dyr = read_row(dyd, dy_bf16, row * D, D, dybuf);
       float* dxr = dx_bf16 ? dxbuf : static_cast<float*>(dxd) + row * D;
-      backward_row(xr, dyr, s, mu[row], r[row], D, xh, g, dxr, ds, ds + D);
+      backward_row(xr, dyr, sg, mu[row], r[row], D, xh, g, dxr, ds, ds + D);
       if (dx_bf16) write_row(dxd, true, row * D, D, dxr);
     }
   });
-  float *ds = dscale->typed_data(), *db = dbias->typed_data();
-  std::memcpy(ds, partial.data(), sizeof(float) * D);
-  std::memcpy(db, partial.data() + D, sizeof(float) * D);
-  for (int64_t t = 1; t < tasks; ++t) {
-    const float* p = partial.data() + size_t(t) * 2 * D;
-    for (int64_t i = 0; i < D; ++i) {
-      ds[i] += p[i];
-      db[i] += p[D + i];
+  // Each group's partials, added in task order.
+  for (int64_t grp = 0; grp < gr.G; ++grp) {
+    float *ds = dscale->typed_data() + grp * D, *db = dbias->typed_data() + grp * D;
+    const float* first = partial.data() + size_t(grp * gr.per_group) * 2 * D;
+    std::memcpy(ds, first, sizeof(float) * D);
+    std::memcpy(db, first + D, sizeof(float) * D);
+    for (int64_t t = 1; t < gr.per_group; ++t) {
+      const float* p = first + size_t(t) * 2 * D;
+      for (int64_t i = 0; i < D; ++i) {
+        ds[i] += p[i];
+        db[i] += p[D + i];
+      }
     }
   }
   return ffi::Error::Success();

@@ -10,7 +10,10 @@ and PyTorch's kernels: with xh = (x - mu) r and g = dy s,
 
 (sums over every axis but the last). x float32 or bfloat16, y in `dtype`
 (float32 or bfloat16), every statistic and sum in float32; the bits are the
-same on any number of threads. Source: layer_norm.cc; the build: `build`;
+same on any number of threads. Under `jax.vmap` (a pack of runs, each with its
+own gain) one call takes every run's rows (vmap_method="broadcast_all": x
+[R..., rows, D], gains [R..., D]), not a loop of calls. Source: layer_norm.cc;
+the build: `build`;
 threads and pool as the attention kernel's (ATTNSCALE_NATIVE_THREADS,
 ATTNSCALE_NATIVE_POOL). `attnscale.numerics.layer_norm` picks it for the model.
 
@@ -63,7 +66,7 @@ def _forward(x_RD, scale_D, bias_D, eps, dtype, has_bias):
   R, D = x_RD.shape
   out_types = (jax.ShapeDtypeStruct((R, D), dtype), jax.ShapeDtypeStruct((R,), jnp.float32),
                jax.ShapeDtypeStruct((R,), jnp.float32))
-  call = jax.ffi.ffi_call("attnscale_layer_norm_fwd", out_types, vmap_method="sequential")
+  call = jax.ffi.ffi_call("attnscale_layer_norm_fwd", out_types, vmap_method="broadcast_all")
   return call(x_RD, scale_D, bias_D, eps=np.float32(eps), has_bias=np.int64(has_bias),
               **_attrs())
 
@@ -83,7 +86,7 @@ def _layer_norm_bwd(eps, dtype, has_bias, residuals, dy_RD):
   out_types = (jax.ShapeDtypeStruct(x_RD.shape, x_RD.dtype),
                jax.ShapeDtypeStruct(scale_D.shape, jnp.float32),
                jax.ShapeDtypeStruct(scale_D.shape, jnp.float32))
-  call = jax.ffi.ffi_call("attnscale_layer_norm_bwd", out_types, vmap_method="sequential")
+  call = jax.ffi.ffi_call("attnscale_layer_norm_bwd", out_types, vmap_method="broadcast_all")
   dx_RD, dscale_D, dbias_D = call(x_RD, scale_D, mean_R, rstd_R, dy_RD.astype(dtype), **_attrs())
   return dx_RD, dscale_D, dbias_D if has_bias else jnp.zeros_like(bias_D)
 
