@@ -3,6 +3,7 @@
     python benchmarks/layernorm.py                      # docs/benchmarks.md's table
     python benchmarks/layernorm.py --clock cpu --iters 51 --dtype bfloat16
     python benchmarks/layernorm.py --shapes cpu --step cpu   # and the whole train step
+    python benchmarks/layernorm.py --pack 4                  # vmapped over 4 runs
 
 Times one jitted LayerNorm (width D, a gain, no bias: the model's blocks') that
 returns y and the gradients of x and the gain for a given dy (a `jax.vjp`), on
@@ -51,8 +52,9 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 PER_STEP = 9  # LayerNorms a step at the cpu preset: 2 per layer x 4, and the final one
 
 
-def jax_case(kernel, shape, dtype):
-  """(a function of no arguments that runs the case, its compiled HLO text)."""
+def jax_case(kernel, shape, dtype, pack=1):
+  """(a function of no arguments that runs the case, its compiled HLO text); pack > 1:
+  `jax.vmap` over that many runs' parameters and inputs, as a packed sweep runs them."""
   from flax import nnx
   B, T, D = shape
   ln = layer_norm.LayerNorm(D, use_bias=False, dtype=dtype, implementation=kernel,
@@ -65,8 +67,12 @@ def jax_case(kernel, shape, dtype):
     return y_BTD, dx_BTD, dparams
 
   keys = jax.random.split(jax.random.key(0), 2)
-  x_BTD = jax.random.normal(keys[0], shape, jnp.float32) * 2.0 + 0.5
-  dy_BTD = jax.random.normal(keys[1], shape, jnp.float32)
+  runs = (pack,) if pack > 1 else ()
+  x_BTD = jax.random.normal(keys[0], runs + shape, jnp.float32) * 2.0 + 0.5
+  dy_BTD = jax.random.normal(keys[1], runs + shape, jnp.float32)
+  if pack > 1:
+    params = jax.tree.map(lambda p: jnp.stack([p] * pack), params)
+    fwd_bwd = jax.vmap(fwd_bwd)
   compiled = jax.jit(fwd_bwd).lower(params, x_BTD, dy_BTD).compile()
   run = lambda: jax.block_until_ready(compiled(params, x_BTD, dy_BTD))
   run()  # warm-up
@@ -142,6 +148,9 @@ def main(argv=None):
   parser.add_argument("--dtype", default="float32",
                       help="y's dtype (x, the residual stream, is float32): float32 | bfloat16")
   parser.add_argument("--iters", type=int, default=31)
+  parser.add_argument("--pack", type=int, default=1,
+                      help="R > 1: each JAX case vmapped over R runs (a packed sweep's step); "
+                           "PyTorch is left out")
   parser.add_argument("--step", default="",
                       help="also time train.py's step at this size (e.g. cpu) on each JAX kernel")
   parser.add_argument("--step_rounds", type=int, default=5)
@@ -153,6 +162,8 @@ def main(argv=None):
                            "machine, the work without the waits)")
   args = parser.parse_args(argv)
   kernels = args.kernels.split(",")
+  if args.pack > 1:
+    kernels = [k for k in kernels if k != "torch"]
   if any(k not in KERNELS for k in kernels):
     parser.error(f"--kernels must be a comma list of {KERNELS}, got {args.kernels!r}")
   dtype = jnp.dtype(args.dtype)
@@ -164,7 +175,8 @@ def main(argv=None):
     import torch
     torch_text = f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
   print(f"# {device.platform}: {platform.processor() or platform.machine()}, JAX "
-        f"{jax.__version__}{torch_text}, x float32 -> y {args.dtype}, median of {args.iters} "
+        f"{jax.__version__}{torch_text}, x float32 -> y {args.dtype}, pack {args.pack}, "
+        f"median of {args.iters} "
         f"interleaved rounds, {args.clock} time, GLIBC_TUNABLES: "
         f"{os.environ.get('GLIBC_TUNABLES') or 'glibc defaults'}")
   print("| shape | rows x D | kernel | ran | ms | x 9 ms | / torch |")
@@ -176,7 +188,7 @@ def main(argv=None):
       if kernel == "torch":
         cases[kernel], ran[kernel] = torch_case(shape, args.dtype), "torch"
         continue
-      cases[kernel], text = jax_case(kernel, shape, dtype)
+      cases[kernel], text = jax_case(kernel, shape, dtype, args.pack)
       ran[kernel] = "native" if "attnscale_layer_norm" in text else "xla"
     ms = time_round_robin(cases, args.iters, args.clock)
     for kernel in kernels:
