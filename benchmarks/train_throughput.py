@@ -4,6 +4,7 @@
     python benchmarks/train_throughput.py --sizes cpu --rounds 5 --steps 10
     python benchmarks/train_throughput.py --frameworks jax,torch,torch_compile
     python benchmarks/train_throughput.py --malloc system    # glibc's defaults
+    python benchmarks/train_throughput.py --sizes cpu --frameworks jax --layernorm xla
     python benchmarks/train_throughput.py --sizes gpt2 --frameworks jax --dtype bfloat16  # GPU
 
 Sizes: `cpu` (the cpu preset: 4 layers, width 128, 4 heads, block 128, batch
@@ -85,6 +86,8 @@ def get_config(size: str, args):
     config.model.dropout = args.dropout
     if args.dtype:
       config.model.dtype = args.dtype
+    if args.layernorm:
+      config.model.layernorm_impl = args.layernorm
   return config
 
 
@@ -197,6 +200,8 @@ def measure_in_subprocess(size, framework, args) -> tuple[float, list[float]]:
     cmd += ["--dtype", args.dtype]
   if args.dropout:
     cmd += ["--dropout", str(args.dropout)]
+  if args.layernorm:
+    cmd += ["--layernorm", args.layernorm]
   if args.malloc:  # else the child picks the default, as this process did
     cmd += ["--malloc", args.malloc]
   # stderr is not captured: the child's progress and errors show as they happen.
@@ -217,6 +222,9 @@ def main():
   parser.add_argument("--dropout", type=float, default=0.0,
                       help="attnscale's dropout rate (PyTorch's twin has none: jax only); "
                            "for timing the compile of a train step that draws masks")
+  parser.add_argument("--layernorm", choices=("native", "fused_xla", "xla"), default=None,
+                      help="model.layernorm_impl of the JAX frameworks (default: the CPU's "
+                           "default, native where it built)")
   parser.add_argument("--malloc", choices=list(hostmem.MODES), default=None,
                       help="glibc malloc tunables, as train.py's ATTNSCALE_MALLOC "
                            f"(default {hostmem.DEFAULT}): attnscale/runtime/hostmem.py")
@@ -247,6 +255,7 @@ def main():
   mode = "one process, interleaved rounds" if args.in_process else "one process per framework"
   print(f"# {device.platform}: {kind} ({platform.machine()}), {versions(frameworks)}, "
         f"{args.dtype or 'float32'}, dropout {args.dropout}, "
+        f"LayerNorm {args.layernorm or 'default'}, "
         f"median of {args.rounds} rounds of {args.steps} steps, {args.clock} time "
         f"({mode}), GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES') or 'glibc defaults'}")
   if peak:

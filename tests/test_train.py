@@ -500,8 +500,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tfds_dir, tmp_path):
 # ---------------------------------------------------------------------------
 # 8. Golden metrics after one step.
 
-# The test preset, seed 0, scaling standard, CPU, on each CPU attention kernel
-# (model.attention_impl): "xla" pins today's values, "native" its twin. The step's
+# The test preset, seed 0, scaling standard, CPU, on each CPU kernel set
+# (model.attention_impl and model.layernorm_impl): "xla" pins today's values (XLA's
+# attention, flax's LayerNorm), "native" its twin (both native kernels). The step's
 # learning rate is 0 (warm-up), so these pin init, data and loss; step 2 pins the
 # first update (optimizer, schedule, dropout) too.
 GOLDEN_ONE_STEP = {"loss": 4.16920, "grad_norm": 0.78324, "val_loss": 4.17722}
@@ -522,16 +523,16 @@ def test_golden_loss_after_one_step(impl, tfds_dir, tmp_path):
     if jax.default_backend() != "cpu" or not cpu_kernel.available():
       pytest.skip("the native CPU kernel did not build here")
   golden_one_step, golden_step_2 = GOLDEN[impl]
-  config = make_config(tfds_dir, num_train_steps=1, log_every=1,
-                       **{"model.attention_impl": impl})
+  kernels = {"model.attention_impl": impl, "model.layernorm_impl": impl}
+  config = make_config(tfds_dir, num_train_steps=1, log_every=1, **kernels)
   result = train_lib.train_and_evaluate(config, str(tmp_path / "one"))
   from attnscale.runtime import provenance
-  assert provenance.read(str(tmp_path / "one"))[-1]["attention_kernel"] == impl
+  record = provenance.read(str(tmp_path / "one"))[-1]
+  assert record["attention_kernel"] == impl and record["layernorm_kernel"] == impl
   got = {k: round(result[k], 5) for k in golden_one_step}
   for key, golden in golden_one_step.items():
     assert result[key] == pytest.approx(golden, abs=1e-5), f"{key}: {got}: {GOLDEN_MESSAGE}"
-  config = make_config(tfds_dir, num_train_steps=2, log_every=1,
-                       **{"model.attention_impl": impl})
+  config = make_config(tfds_dir, num_train_steps=2, log_every=1, **kernels)
   train_lib.train_and_evaluate(config, str(tmp_path / "two"))
   step_2 = train_losses(str(tmp_path / "two"))[2]
   assert step_2 == pytest.approx(golden_step_2, abs=1e-5), (

@@ -118,6 +118,17 @@ def attention_kernel(cfg: ModelConfig) -> str:
       logit_mod=getattr(factory, "logit_mod", None), pair_bias=cfg.selective)
 
 
+def layernorm_kernel(cfg: ModelConfig) -> str:
+  """The kernel this model's LayerNorms run in a program for the current mesh's
+  platform (`attnscale.numerics.layer_norm.kernel_for`): "native", "fused_xla" or
+  "xla" (flax's); the unit variant's own LayerNorm is XLA's. For provenance.json."""
+  if cfg.variant == "unit":
+    return "xla"
+  from attnscale.numerics import layer_norm, precision
+  dtype = precision.compute_dtype(cfg.dtype)
+  return layer_norm.kernel_for(cfg.layernorm_impl, jnp.float32, dtype)
+
+
 def gather_positions(x_BTD: Array, positions_BP: Array | None) -> Array:
   """x at the given positions per row, [B, P, D] (all of x when positions is None)."""
   if positions_BP is None:

@@ -15,6 +15,7 @@ from attnscale import checks
 from attnscale.core import scalings
 from attnscale.core.attention import IMPLEMENTATIONS, NORMALIZERS
 from attnscale.core.positions import POSITIONS
+from attnscale.numerics.layer_norm import IMPLEMENTATIONS as LAYERNORM_IMPLS
 from attnscale.numerics.precision import FP8_SCALINGS
 
 # bfloat16 / float16: products and activations in bf16 / fp16; params, residual
@@ -90,6 +91,9 @@ class ModelConfig:
   attention_impl: str | None = field(
       None, "None: the fused kernel for the platform (native on a CPU where it built) | "
       "native (C++ flash attention, CPU) | xla (today's XLA kernel) | cudnn | splash | reference")
+  layernorm_impl: str | None = field(
+      None, "None: native on a CPU where it built, else flax's | native (C++ LayerNorm, CPU) | "
+      "fused_xla (flax's forward, fused backward) | xla (flax's nn.LayerNorm, today's)")
   causal: bool = field(True, "False: bidirectional (an encoder); padding goes in the mask")
   ln_position: str = field("pre", "pre: x + f(LN(x)) (GPT-2) | post: LN(x + f(x)) (BERT)")
   head: str = field(
@@ -185,6 +189,9 @@ class ModelConfig:
     if self.attention_impl not in IMPLEMENTATIONS:
       raise ValueError(f"model.attention_impl must be one of "
                        f"{IMPLEMENTATIONS}, got {self.attention_impl!r}")
+    if self.layernorm_impl not in LAYERNORM_IMPLS:
+      raise ValueError(f"model.layernorm_impl must be one of {list(LAYERNORM_IMPLS)}, "
+                       f"got {self.layernorm_impl!r}")
     if self.ln_position not in LN_POSITIONS:
       raise ValueError(f"model.ln_position must be one of {list(LN_POSITIONS)}, "
                        f"got {self.ln_position!r}")

@@ -34,7 +34,7 @@ from flax import nnx
 from attnscale.core import scalings, sharding
 from attnscale.models import base, mup
 from attnscale.models.config import ModelConfig
-from attnscale.numerics import layers, precision
+from attnscale.numerics import layer_norm, layers, precision
 
 Array = jax.Array
 # model.qk_norm: q and k normalised over the head dim before the configured
@@ -44,6 +44,13 @@ QK_NORMS = {"layernorm": scalings.layer_norm, "rmsnorm": scalings.rms_norm}
 
 def _normal(std):
   return nnx.initializers.normal(stddev=std)
+
+
+def _layer_norm(cfg: ModelConfig, **kwargs) -> layer_norm.LayerNorm:
+  """flax's LayerNorm over the width (output in the compute dtype), on the kernel
+  `model.layernorm_impl` names (attnscale/numerics/layer_norm.py)."""
+  return layer_norm.LayerNorm(cfg.width, dtype=precision.compute_dtype(cfg.dtype),
+                              implementation=cfg.layernorm_impl, **kwargs)
 
 
 class QKNorm(nnx.Module):
@@ -140,8 +147,7 @@ class Block(base.Block):
   def __init__(self, cfg: ModelConfig, *, layer: int, rngs: nnx.Rngs):
     self.cfg = cfg
     self.branch_mult = mup.residual_mult(cfg)  # None: no multiplication (the default)
-    ln = lambda: nnx.LayerNorm(cfg.width, use_bias=False,
-                               dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
+    ln = lambda: _layer_norm(cfg, use_bias=False, rngs=rngs)
     self.ln1, self.attn = ln(), Attention(cfg, layer=layer, rngs=rngs)
     self.ln2, self.mlp = ln(), MLP(cfg, rngs=rngs)
 
@@ -179,7 +185,7 @@ class MLMHead(nnx.Module):
     self.readout_mult = mup.readout_mult(cfg)
     self.dense = layers.Dense(cfg.width, cfg.width, kernel_init=_normal(mup.hidden_init_std(cfg)),
                               dtype=cfg.dtype, fp8=self.fp8, rngs=rngs)
-    self.ln = nnx.LayerNorm(cfg.width, dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
+    self.ln = _layer_norm(cfg, rngs=rngs)
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 
   def __call__(self, x_BPD, embed: nnx.Embed):
@@ -206,11 +212,9 @@ class Transformer(base.Model):
     # every block's output being normalised already. The GPT's parameters (and
     # their random init) stay exactly as they were.
     if cfg.ln_position == "pre":
-      self.ln_f = nnx.LayerNorm(cfg.width, use_bias=False,
-                                dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
+      self.ln_f = _layer_norm(cfg, use_bias=False, rngs=rngs)
     else:
-      self.ln_embed = nnx.LayerNorm(cfg.width, use_bias=False,
-                                    dtype=precision.compute_dtype(cfg.dtype), rngs=rngs)
+      self.ln_embed = _layer_norm(cfg, use_bias=False, rngs=rngs)
     if cfg.head == "mlm":
       self.mlm_head = MLMHead(cfg, rngs=rngs)
 

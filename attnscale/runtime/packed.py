@@ -163,6 +163,7 @@ def _train(slots: list[loop.Slot], start: startup.Start, locks) -> list[dict]:
   for k, slot in enumerate(real):  # after every resume: which runs shared the program
     provenance.write(slot.workdir, pack=[os.path.abspath(r.workdir) for r in real],
                      pack_size=len(slots), slot=k, attention_kernel=start.attention_kernel,
+                     layernorm_kernel=start.layernorm_kernel,
                      **rundir.provenance_imports(slot.config))
   program = Pack(slots[0].task, base, start.graphdef, shardings_R, mesh, hparams_R)
   num_params = sum(x[0].size for x in jax.tree.leaves(state_R["params"]))

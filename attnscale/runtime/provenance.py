@@ -10,7 +10,7 @@ code change) keeps one record per segment:
       "cpu_isa": "avx2", "argv": ["train.py", ...],
       "hostname": "...", "time_utc": "2026-11-25T10:00:00Z", "code": "/path/to/attnscale",
       "imports": {"my_scalings": "/home/me/work/my_scalings.py"},
-      "pack_size": 1, "slot": 0, "attention_kernel": "native"},
+      "pack_size": 1, "slot": 0, "attention_kernel": "native", "layernorm_kernel": "native"},
      ...]
 
 The commit is that of the git checkout attnscale was imported from ("unknown"
@@ -44,7 +44,10 @@ line, with "recovered": ["pack_size", "slot"] (attnscale/experiments/provenance_
 (`attnscale.models.base.attention_kernel`: "native", the C++ flash-attention
 kernel a CPU run takes where it built; "xla", the XLA kernel, which every run
 before it used; "splash", "cudnn" or "reference"): the kernels agree to rounding,
-so a run on one does not repeat a run on another bit for bit.
+so a run on one does not repeat a run on another bit for bit. "layernorm_kernel"
+likewise names its LayerNorms' (`attnscale.models.base.layernorm_kernel`:
+"native", the C++ kernel a CPU run takes where it built; "xla", flax's
+`nn.LayerNorm`, which every run before it used; "fused_xla").
 
 "imports" (only in a run whose config has `imports`) maps each entry of
 config.imports to the file it was imported from (`attnscale.config.imports.import_files`), so

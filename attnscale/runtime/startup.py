@@ -54,6 +54,12 @@ class Start:
     with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
       return models_base.attention_kernel(self.run.model)
 
+  @property
+  def layernorm_kernel(self) -> str:
+    """The LayerNorm kernel the run's programs use ("native", "fused_xla", "xla")."""
+    with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+      return models_base.layernorm_kernel(self.run.model)
+
 
 def start(config, *, devices=None, mesh: jax.sharding.Mesh | None = None,
           data: bool = True, task: tasks.Task | None = None) -> Start:

@@ -124,9 +124,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       # Which code, versions and devices: one record a (re)start that trains (after
       # the resume, so a run that cannot resume leaves its directory as it was), with
       # the files of config.imports, which eval.py imports again from any folder, the
-      # run config.init_from started from and the attention kernel it trains with.
+      # run config.init_from started from and the attention and LayerNorm kernels it
+      # trains with.
       provenance.write(workdir, pack_size=1, slot=0, attention_kernel=s.attention_kernel,
-                       **rundir.provenance_imports(config), **start)
+                       layernorm_kernel=s.layernorm_kernel, **rundir.provenance_imports(config),
+                       **start)
       program = OneRun(s)
       num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
       processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""

@@ -23,7 +23,8 @@ flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp): query
 blocks of 64 rows for the forward, one task per (batch, key/value head) for the
 backward so that dq, dk and dv need no atomics, and the bits are the same
 whatever the number of threads. Source, tiles and micro-kernel:
-flash_attention.cc; the build (at first use, cached): `build`.
+flash_attention.cc; the build (at first use, cached, one library with the
+native LayerNorm, `norms`): `build`.
 
 Environment: ATTNSCALE_NATIVE_KERNEL=0 turns it off (the XLA kernel runs);
 ATTNSCALE_NATIVE_THREADS=n caps its threads (default: XLA's intra-op pool's);

@@ -1,17 +1,18 @@
-"""Builds flash_attention.cc at first use and registers its FFI targets with XLA.
+"""Builds the native CPU kernels (flash_attention.cc, layer_norm.cc, one shared
+library) at first use and registers their FFI targets with XLA.
 
 The shared library is compiled on the user's machine by the system C++ compiler
 ($CXX, else c++, g++ or clang++) against XLA's FFI headers (`jax.ffi.include_dir()`),
 with -O3 and the host's instruction set (-march=native; -mcpu=native on ARM), and
 cached under $XDG_CACHE_HOME/attnscale/cpu_kernel (default ~/.cache/...), named by
-a hash of the source, the compiler's version, jaxlib's version and the CPU's
+a hash of the sources, the compiler's version, jaxlib's version and the CPU's
 flags: a change to any of them builds anew, and two processes that build at once
 each compile into their own temporary file and rename it into place (atomic),
 under a file lock so that the second one reuses the first one's library.
 
 Any failure (no compiler, a compile error, a library that does not load) gives
 one warning line naming the cause and `load()` returns None, so the caller runs
-the XLA kernel instead. ATTNSCALE_NATIVE_KERNEL=0 turns the kernel off without
+XLA's kernels instead. ATTNSCALE_NATIVE_KERNEL=0 turns the kernels off without
 building (tests of the fallback use it, or CXX=/bin/false).
 """
 
@@ -28,10 +29,14 @@ import subprocess
 import tempfile
 import warnings
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flash_attention.cc")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = tuple(os.path.join(HERE, f) for f in ("flash_attention.cc", "layer_norm.cc"))
+HEADERS = (os.path.join(HERE, "parallel.h"),)
 ENV_SWITCH = "ATTNSCALE_NATIVE_KERNEL"
 TARGETS = {"attnscale_flash_fwd": "AttnscaleFlashForward",
-           "attnscale_flash_bwd": "AttnscaleFlashBackward"}
+           "attnscale_flash_bwd": "AttnscaleFlashBackward",
+           "attnscale_layer_norm_fwd": "AttnscaleLayerNormForward",
+           "attnscale_layer_norm_bwd": "AttnscaleLayerNormBackward"}
 
 
 def cache_dir() -> str:
@@ -77,7 +82,7 @@ def flags() -> list[str]:
 
 
 def _compile(cxx: str, include_dir: str, out_path: str) -> None:
-  cmd = [cxx, *flags(), "-I", include_dir, SOURCE, "-o", out_path]
+  cmd = [cxx, *flags(), "-I", include_dir, "-I", HERE, *SOURCES, "-o", out_path]
   result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   if result.returncode != 0:
     first = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[0]
@@ -107,14 +112,16 @@ def library_path() -> str:
   cxx = compiler()
   if cxx is None:
     raise RuntimeError("no C++ compiler (set CXX, or install g++ or clang++)")
-  with open(SOURCE, "rb") as f:
-    source = f.read()
+  sources = []
+  for name in SOURCES + HEADERS:
+    with open(name, "rb") as f:
+      sources.append(f.read())
   key = hashlib.sha256(b"\0".join([
-      source, _compiler_version(cxx).encode(), jaxlib.__version__.encode(),
+      *sources, _compiler_version(cxx).encode(), jaxlib.__version__.encode(),
       cpu_flags().encode(), " ".join(flags()).encode()])).hexdigest()[:16]
   folder = cache_dir()
   os.makedirs(folder, exist_ok=True)
-  path = os.path.join(folder, f"flash_attention-{key}.so")
+  path = os.path.join(folder, f"cpu_kernels-{key}.so")
   if os.path.exists(path):
     return path
   with _file_lock(path + ".lock"):
@@ -146,6 +153,6 @@ def load() -> ctypes.CDLL | None:
   except Exception as e:  # noqa: BLE001 - any failure means: run the XLA kernel instead
     cause = " ".join(str(e).split()) or type(e).__name__
     # warn_explicit with no source line to quote: the warning is one line.
-    warnings.warn_explicit(f"the native CPU attention kernel is unavailable ({cause}); "
-                           f"using the XLA kernel", RuntimeWarning, "attnscale", 0)
+    warnings.warn_explicit(f"the native CPU attention kernel and LayerNorm are unavailable "
+                           f"({cause}); using XLA's", RuntimeWarning, "attnscale", 0)
     return None
