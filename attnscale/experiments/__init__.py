@@ -12,6 +12,7 @@
     sweep_results.py  best rate per scaling, noise verdicts, tables, runs.csv, figures
     page_check.py     every estimate on a study page tied to its table cell
     provenance_table.py  each study page's provenance section, from its store
+    provenance_backfill.py  pack_size and slot recovered into older stores' records
     reporting/        tables (CSV, Markdown) and figures, shared with the studies
 
 May import every lower layer: checks, fields, core, numerics, models, data, tasks,

@@ -25,7 +25,7 @@ coord_check.py), the studies of trained runs, each reading its sweep's store
 (trained.py, length.py, precision.py, sensitivity.py, shared_kv.py, bert.py,
 width.py, critical_trained.py, transfer.py with transfer_runs.py,
 transfer_sensitivity.py and transfer_summary.py, normalisers.py with
-normalisers_runs.py and normalisers_figures.py), registry.py (the names
+normalisers_runs.py and normalisers_figures.py, probes.py), registry.py (the names
 `python -m attnscale.studies` takes, one line each) and __main__.py (that command).
 
 May import every lower layer: checks, fields, core, numerics, models, data, tasks,
