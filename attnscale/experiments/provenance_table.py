@@ -19,7 +19,7 @@ read where it allows, in this order:
 
 One row per label (the store's `label` column; a run's later starts, a resume, each
 count): runs, commits (short, with counts), hosts (CPU model/vector extension, or
-the accelerator), pack sizes and slots seen, and the runs from a dirty tree.
+the accelerator), pack sizes (with counts), and the runs from a dirty tree.
 Each study page (`PAGES`) ends with this section; tests/test_page_numbers.py checks
 that it is what this module writes from the committed stores.
 """
