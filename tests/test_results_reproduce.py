@@ -51,6 +51,7 @@ CASES = {
     "bert": [*STUDIES.split(), "bert", "--no_eval", "--allow_mixed_code", "--out", "OUT",
              "--workdirs", _store("bert", "raw")],
     "length": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs", _store("length")],
+    "probes": [*STUDIES.split(), "probes", "--out", "OUT", "--workdirs", _store("probes")],
     "length_2025": [*STUDIES.split(), "length", "--out", "OUT", "--workdirs",
                     _store("length_2025")],
     "shared_kv": [*STUDIES.split(), "shared_kv", "--allow_mixed_code", "--no_diagnostics",

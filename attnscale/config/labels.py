@@ -44,6 +44,8 @@ def derived_label(run) -> str:
       (m.attn_gate != "none", f"+gate_{m.attn_gate}"),
       (m.forget_gate, "+fox"),
       (m.differential, "+diff"),
+      (m.xsa, "+xsa"),
+      (m.head_norm != "none", f"+head_norm_{m.head_norm}"),
       (m.selective, "+selective"),
       (m.parameterization != "sp", f"+{m.parameterization}"),
       (m.mup_output_mult != 1, f"+output_mult{m.mup_output_mult:g}"),

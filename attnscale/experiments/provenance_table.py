@@ -17,7 +17,7 @@ read where it allows, in this order:
 
     python -m attnscale.experiments.provenance_table   # every page's section (PAGES)
 
-One row per label (the store's `label` column; a run's later starts, a resume, each
+One row per label (the run's config.label, else the store's `label` column; a run's later starts, a resume, each
 count): runs, commits (short, with counts), hosts (CPU model/vector extension, or
 the accelerator), pack sizes (with counts), and the runs from a dirty tree.
 Each study page (`PAGES`) ends with this section; tests/test_page_numbers.py checks
@@ -46,6 +46,7 @@ PAGES = {
     "normalisers.md": ("normalisers/runs.parquet", "normalisers/bert_runs.parquet",
                        "normalisers/sink_hunt.parquet"),
     "practice.md": ("practice/runs.parquet",),
+    "probes.md": ("probes/runs.parquet",),
     "precision.md": ("precision/runs.parquet",),
     "sensitivity.md": ("sensitivity/runs.parquet",),
     "shared_kv.md": ("shared_kv/runs.parquet",),
@@ -100,9 +101,12 @@ def rows(paths: Sequence[str]) -> list[dict]:
   for path in paths:
     store, folder = results_store.split(path)
     for r in results_store._read_rows(store, folder,  # noqa: SLF001
-                                      columns=["label", "provenance.json"]):
+                                      columns=["label", "config.json", "provenance.json"]):
       recs = _records(r.get("provenance.json"))
-      b = by_label.setdefault(r.get("label") or "(unlabelled)", {
+      # The sweep's declared label where the run has one (a store archived by older
+      # code may hold the derived one in its column).
+      declared = json.loads(r.get("config.json") or "{}").get("label")
+      b = by_label.setdefault(declared or r.get("label") or "(unlabelled)", {
           "runs": 0, "commits": collections.Counter(), "hosts": collections.Counter(),
           "pack": collections.Counter(), "dirty": 0, "no_record": 0})
       b["runs"] += 1
