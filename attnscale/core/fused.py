@@ -216,6 +216,18 @@ def kernel_for(implementation, q_shape, k_shape, dtype, mask_BNTS, normalizer,
   return "xla"
 
 
+def native_program_refusal() -> str | None:
+  """Why no native CPU kernel (attention's, LayerNorm's) can run in the program being
+  traced, or None: it must be compiled for the CPU, for one device (XLA cannot
+  partition a custom call over a mesh's axes)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if target_platform() != "cpu":
+    return f"the program is compiled for {target_platform()}, not the CPU"
+  if not mesh.empty and mesh.size != 1:
+    return f"a mesh of {mesh.size} devices"
+  return None
+
+
 def native_refusal(dtype, normalizer, logit_softcap, return_stats=False) -> str | None:
   """Why the native CPU kernel cannot run a call, or None where it can (the rest of
   the rule, a per-pair transform, FoX's gate, a [T, S] bias, is `kernel_for`'s).
@@ -226,11 +238,9 @@ def native_refusal(dtype, normalizer, logit_softcap, return_stats=False) -> str 
   and derivative would sit in every tile), no other normaliser, no stats (the
   diagnostics' row max and entropy come from the XLA kernel).
   """
-  mesh = jax.sharding.get_abstract_mesh()
-  if target_platform() != "cpu":
-    return f"the program is compiled for {target_platform()}, not the CPU"
-  if not mesh.empty and mesh.size != 1:
-    return f"a mesh of {mesh.size} devices"
+  program = native_program_refusal()
+  if program is not None:
+    return program
   if normalizer != "softmax":
     return f"normalizer={normalizer!r} (softmax only)"
   if logit_softcap is not None:

@@ -52,11 +52,9 @@ def native_refusal(dtype, out_dtype) -> str | None:
   bfloat16 in and out, in a program for one CPU device (XLA cannot partition a
   custom call over a mesh's axes), the library built."""
   from attnscale.core import cpu_kernel, fused
-  mesh = jax.sharding.get_abstract_mesh()
-  if fused.target_platform() != "cpu":
-    return f"the program is compiled for {fused.target_platform()}, not the CPU"
-  if not mesh.empty and mesh.size != 1:
-    return f"a mesh of {mesh.size} devices"
+  program = fused.native_program_refusal()
+  if program is not None:
+    return program
   from attnscale.core.cpu_kernel import norms
   if any(jnp.dtype(d) not in norms.DTYPES for d in (dtype, out_dtype)):
     return f"dtypes {jnp.dtype(dtype).name} -> {jnp.dtype(out_dtype).name} (float32, bfloat16)"
