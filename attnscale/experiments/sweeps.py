@@ -146,6 +146,18 @@ def default_pack(config_file: str, name: str) -> int:
   return getattr(module, "PACK_BY_PRESET", {}).get(preset, 1)
 
 
+# The project's configs/ (beside the package in a clone), where the studies find
+# the sweeps whose labels they read.
+PROJECT_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+
+
+def declared(config_name: str, name: str):
+  """`name` (a label declaration: NORMALISERS, SINK_LABELS, ...) of the sweeps file of
+  the project's config `config_name` (configs/<config_name>)."""
+  return getattr(sweeps_module(os.path.join(PROJECT_CONFIGS, config_name)), name)
+
+
 def sweeps_module(config_file: str):
   """The sweeps module of `config_file`: its own <config>_sweeps.py beside it."""
   directory, config_name = os.path.split(os.path.abspath(config_file))

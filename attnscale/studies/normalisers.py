@@ -118,7 +118,6 @@ from attnscale.studies.normalisers_runs import (
   LABELS,
   LATER_MEASURES,
   REFERENCE,
-  Measure,
   at_length,
   best_runs,
   by_seed,
@@ -132,7 +131,10 @@ from attnscale.studies.normalisers_runs import (
   order,
   ordered_best,
   read_rows,
+  readings,
+  ties_cell,
   value,
+  versus,
 )
 
 # ---------------------------------------------------------------------------
@@ -145,7 +147,7 @@ def _train_loss(runs: Sequence[dict]) -> dict[int, float]:
 
 def summary_rows(rows: Sequence[dict]) -> list[dict]:
   """One row per label in table order (module docstring, normalisers.md), with the
-  protocol's two readings of each comparison against softmax (`_readings`)."""
+  protocol's two readings of each comparison against softmax (`readings`)."""
   best, lengths = best_runs(rows), lengths_of(rows)
   m = measures_of(rows)
   sens = {r["label"]: r for r in transfer_sensitivity.sensitivity_rows(rows)}
@@ -154,14 +156,14 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
   out = []
   for label in order(r["label"] for r in rows):
     lr, runs = best.get(label, (math.nan, []))
-    row = {"label": label, "best_lr": lr, "ties": _ties(rows, label, lr), "seeds": len(runs),
+    row = {"label": label, "best_lr": lr, "ties": ties_cell(rows, label, lr), "seeds": len(runs),
            "train_loss": stats.format_interval(_train_loss(runs).values()),
            "val_loss": stats.format_interval(by_seed(runs, m["val_loss"][1]).values())}
-    row["val_vs_softmax"] = _versus(label, ref, runs, m["val_loss"][1])
+    row["val_vs_softmax"] = versus(label, ref, runs, m["val_loss"][1])
     if "accuracy" in m:  # the masked LM's: higher is better
       accuracy = by_seed(runs, m["accuracy"][1]).values()
       row["accuracy_pct"] = stats.format_interval(accuracy, ".2f")
-      row["acc_vs_softmax"] = _versus(label, ref, runs, m["accuracy"][1], higher=True)
+      row["acc_vs_softmax"] = versus(label, ref, runs, m["accuracy"][1], higher=True)
     s = sens.get(label, {})
     row |= {"S": s.get("S", math.nan), "S_rates": s.get("rates", 0)}
     for name in ("sink_rate", "sink_rate_max", "top_key_weight", "act_ratio", "kurtosis",
@@ -170,11 +172,11 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
         row[name] = mean_finite(by_seed(runs, m[name][1]).values())
     if lengths:
       row[longest] = mean_finite(by_seed(runs, m["loss_longest"][1]).values())
-      row[f"{longest}_vs_softmax"] = _versus(label, ref, runs, m["loss_longest"][1])
+      row[f"{longest}_vs_softmax"] = versus(label, ref, runs, m["loss_longest"][1])
     out.append(row)
-  _readings(rows, out, "val", m["val_loss"][1])
+  readings(rows, out, "val", m["val_loss"][1])
   if lengths:
-    _readings(rows, out, longest, m["loss_longest"][1])
+    readings(rows, out, longest, m["loss_longest"][1])
   return out
 
 
@@ -190,56 +192,6 @@ def _resolution(rows: Sequence[dict]) -> list[str]:
           for label, (_, runs) in best.items() if label != REFERENCE and runs]
     notes.append(verdicts.resolution_note(column, cs, "nats"))
   return notes
-
-
-def _runs_of(rows: Sequence[dict], label: str) -> list[dict]:
-  return [r for r in rows if r["label"] == label and r["status"] == "done"]
-
-
-def _ties(rows: Sequence[dict], label: str, lr: float) -> str:
-  """The label's tie set on the measure its best rate is chosen by (training loss)."""
-  runs = _runs_of(rows, label)
-  if not runs or not math.isfinite(lr):
-    return ""
-  return verdicts.ties_cell(verdicts.by_rate(runs, lambda r: r["final_train_loss"]), lr)
-
-
-def _readings(rows: Sequence[dict], table: list[dict], name: str, measure: Measure) -> None:
-  """Adds `<name>_robust` (the verdict over every pairing of softmax's and the
-  label's tie sets) and `<name>_holm` (Holm-adjusted p over the labels and the
-  verdict it allows) to each row of `table`, after `<name>`'s comparison."""
-  best = best_runs(rows)
-  ref_lr, ref_runs = best.get(REFERENCE, (math.nan, []))
-  ties = {label: stats.tie_set(verdicts.by_rate(_runs_of(rows, label),
-                                                lambda r: r["final_train_loss"]), lr)
-          for label, (lr, runs) in best.items() if runs}
-  ref_by_rate = verdicts.by_rate(_runs_of(rows, REFERENCE), lambda r: value(r, measure))
-  comparisons = {}
-  for row in table:
-    label = row["label"]
-    runs = best.get(label, (math.nan, []))[1]
-    if label == REFERENCE or not runs or not ref_runs:
-      row[f"{name}_robust"] = row[f"{name}_holm"] = "reference" if label == REFERENCE else ""
-      continue
-    comparisons[label] = stats.compare(by_seed(ref_runs, measure), by_seed(runs, measure))
-    row[f"{name}_robust"] = verdicts.robust(
-        ref_by_rate, verdicts.by_rate(_runs_of(rows, label), lambda r: value(r, measure)),
-        ties[REFERENCE], ties[label])
-  for label, cell in verdicts.family(comparisons).items():
-    next(r for r in table if r["label"] == label)[f"{name}_holm"] = cell
-
-
-def _versus(label: str, ref: Sequence[dict], runs: Sequence[dict], measure: Measure,
-            higher: bool = False) -> str:
-  """The label minus softmax on `measure`, formatted (`stats.compare`); "reference"
-  for softmax itself, "" where the label has no run at a best rate. `higher`: a
-  higher value is better (accuracy), so compare's "worse" reads "better"."""
-  if label == REFERENCE:
-    return "reference"
-  if not runs:
-    return ""
-  return stats.compare(by_seed(ref, measure), by_seed(runs, measure)).format(
-      higher_is_better=higher)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,7 +303,7 @@ def length_rows(rows: Sequence[dict]) -> list[dict]:
             for L in lengths}
     row[f"L={lengths[-1]} - L={lengths[0]}"] = stats.format_interval(
         by_seed(runs, growth).values(), "+.3f")
-    row["growth_vs_softmax"] = _versus(label, ref, runs, growth)
+    row["growth_vs_softmax"] = versus(label, ref, runs, growth)
     out.append(row)
   return out
 

@@ -14,20 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from attnscale.experiments import run_records, sweep_results, sweeps
+from attnscale.experiments import run_records, stats, sweep_results, sweeps, verdicts
 from attnscale.runtime import configlib
 from attnscale.studies import sensitivity as sensitivity_study
 
 REFERENCE = "softmax"
-# The labels are the sweeps' (each run's config.label, which the sweep writes and the
-# committed stores hold): the char LM's from configs/shakespeare_char_sweeps.py
-# NORMALISERS, the BERT's from configs/bert_small_sweeps.py BERT_NORMALISERS.
-_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs")
-
-
-def _declared(config: str, name: str) -> dict:
-  return getattr(sweeps.sweeps_module(os.path.join(_CONFIGS, config)), name)
 
 
 def _table_order(declared: Mapping[str, tuple[str, dict]]) -> tuple[str, ...]:
@@ -39,12 +30,15 @@ def _table_order(declared: Mapping[str, tuple[str, dict]]) -> tuple[str, ...]:
   return tuple(family) + tuple(k for n in others for k in declared if normaliser[k] == n)
 
 
-_NORMALISERS = _declared("shakespeare_char.py", "NORMALISERS")
+# The labels are the sweeps' (each run's config.label, which the sweep writes and the
+# committed stores hold): the char LM's from configs/shakespeare_char_sweeps.py
+# NORMALISERS, the BERT's from configs/bert_small_sweeps.py BERT_NORMALISERS.
+_NORMALISERS = sweeps.declared("shakespeare_char.py", "NORMALISERS")
 LABELS = _table_order(_NORMALISERS)
 SOFTMAX_FAMILY = tuple(k for k, (_, o) in _NORMALISERS.items() if "model.normalizer" not in o)
 # The BERT's labels: the claims that need no causal order, (a) and (b); stick-breaking,
 # FoX and selective attention are causal.
-BERT_LABELS = tuple(_declared("bert_small.py", "BERT_NORMALISERS"))
+BERT_LABELS = tuple(sweeps.declared("bert_small.py", "BERT_NORMALISERS"))
 
 
 def normaliser_label(config: Mapping) -> str:
@@ -189,3 +183,58 @@ def ordered_best(rows: Sequence[dict]) -> list[tuple[str, tuple[float, list[dict
   """`best_runs` in the tables' order."""
   best = best_runs(rows)
   return [(label, best[label]) for label in order(best)]
+
+
+# ---------------------------------------------------------------------------
+# Each label against softmax.
+
+def runs_of(rows: Sequence[dict], label: str) -> list[dict]:
+  return [r for r in rows if r["label"] == label and r["status"] == "done"]
+
+
+def ties_cell(rows: Sequence[dict], label: str, lr: float) -> str:
+  """The label's tie set on the measure its best rate is chosen by (training loss)."""
+  runs = runs_of(rows, label)
+  if not runs or not math.isfinite(lr):
+    return ""
+  return verdicts.ties_cell(verdicts.by_rate(runs, lambda r: r["final_train_loss"]), lr)
+
+
+def readings(rows: Sequence[dict], table: list[dict], name: str, measure: Measure,
+             higher: bool = False) -> None:
+  """Adds `<name>_robust` (the verdict over every pairing of softmax's and the
+  label's tie sets) and `<name>_holm` (Holm-adjusted p over the labels and the
+  verdict it allows) to each row of `table`, after `<name>`'s comparison. `higher`:
+  a higher value is better (accuracy)."""
+  best = best_runs(rows)
+  ref_lr, ref_runs = best.get(REFERENCE, (math.nan, []))
+  ties = {label: stats.tie_set(verdicts.by_rate(runs_of(rows, label),
+                                                lambda r: r["final_train_loss"]), lr)
+          for label, (lr, runs) in best.items() if runs}
+  ref_by_rate = verdicts.by_rate(runs_of(rows, REFERENCE), lambda r: value(r, measure))
+  comparisons = {}
+  for row in table:
+    label = row["label"]
+    runs = best.get(label, (math.nan, []))[1]
+    if label == REFERENCE or not runs or not ref_runs:
+      row[f"{name}_robust"] = row[f"{name}_holm"] = "reference" if label == REFERENCE else ""
+      continue
+    comparisons[label] = stats.compare(by_seed(ref_runs, measure), by_seed(runs, measure))
+    row[f"{name}_robust"] = verdicts.robust(
+        ref_by_rate, verdicts.by_rate(runs_of(rows, label), lambda r: value(r, measure)),
+        ties[REFERENCE], ties[label], higher_is_better=higher)
+  for label, cell in verdicts.family(comparisons, higher_is_better=higher).items():
+    next(r for r in table if r["label"] == label)[f"{name}_holm"] = cell
+
+
+def versus(label: str, ref: Sequence[dict], runs: Sequence[dict], measure: Measure,
+            higher: bool = False) -> str:
+  """The label minus softmax on `measure`, formatted (`stats.compare`); "reference"
+  for softmax itself, "" where the label has no run at a best rate. `higher`: a
+  higher value is better (accuracy), so compare's "worse" reads "better"."""
+  if label == REFERENCE:
+    return "reference"
+  if not runs:
+    return ""
+  return stats.compare(by_seed(ref, measure), by_seed(runs, measure)).format(
+      higher_is_better=higher)

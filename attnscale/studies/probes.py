@@ -50,20 +50,27 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from attnscale.experiments import reporting, results_store, stats, sweep_results, verdicts
+from attnscale.experiments import reporting, results_store, stats, sweep_results
 from attnscale.experiments import sweeps as sweep_files
 from attnscale.studies import registry
-from attnscale.studies.normalisers_runs import best_runs, by_seed, mean_finite, read_rows, value
+from attnscale.studies.normalisers_runs import (
+  best_runs,
+  by_seed,
+  mean_finite,
+  read_rows,
+  readings,
+  ties_cell,
+  value,
+  versus,
+)
 
 REFERENCE = "softmax"
 SINK_THRESHOLD = 0.3  # Gu et al. 2025's sink head: mean weight on the first key above it
-_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs")
 
 
 def labels() -> tuple[str, ...]:
   """The sink question's labels, in the sweep's order (configs/probes_sweeps.py)."""
-  return tuple(sweep_files.sweeps_module(os.path.join(_CONFIGS, "probes.py")).SINK_LABELS)
+  return tuple(sweep_files.declared("probes.py", "SINK_LABELS"))
 
 
 # ---------------------------------------------------------------------------
@@ -128,31 +135,19 @@ def sink_verdict(values: Sequence[float]) -> str:
 # ---------------------------------------------------------------------------
 # The tables.
 
-def _done(rows: Sequence[dict], label: str) -> list[dict]:
-  return [r for r in rows if r["label"] == label and r["status"] == "done"]
-
-
-def _ties(rows: Sequence[dict]) -> dict[str, list[float]]:
-  """Each label's tie set on training loss, the measure its best rate is chosen by."""
-  return {label: stats.tie_set(verdicts.by_rate(_done(rows, label),
-                                                lambda r: r["final_train_loss"]), lr)
-          for label, (lr, runs) in best_runs(rows).items() if runs}
-
-
 def summary_rows(rows: Sequence[dict]) -> list[dict]:
   """One row per label: its best rate and tie set, accuracy, loss and sink measures
   (seed mean [95% t]), the sink verdict, and the comparisons with softmax on the
   validation loss, the trigger rows' accuracy and the sink (each with its tie-robust
-  and Holm readings)."""
-  best, ties = best_runs(rows), _ties(rows)
+  and Holm readings: `normalisers_runs.readings`)."""
+  best = best_runs(rows)
   present = {r["label"] for r in rows}
   order = [k for k in labels() if k in present] + sorted(present - set(labels()))
   ref = best.get(REFERENCE, (math.nan, []))[1]
   out = []
   for label in order:
     lr, runs = best.get(label, (math.nan, []))
-    row = {"label": label, "best_lr": lr,
-           "ties": " ".join(verdicts.rate_label(r) for r in ties.get(label, [])),
+    row = {"label": label, "best_lr": lr, "ties": ties_cell(rows, label, lr),
            "seeds": len(runs)}
     for name in ("accuracy_trigger", "accuracy_no_trigger"):
       row[name] = stats.format_interval(by_seed(runs, MEASURES[name]).values(), ".1f")
@@ -164,31 +159,12 @@ def summary_rows(rows: Sequence[dict]) -> list[dict]:
       row[name] = mean_finite(by_seed(runs, MEASURES[name]).values())
     out.append(row)
   for name in ("val_loss", "accuracy_trigger", "sink"):
-    _versus(rows, out, name, ref, best, ties)
+    higher = HIGHER_IS_BETTER.get(name, False)
+    for row in out:
+      runs = best.get(row["label"], (math.nan, []))[1]
+      row[f"{name}_vs_softmax"] = versus(row["label"], ref, runs, MEASURES[name], higher)
+    readings(rows, out, name, MEASURES[name], higher)
   return out
-
-
-def _versus(rows, table, name, ref, best, ties) -> None:
-  """`<name>_vs_softmax` (paired at the best rates), `<name>_robust` (every pairing of
-  the two tie sets) and `<name>_holm` (Holm over the labels) on each row."""
-  measure, higher = MEASURES[name], HIGHER_IS_BETTER.get(name, False)
-  ref_by_rate = verdicts.by_rate(_done(rows, REFERENCE), lambda r: value(r, measure))
-  comparisons = {}
-  for row in table:
-    label = row["label"]
-    runs = best.get(label, (math.nan, []))[1]
-    cells = ("reference",) * 3 if label == REFERENCE else ("",) * 3
-    row[f"{name}_vs_softmax"], row[f"{name}_robust"], row[f"{name}_holm"] = cells
-    if label == REFERENCE or not runs or not ref:
-      continue
-    c = stats.compare(by_seed(ref, measure), by_seed(runs, measure))
-    comparisons[label] = c
-    row[f"{name}_vs_softmax"] = c.format(higher_is_better=higher)
-    row[f"{name}_robust"] = verdicts.robust(
-        ref_by_rate, verdicts.by_rate(_done(rows, label), lambda r: value(r, measure)),
-        ties[REFERENCE], ties[label], higher_is_better=higher)
-  for label, cell in verdicts.family(comparisons, higher_is_better=higher).items():
-    next(r for r in table if r["label"] == label)[f"{name}_holm"] = cell
 
 
 # The published expectations, read before anything else: (label, what the source
