@@ -35,7 +35,8 @@ def _table_order(declared: Mapping[str, tuple[str, dict]]) -> tuple[str, ...]:
 # NORMALISERS, the BERT's from configs/bert_small_sweeps.py BERT_NORMALISERS.
 _NORMALISERS = sweeps.declared("shakespeare_char.py", "NORMALISERS")
 LABELS = _table_order(_NORMALISERS)
-SOFTMAX_FAMILY = tuple(k for k, (_, o) in _NORMALISERS.items() if "model.normalizer" not in o)
+SOFTMAX_FAMILY = tuple(k for k in LABELS
+                       if _NORMALISERS[k][1].get("model.normalizer", "softmax") == "softmax")
 # The BERT's labels: the claims that need no causal order, (a) and (b); stick-breaking,
 # FoX and selective attention are causal.
 BERT_LABELS = tuple(sweeps.declared("bert_small.py", "BERT_NORMALISERS"))
