@@ -61,13 +61,45 @@ def test_pack_then_unpack_gives_every_file_back(runs, tmp_path):
   store = str(tmp_path / "runs.parquet")
   assert results_store.pack(store, [str(runs)]) == 2
   results_store.unpack(store, str(tmp_path / "back"))
-  assert _files(tmp_path / "back") == _files(runs)  # gzip bytes too: level 9, no mtime
+  expected = _files(runs)  # but the metrics logs' lists, thinned (the next test)
+  for name in ("a", "b"):
+    expected[f"{name}/metrics.jsonl.gz"] = gzip.compress(
+        results_store.thin_lists(LINES).encode(), mtime=0)
+  assert _files(tmp_path / "back") == expected  # gzip bytes too: level 9, no mtime
   frame = results_store.runs_frame(store)
   assert list(frame["run"]) == ["a", "b"] and set(frame["folder"]) == {"raw"}
   metrics = results_store.metrics_frame(store, metrics=["heads", "train/loss"], runs=["a"])
   heads = metrics[metrics["metric"] == "heads"]["value"].iloc[0]
-  assert heads == [5.844968795776367, -7.7369771003723145]  # a list stays a list
-  assert len(metrics) == 4  # the torn line skipped (step 50 has neither metric)
+  assert heads == [1.5, 2.5]  # a list stays a list (step 40's: the last line with lists)
+  assert len(metrics) == 3  # the torn line skipped (step 50 has neither metric)
+
+
+def test_a_store_keeps_lists_at_validation_steps_and_every_scalar():
+  log = ('{"step": 0, "train/loss": 1.5, "h/layer_0": [1.0, 2.0], "n": 3}\n'
+         '{"step": 10, "train/loss": 1.25, "h/layer_0": [1.0, 3.0]}\n'
+         '{"step": 10, "val/loss": 2.0}\n'
+         '{"step": 20, "train/loss": 1.0, "h/layer_0": [0.5, 3.0]}\n'
+         '{"step": 30, "train/loss": 0.5, "h/layer_0": [0.5, 3.5]}\n'
+         '{"step": 40, "tr')
+  kept = results_store.thin_lists(log)
+  assert kept.split("\n") == ['{"step": 0, "train/loss": 1.5, "n": 3}',
+                               '{"step": 10, "train/loss": 1.25, "h/layer_0": [1.0, 3.0]}',
+                               '{"step": 10, "val/loss": 2.0}',
+                               '{"step": 20, "train/loss": 1.0}',
+                               '{"step": 30, "train/loss": 0.5, "h/layer_0": [0.5, 3.5]}',
+                               '{"step": 40, "tr']  # the torn line as it was
+  assert results_store.thin_lists(kept) == kept
+
+
+def test_thin_rewrites_a_store_packed_before_and_is_idempotent(runs, tmp_path, monkeypatch):
+  store = str(tmp_path / "runs.parquet")
+  monkeypatch.setattr(results_store, "thin_lists", lambda text: text)  # packed before
+  results_store.pack(store, [str(runs)])
+  monkeypatch.undo()
+  assert results_store.thin(store) == 2 and results_store.thin(store) == 0
+  back = results_store.unpack(store, str(tmp_path / "back"))[0]
+  with gzip.open(os.path.join(back, "metrics.jsonl.gz"), "rt") as f:
+    assert f.read() == results_store.thin_lists(LINES)
 
 
 def test_floats_a_line_repeats_or_averages_are_stored_once():
@@ -167,7 +199,8 @@ def test_labels_are_declared_after_the_fact_and_kept_where_declared(runs, tmp_pa
   (runs / "b" / "config.json").write_text(json.dumps(config | {"label": "mine"}, indent=2,
                                                      sort_keys=True))
   results_store.pack(store, [str(runs)])
-  before = _files(runs)
+  results_store.unpack(store, str(tmp_path / "before"))
+  before = _files(tmp_path / "before")
   assert results_store.set_labels(store, {"a": "softmax", "b": "other"}, "by hand") == 1
   results_store.unpack(store, str(tmp_path / "back"))
   after = _files(tmp_path / "back")

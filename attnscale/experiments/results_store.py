@@ -4,7 +4,7 @@ A sweep's `--archive_to` used to copy each finished run's records (config.json,
 provenance.json, archived.json, metrics.jsonl.gz, eval.json, ...: `run_records.archive`)
 into docs/results/<study>/raw/<run>/: 6,762 small files, 61.8 MB (50.7 MB of them
 gzipped metrics; 94 MB on disk). A store holds the same records, one row a run (all
-eleven studies' stores: 15.6 MB):
+sixteen stores: 12.4 MB, metrics logs thinned as below):
 
   folder, run        the folder the run was archived in ("raw", "raw_cpu", ...) and
                      its directory name; rows sorted by both
@@ -23,7 +23,10 @@ eleven studies' stores: 15.6 MB):
                      level 9, no timestamp)
   other_files        any file that is not UTF-8 text: [{name, data}] as bytes
 
-so `unpack` gives back every run directory with the same files and contents, and
+so `unpack` gives back every run directory with the same files and contents (but
+one rule: a metrics log keeps its per-head lists at the validation steps and on its
+last line only, every scalar at every step: `thin_lists`, which decides most of a
+store's size; docs/guides/sweeps.md), and
 every reader (`python -m attnscale.studies ... --workdirs STORE`, `sweep.py
 --collect_only --workdir=STORE`) reads a store where it read a folder: `workdir`
 unpacks it once a process into a temporary folder.
@@ -48,6 +51,7 @@ the old store whole.
   python -m attnscale.experiments.results_store archive runs/sink_hunt docs/results/normalisers/sink_hunt.parquet
   python -m attnscale.experiments.results_store unpack docs/results/transfer/runs.parquet runs/transfer
   python -m attnscale.experiments.results_store ls docs/results/shared_kv/runs.parquet/raw_cpu
+  python -m attnscale.experiments.results_store thin docs/results/transfer/runs.parquet
   python -m attnscale.experiments.results_store label docs/results/normalisers/runs.parquet \
       --config=configs/shakespeare_char.py --sweep=normalisers
 
@@ -147,11 +151,9 @@ def _run_row(run_dir: str, folder: str) -> dict:
       continue
     if column in row or column in _KEYS + CONVENIENCE + ("gzipped", "other_files"):
       raise ValueError(f"{path}: the name {column!r} is already a column of the store")
-    numbers = _encode(text) if column.endswith(".jsonl") else None
-    if numbers is None:
-      row[column] = text
-    else:
-      row[column + TEMPLATE], row[column + F32], row[column + F64] = numbers
+    if column == METRICS:
+      text = thin_lists(text)
+    _put(row, column, text)
   read = run_records.read_run(run_dir)
   if read is not None:
     # The sweep's declared label where it has one, else the attention setup.
@@ -159,6 +161,67 @@ def _run_row(run_dir: str, folder: str) -> dict:
     row.update({"label": declared or read["scaling"],
                 **{k: read[k] for k in CONVENIENCE[1:]}})
   return row
+
+
+def _put(row: dict, column: str, text: str) -> None:
+  """`text` into `row` as the file `column`: a JSON-lines file as its three columns
+  where `_encode` gives it back exactly, else (and any other file) as text."""
+  numbers = _encode(text) if column.endswith(".jsonl") else None
+  encoded = [column + suffix for suffix in (TEMPLATE, F32, F64)]
+  if numbers is None:
+    row[column] = text
+  else:
+    row.update(zip(encoded, numbers))
+  for stale in encoded if numbers is None else [column]:
+    if stale in row:  # a store's row read back: the other form's columns emptied
+      row[stale] = None
+
+
+METRICS = "metrics.jsonl"
+
+
+def thin_lists(text: str) -> str:
+  """A metrics log as a store keeps it: every scalar on every line, and the lists
+  (the per-head metrics, one value a head) only on the lines of a validation step
+  (a step with a `val/` metric) and on the last line that has any.
+
+  The per-head lists are most of a log's floats (at 4 layers x 4 heads, two lists
+  a layer, 32 floats a line against 16 scalars) and no study reads their history;
+  the per-layer scalars beside them (max and mean over the heads) stay at every
+  step. Lines that do not parse (a torn last line) are kept as they are;
+  idempotent."""
+  lines = text.split("\n")
+  logged = []
+  for line in lines:
+    try:
+      entry = json.loads(line)
+    except json.JSONDecodeError:
+      entry = None
+    logged.append(entry if isinstance(entry, dict) else None)
+  validated = {e.get("step") for e in logged if e and any(k.startswith("val/") for k in e)}
+  with_lists = [i for i, e in enumerate(logged)
+                if e and any(isinstance(v, list) for v in e.values())]
+  keep = {i for i in with_lists if logged[i].get("step") in validated} | set(with_lists[-1:])
+  for i in set(with_lists) - keep:
+    lines[i] = json.dumps({k: v for k, v in logged[i].items() if not isinstance(v, list)})
+  return "\n".join(lines)
+
+
+def thin(store: str) -> int:
+  """Rewrites the metrics logs of a store packed before `thin_lists` was its rule;
+  returns the number of runs changed. Atomic, as `add`."""
+  with _Locked(store):
+    rows = _read_rows(store)
+    changed = 0
+    for r in rows:
+      text = _files(r).get(METRICS)
+      if text is None or thin_lists(text) == text:
+        continue
+      _put(r, METRICS, thin_lists(text))
+      changed += 1
+    if changed:
+      _write(_table(rows), store)
+  return changed
 
 
 # A JSON-lines file (metrics.jsonl) is stored as three columns: its text with each
@@ -652,6 +715,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   lab.add_argument("--config", required=True, help="the sweep's config file "
                    "(configs/shakespeare_char.py)")
   lab.add_argument("--sweep", required=True, help="the sweep that made the runs")
+  th = sub.add_parser("thin", help="keep the per-head lists of each run's metrics log "
+                      "at its validation steps and last line only (`thin_lists`: what "
+                      "a store packed today keeps), for a store packed before")
+  th.add_argument("store", help=f"X{SUFFIX}")
   ls = sub.add_parser("ls", help="list a store's runs")
   ls.add_argument("store", help=f"X{SUFFIX} or X{SUFFIX}/FOLDER")
   args = p.parse_args(argv)
@@ -684,6 +751,11 @@ def main(argv: Sequence[str] | None = None) -> None:
       n = set_labels(args.store, labels, f"the label of its point in {args.sweep} "
                      f"({os.path.basename(args.config)}), by its directory name")
       print(f"labelled {n} runs of {args.store}")
+    elif args.command == "thin":
+      before = os.path.getsize(args.store)
+      n = thin(args.store)
+      print(f"thinned the metrics logs of {n} runs of {args.store} ({before} -> "
+            f"{os.path.getsize(args.store)} bytes)")
     else:
       frame = runs_frame(args.store)
       with __import__("pandas").option_context("display.max_rows", None,
