@@ -279,16 +279,17 @@ SWEEPS: dict[str, Sweep] = {
                              dict.fromkeys(MUP_MULT_LABELS, 9), **TRANSFER),
     "mup_mults_256": listed("graphcore_cpu", [
         ("standard", MUP_MULT_LABELS[label][1] | {"learning_rate": 2.0**-e, "model.width": 256},
-         (0, 1, 2)) for label, e in MUP_MULTS_256.items()]),
+         (0, 1, 2), label) for label, e in MUP_MULTS_256.items()]),
     "mup_vector_lr_256": listed("graphcore_cpu", [
         ("standard", TRANSFER_LABELS["mup_adam_standard"][1] | {
             "model.mup_vector_lr": "per_width", "learning_rate": 2.0**-e, "model.width": 256},
-         seeds) for e, seeds in MUP_VECTOR_LR_256]),
+         seeds, MUP_VECTOR_LABEL) for e, seeds in MUP_VECTOR_LR_256]),
     "muon_adam_width": staged(
         "graphcore_cpu", MUON_ADAM, {f"{MUON_ADAM_LABEL}@{w}": 7 + (w > 64) for w in WIDTHS},
         bounds=TRANSFER_BOUNDS, window=2, **PROTOCOL,
         transfer={f"{MUON_ADAM_LABEL}@{WIDTHS[0]}":
-                  [f"{MUON_ADAM_LABEL}@{w}" for w in WIDTHS[1:]]}),
+                  [f"{MUON_ADAM_LABEL}@{w}" for w in WIDTHS[1:]]},
+        declared=dict.fromkeys(MUON_ADAM, MUON_ADAM_LABEL)),
     "transfer_test": axis_search(
         "test", _pick(TRANSFER_LABELS, ("sp_adam_standard", "mup_adam_qk_rmsnorm",
                                         "sp_muon_cosine", "umup", "sp_muon_qk_clip")),

@@ -116,6 +116,22 @@ def test_points_are_sweep_points_of_the_labels_scalings_and_overrides():
   assert len(points) == 6
 
 
+def test_a_search_per_width_declares_the_label_and_the_width_is_a_field():
+  """axis_search runs one search per (label, width), "sp@32", and its runs declare
+  "sp" (config.label), their width in model.width: what the transfer study reads."""
+  from attnscale.experiments import sweep_builders, sweeps
+  sweep = sweep_builders.axis_search("test", {"sp": ("standard", {})}, "model.width",
+                                     (16, 32), {"sp": 7}, bounds=(3, 12))
+  points = sweep.points(None)
+  assert {p["label"] for p in points} == {"sp"}
+  assert sorted({p["overrides"]["model.width"] for p in points}) == [16, 32]
+  listed = sweep_builders.listed("test", [("standard", {"model.width": 64}, (0, 1), "sp"),
+                                          ("standard", {}, (0,))])
+  assert [p.get("label") for p in listed.points(None)] == ["sp", "sp", None]
+  assert [sweeps.Point(p["arg"], tuple(p["overrides"].items()), (), p.get("label", ""))
+          .name for p in points[:1]] == ["test-standard-0-lr0.015625-width16"]
+
+
 @pytest.mark.parametrize("start", [4, 8, 11])
 def test_any_start_finds_the_same_best(start):
   trials, _ = run_to_end({"a": start}, lambda e: (e - 7.4) ** 2, more_seeds=(1,))

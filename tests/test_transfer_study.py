@@ -26,11 +26,12 @@ import pytest
 
 from attnscale.experiments import stats
 from attnscale.studies import __main__ as studies_main
-from attnscale.studies import transfer, transfer_sensitivity, transfer_summary
+from attnscale.studies import transfer, transfer_runs, transfer_sensitivity, transfer_summary
 from attnscale.testing import fake_run
 from configs import shakespeare_char
 from configs import shakespeare_char_sweeps as sweep_configs
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTHS = (32, 64, 128, 256)
 STEPS = shakespeare_char.get_config("preset=test").num_train_steps
 L0 = math.log(65)  # the test preset's vocabulary
@@ -125,6 +126,29 @@ def test_every_sweep_label_maps_back_from_its_config():
   config = shakespeare_char.get_config("preset=test,scaling=cosine")
   config.update_from_flattened_dict({"qk_clip": 100.0, "optimizer": "muon"})
   assert transfer.transfer_label(config.to_dict()) == "sp_muon_cosine_qk_clip100"
+
+
+@pytest.mark.parametrize("study", ["transfer", "mup_mults"])
+def test_every_committed_run_declares_its_label_and_the_study_reads_it(study, tmp_path):
+  """The committed runs carry the label their sweep declared (config.label; backfilled
+  by `results_store label` for runs made before), each the one `transfer_label`
+  derives; a run's declared label is the one the study groups it by."""
+  import pandas as pd
+
+  from attnscale.config import migration
+  from attnscale.experiments import results_store
+  store = os.path.join(ROOT, "docs", "results", study, "runs.parquet")
+  if not os.path.exists(store):
+    pytest.skip(f"no {store} in this checkout")
+  configs = [json.loads(c) for c in pd.read_parquet(store, columns=["config.json"])["config.json"]]
+  assert all(c.get("label") for c in configs)
+  assert all(c["label"] == transfer.transfer_label(migration.migrate(c)) for c in configs)
+  first = results_store.runs_frame(store)["run"].iloc[0]
+  run = results_store.unpack(store, str(tmp_path), only=f"^{first}$")[0]
+  config_path = os.path.join(run, "config.json")
+  config = json.load(open(config_path))
+  json.dump(config | {"label": "declared"}, open(config_path, "w"))
+  assert [r["label"] for r in transfer_runs.read_rows(str(tmp_path))] == ["declared"]
 
 
 def test_best_rates_bands_and_transfer_losses(rows, fits):

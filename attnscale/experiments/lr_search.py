@@ -213,22 +213,28 @@ def points(preset: str, labels: Mapping[str, tuple[str, dict]], starts: Mapping[
            more_seeds: Sequence[int] = (1, 2), band_seeds: Sequence[int] = (),
            transfer: Mapping[str, Sequence[str]] | None = None,
            no_learning: float | None = None, window: int = 0,
-           window_seeds: Sequence[int] = (), eval_flags: Sequence[str] = ()) -> list[dict]:
+           window_seeds: Sequence[int] = (), eval_flags: Sequence[str] = (),
+           declared: Mapping[str, str] | None = None) -> list[dict]:
   """`search` as sweep points (`attnscale.experiments.sweeps`), reading the
   finished runs in `workdir` (None: nothing has run, stage 1's first trials);
   `eval_flags`: eval.py's flags every point is evaluated with after training.
 
   Args:
     preset: the config argument's preset.
-    labels: label -> (the config argument's scaling, field overrides).
+    labels: label -> (the config argument's scaling, field overrides): one search
+      each.
     starts: label -> the exponent its search starts at.
+    declared: search label -> the label its runs declare (config.label) where they
+      differ: a search per width, "sp_adam_standard@256", declares
+      "sp_adam_standard" (its width is a field of the run). Default: the search's.
   """
   from attnscale.experiments import run_records, sweeps
 
   def point(t: Trial) -> dict:
     scaling, overrides = labels[t.label]
     return {"arg": f"preset={preset},scaling={scaling},seed={t.seed}",
-            "overrides": {"learning_rate": t.learning_rate, **overrides}, "label": t.label,
+            "overrides": {"learning_rate": t.learning_rate, **overrides},
+            "label": (declared or {}).get(t.label, t.label),
             **({"eval": list(eval_flags)} if eval_flags else {})}
 
   def loss(t: Trial) -> float | None:

@@ -127,9 +127,10 @@ def rows(paths: Sequence[str]) -> list[dict]:
 
 def section(stores: Sequence[str], results: str = os.path.join("docs", "results")) -> str:
   """The page's provenance section: a table per store (`rows`)."""
-  parts = [BEGIN, "Per label (the runs' own scaling name), each run's last provenance.json "
-           "record (attnscale/experiments/provenance_table.py). pack sizes: runs sharing "
-           "one compiled program, as training recorded it or, for runs before it did, as "
+  parts = [BEGIN, "Per label (the one its sweep declared in config.label, else the run's "
+           "own scaling name), each run's last provenance.json record "
+           "(attnscale/experiments/provenance_table.py). pack sizes: runs sharing one compiled "
+           "program, as training recorded it or, for runs before it did, as "
            "their command line shows it (attnscale/experiments/provenance_backfill.py); "
            "'~n' from a pack's list of runs where neither is there (padding may have made "
            "it larger); 'unknown' where the record shows nothing. dirty-tree "

@@ -714,7 +714,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   lab.add_argument("store", help=f"X{SUFFIX}")
   lab.add_argument("--config", required=True, help="the sweep's config file "
                    "(configs/shakespeare_char.py)")
-  lab.add_argument("--sweep", required=True, help="the sweep that made the runs")
+  lab.add_argument("--sweep", required=True, help="the sweep that made the runs (several, "
+                   "comma-separated: a run's label from whichever has its point)")
   th = sub.add_parser("thin", help="keep the per-head lists of each run's metrics log "
                       "at its validation steps and last line only (`thin_lists`: what "
                       "a store packed today keeps), for a store packed before")
@@ -746,8 +747,12 @@ def main(argv: Sequence[str] | None = None) -> None:
       print(f"unpacked {n} runs into {args.dest}")
     elif args.command == "label":
       from attnscale.experiments import sweeps
-      points = sweeps.load_sweep(args.config, args.sweep, workdir=workdir(args.store))
-      labels = {p.name: p.label for p in points if p.label}
+      labels: dict[str, str] = {}
+      for name in args.sweep.split(","):
+        for point in sweeps.load_sweep(args.config, name, workdir=workdir(args.store)):
+          if point.label and labels.setdefault(point.name, point.label) != point.label:
+            p.error(f"label: run {point.name} is {labels[point.name]!r} in one sweep and "
+                    f"{point.label!r} in {name}")
       n = set_labels(args.store, labels, f"the label of its point in {args.sweep} "
                      f"({os.path.basename(args.config)}), by its directory name")
       print(f"labelled {n} runs of {args.store}")

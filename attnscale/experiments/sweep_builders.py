@@ -59,28 +59,32 @@ def seeds_first(preset: str, labels: Labels, seeds: Sequence[int]) -> Sweep:
       for seed in seeds for label, (scaling, overrides) in labels.items()])
 
 
-def listed(preset: str, runs: Sequence[tuple[str, dict, Sequence[int]]]) -> Sweep:
-  """The runs as listed: each (scaling, overrides, seeds) at every one of its seeds."""
+def listed(preset: str, runs: Sequence[tuple]) -> Sweep:
+  """The runs as listed: each (scaling, overrides, seeds[, label]) at every one of
+  its seeds (with `label`: the label its runs declare)."""
   return Sweep(preset, lambda workdir: [
-      point(preset, scaling, seed, overrides)
-      for scaling, overrides, seeds in runs for seed in seeds])
+      point(preset, scaling, seed, overrides, **({"label": rest[0]} if rest else {}))
+      for scaling, overrides, seeds, *rest in runs for seed in seeds])
 
 
 def staged(preset: str, labels: Labels, starts: Mapping[str, int], *,
            bounds: tuple[int, int], more_seeds: Sequence[int] = (1, 2),
            band_seeds: Sequence[int] = (), transfer: Mapping[str, Sequence[str]] | None = None,
            window: int = 0, window_seeds: Sequence[int] = (),
-           no_learning: float | None = None, eval_flags: Sequence[str] = ()) -> Sweep:
+           no_learning: float | None = None, eval_flags: Sequence[str] = (),
+           declared: Mapping[str, str] | None = None) -> Sweep:
   """The staged learning-rate search over `labels` from 2^-starts[label]
   (`lr_search.points`; `band_seeds`: the study protocol; `window`: seed 0 at every
   rate within that many octaves of each best, `window_seeds` too; `eval_flags`:
-  eval.py's flags for every point, e.g. `--lengths=...`)."""
+  eval.py's flags for every point, e.g. `--lengths=...`; `declared`: the label a
+  search's runs declare where it is not the search's own)."""
   def points(workdir):
     from attnscale.experiments import lr_search  # only the staged sweeps read results
     return lr_search.points(preset, labels, starts, workdir, bounds=bounds,
                             more_seeds=more_seeds, band_seeds=band_seeds, transfer=transfer,
                             no_learning=no_learning, window=window,
-                            window_seeds=window_seeds, eval_flags=eval_flags)
+                            window_seeds=window_seeds, eval_flags=eval_flags,
+                            declared=declared)
   return Sweep(preset, points)
 
 
@@ -90,7 +94,8 @@ def axis_search(preset: str, labels: Labels, field: str, values: Sequence[int],
                 start_at: Mapping[str, int] | None = None, more_seeds: Sequence[int] = (),
                 band_seeds: Sequence[int] = (), window: int = 0,
                 window_seeds: Sequence[int] = ()) -> Sweep:
-  """`staged` over every (label, value of `field`), named "label@{tag}{value}".
+  """`staged` over every (label, value of `field`): one search each, named
+  "label@{tag}{value}", whose runs declare `label` (the value is their `field`).
 
   Each search starts at 2^-starts[label], moved one octave lower per doubling of
   the value above `base` for the labels in `moves` (e for 2^-e: starts[label] +
@@ -110,7 +115,8 @@ def axis_search(preset: str, labels: Labels, field: str, values: Sequence[int],
   transfer = {name(label, values[0]): [name(label, v) for v in values[1:]] for label in labels}
   return staged(preset, points, first, bounds=bounds, more_seeds=more_seeds,
                 band_seeds=band_seeds, transfer=transfer, window=window,
-                window_seeds=window_seeds)
+                window_seeds=window_seeds,
+                declared={name(label, v): label for v in values for label in labels})
 
 
 def sensitivity(preset: str, labels: Labels, best: Mapping[str, int], seeds: Sequence[int],

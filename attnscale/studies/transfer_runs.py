@@ -1,5 +1,6 @@
 """The transfer sweep's runs (configs/shakespeare_char_sweeps.py `transfer` and its companions):
-each run's label from its config.json, the finished runs of one or several workdirs as rows,
+each run's label (the one its sweep declared in config.label; `transfer_label` derives it
+for a run made without one), the finished runs of one or several workdirs as rows,
 and per label and size the losses {log2 rate: {seed: final loss}} the transfer,
 width and depth studies read (attnscale/studies/transfer.py, transfer_sensitivity.py).
 """
@@ -26,7 +27,9 @@ MUP_MULTS = ("mup_output_mult", "mup_attn_mult")  # muP's base multipliers, 1 un
 
 
 def transfer_label(config: Mapping) -> str:
-  """The sweep's label of a run, from its config.json (`LABELS`).
+  """The sweep's label of a run that declares none (made by hand, or by a sweep
+  before labels were declared), from its config.json (`LABELS`). Every committed run
+  declares its label, and each equals this (checked when they were backfilled).
 
   "{parameterization}_{adam|muon}_{scaling}" ("mup_adam_cosine"; the unit-scaled
   model, fully scaled attention in the unit variant, is "unit_scaled"); "umup" for u-muP
@@ -82,7 +85,8 @@ def read_rows(workdir: str) -> list[dict]:
   label, width, vocabulary, (step, largest logit over layers) curve and that curve's
   peak."""
   rows = sensitivity_study.read_rows(workdir, lambda config: {
-      "label": transfer_label(config), "width": config["model"]["width"]})
+      "label": config.get("label") or transfer_label(config),
+      "width": config["model"]["width"]})
   for row in rows:
     peak = [v for _, v in row["logits"] if math.isfinite(v)]
     row["max_logit_peak"] = max(peak) if peak else math.nan
