@@ -90,7 +90,7 @@ def sweep_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rows(sweep_dir):
-  return transfer.read_rows(sweep_dir)
+  return transfer_runs.read_rows(sweep_dir)
 
 
 @pytest.fixture(scope="module")
@@ -102,30 +102,30 @@ def test_every_sweep_label_maps_back_from_its_config():
   for label, (scaling, overrides) in sweep_configs.TRANSFER_LABELS.items():
     config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=1")
     config.update_from_flattened_dict(overrides | {"model.width": 128})
-    assert transfer.transfer_label(config.to_dict()) == label
-  assert set(transfer.LABELS) == set(sweep_configs.TRANSFER_LABELS)
+    assert transfer_runs.transfer_label(config.to_dict()) == label
+  assert set(transfer_runs.LABELS) == set(sweep_configs.TRANSFER_LABELS)
   for label, (scaling, overrides) in sweep_configs.MUP_MULT_LABELS.items():  # mup_mults
     config = shakespeare_char.get_config(f"preset=graphcore_cpu,scaling={scaling},seed=0")
     config.update_from_flattened_dict(overrides | {"model.width": 32})
-    assert transfer.transfer_label(config.to_dict()) == label
+    assert transfer_runs.transfer_label(config.to_dict()) == label
   for point in sweep_configs.SWEEPS["mup_vector_lr_256"].points("unused"):  # the ablation
     config = shakespeare_char.get_config(point["arg"])
     config.update_from_flattened_dict(point["overrides"])
-    assert transfer.transfer_label(config.to_dict()) == sweep_configs.MUP_VECTOR_LABEL
+    assert transfer_runs.transfer_label(config.to_dict()) == sweep_configs.MUP_VECTOR_LABEL
   for width in (32, 256):  # muon_adam_width: the AdamW branch's rate as 64 / width
     config = shakespeare_char.get_config("preset=graphcore_cpu,scaling=standard")
     config.update_from_flattened_dict({"optimizer": "muon", "model.width": width,
                                        "muon_adam_lr_base_width": 64})
-    assert transfer.transfer_label(config.to_dict()) == sweep_configs.MUON_ADAM_LABEL
+    assert transfer_runs.transfer_label(config.to_dict()) == sweep_configs.MUON_ADAM_LABEL
   config.update_from_flattened_dict({"muon_adam_lr_mult": 0.5, "qk_clip": 50.0})
-  assert transfer.transfer_label(config.to_dict()) == "sp_muon_qk_clip_adam_lr0.5_adam_per_width64"
+  assert transfer_runs.transfer_label(config.to_dict()) == "sp_muon_qk_clip_adam_lr0.5_adam_per_width64"
   # Anything else that changes attention keeps its run_label; another tau says so.
   config = shakespeare_char.get_config("preset=test,scaling=standard")
   config.update_from_flattened_dict({"model.logit_softcap": 50.0})
-  assert transfer.transfer_label(config.to_dict()) == "standard+softcap50"
+  assert transfer_runs.transfer_label(config.to_dict()) == "standard+softcap50"
   config = shakespeare_char.get_config("preset=test,scaling=cosine")
   config.update_from_flattened_dict({"qk_clip": 100.0, "optimizer": "muon"})
-  assert transfer.transfer_label(config.to_dict()) == "sp_muon_cosine_qk_clip100"
+  assert transfer_runs.transfer_label(config.to_dict()) == "sp_muon_cosine_qk_clip100"
 
 
 @pytest.mark.parametrize("study", ["transfer", "mup_mults"])
@@ -142,7 +142,7 @@ def test_every_committed_run_declares_its_label_and_the_study_reads_it(study, tm
     pytest.skip(f"no {store} in this checkout")
   configs = [json.loads(c) for c in pd.read_parquet(store, columns=["config.json"])["config.json"]]
   assert all(c.get("label") for c in configs)
-  assert all(c["label"] == transfer.transfer_label(migration.migrate(c)) for c in configs)
+  assert all(c["label"] == transfer_runs.transfer_label(migration.migrate(c)) for c in configs)
   first = results_store.runs_frame(store)["run"].iloc[0]
   run = results_store.unpack(store, str(tmp_path), only=f"^{first}$")[0]
   config_path = os.path.join(run, "config.json")
@@ -152,7 +152,7 @@ def test_every_committed_run_declares_its_label_and_the_study_reads_it(study, tm
 
 
 def test_best_rates_bands_and_transfer_losses(rows, fits):
-  assert transfer.labels_of(rows) == ["sp_adam_standard", "mup_adam_standard"]
+  assert transfer_runs.labels_of(rows) == ["sp_adam_standard", "mup_adam_standard"]
   table = {(r["label"], r["width"]): r for r in transfer.table_rows(rows, fits)}
   for (label, w), r in table.items():
     e = _best(label, w)
@@ -196,7 +196,7 @@ def test_sensitivity_is_over_two_octaves_each_side_of_the_best(rows):
               and r["seed"] == 0 and r["learning_rate"] == 2.0**-9)
   more = [dict(base, learning_rate=2.0**-e, final_train_loss=_loss("mup_adam_standard", 32, e, 0))
           for e in (11, 12)]
-  r = next(r for r in transfer.sensitivity_rows(list(rows) + more)
+  r = next(r for r in transfer_sensitivity.sensitivity_rows(list(rows) + more)
            if (r["label"], r["width"]) == ("mup_adam_standard", 32))
   assert (r["rates"], r["left_out"], r["rate_range"]) == (5, 1, "2^-11 ... 2^-7")
   # 2^-7 diverged (L0); 2^-8 ... 2^-11 at 2 + 0.015 (1, 0, 1, 4).
@@ -204,7 +204,7 @@ def test_sensitivity_is_over_two_octaves_each_side_of_the_best(rows):
 
 
 def test_sensitivity_by_hand(rows):
-  sens = {(r["label"], r["width"]): r for r in transfer.sensitivity_rows(rows)}
+  sens = {(r["label"], r["width"]): r for r in transfer_sensitivity.sensitivity_rows(rows)}
   # sp at 32: every seed ran 2^-7, 2^-8, 2^-9, so S per seed, mean and t over 3 seeds.
   s_by_seed = [0.01, (2.011 + 2.004 + 2.011) / 3 - 2.004, (2.019 + 1.996 + 2.019) / 3 - 1.996]
   ci = stats.mean_interval(s_by_seed)
@@ -227,7 +227,7 @@ def test_sensitivity_by_hand(rows):
   assert r["S"] == pytest.approx(0.0225)
   # So mup's S grows by 0.1 / 4 per doubling, exactly; sp's 0.01, 0.01, 0.0225, 0.01 is
   # flat within its scatter (slope 0.00125, t with 2 degrees of freedom).
-  slopes = {r["label"]: r for r in transfer.sensitivity_slope_rows(list(sens.values()))}
+  slopes = {r["label"]: r for r in transfer_sensitivity.sensitivity_slope_rows(list(sens.values()))}
   assert slopes["mup_adam_standard"]["slope"] == pytest.approx(0.025)
   assert slopes["mup_adam_standard"]["reading"] == "grows with width"
   sp = slopes["sp_adam_standard"]
@@ -239,8 +239,8 @@ def test_sensitivity_by_hand(rows):
   # Through every seed's S: muP has seed 0 alone at each width, so the same line as
   # through the means; sp's line goes through each seed's S at each width (at 32 the
   # three by hand above), its interval on (points - 2) degrees of freedom.
-  per_seed = transfer.seed_sensitivities(rows)
-  slopes = {r["label"]: r for r in transfer.sensitivity_slope_rows(list(sens.values()),
+  per_seed = transfer_sensitivity.seed_sensitivities(rows)
+  slopes = {r["label"]: r for r in transfer_sensitivity.sensitivity_slope_rows(list(sens.values()),
                                                                    per_seed)}
   mup = slopes["mup_adam_standard"]
   assert (mup["seed_points"], mup["seed_reading"]) == (4, "grows with width")
@@ -338,8 +338,8 @@ def test_bad_workdirs_are_one_line_errors(sweep_dir, tmp_path):
 def test_several_workdirs_count_a_run_once_and_labels_select(sweep_dir, rows):
   """The same folder twice reads as once (a run name met again is the first's), and
   --labels keeps the labels its expression matches."""
-  assert transfer.read_workdirs([sweep_dir, sweep_dir]) == rows
-  mup = transfer.read_workdirs([sweep_dir], labels="^mup_")
+  assert transfer_runs.read_workdirs([sweep_dir, sweep_dir]) == rows
+  mup = transfer_runs.read_workdirs([sweep_dir], labels="^mup_")
   assert mup == [r for r in rows if r["label"] == "mup_adam_standard"] and mup
 
 
@@ -355,12 +355,12 @@ def test_a_partial_sweep_reads(tmp_path):
   paths, _ = transfer.run_cli(argparse.Namespace(out=str(tmp_path / "out"),
                                                  workdirs=[str(tmp_path / "sweep")]))
   assert len(paths) == 21
-  rows = transfer.read_rows(str(tmp_path / "sweep"))
+  rows = transfer_runs.read_rows(str(tmp_path / "sweep"))
   table = {r["width"]: r for r in transfer.table_rows(rows, transfer.slopes(rows))}
   assert table[32]["best_lr"] == 2.0**-6 and table[32]["seeds"] == 1
   assert math.isnan(table[32]["loss_lo"]) and math.isnan(table[32]["interp_lo"])
   assert math.isnan(table[64]["best_lr"]) and table[64]["transfer_basis"] == "no best"
-  sens = {r["width"]: r for r in transfer.sensitivity_rows(rows)}
+  sens = {r["width"]: r for r in transfer_sensitivity.sensitivity_rows(rows)}
   assert sens[32]["S"] == pytest.approx((L0 + 2.1) / 2 - 2.1)
   assert math.isnan(sens[64]["S"]) and sens[64]["basis"] == "every rate diverged"
   (slope,) = transfer.slope_rows(list(table.values()), transfer.slopes(rows))
@@ -375,7 +375,7 @@ def test_sensitivity_against_a_reference_is_paired_by_seed(rows):
   double = [dict(r, label="sp_double", final_train_loss=2 * r["final_train_loss"] - 2)
             for r in rows if r["label"] == "sp_adam_standard"]
   everything = list(rows) + double
-  per_seed = transfer.seed_sensitivities(everything)
+  per_seed = transfer_sensitivity.seed_sensitivities(everything)
   versus = {(r["label"], r["width"]): r for r in
             transfer_sensitivity.sensitivity_versus_rows(everything, "sp_adam_standard")}
   ci = stats.mean_interval(per_seed["sp_adam_standard", 32].values())
@@ -383,7 +383,7 @@ def test_sensitivity_against_a_reference_is_paired_by_seed(rows):
   assert (r["effect"], r["lo"], r["hi"]) == pytest.approx((ci.mean, ci.lo, ci.hi))
   assert (r["method"], r["n"], r["reference_S"]) == ("paired", 3, pytest.approx(ci.mean))
   assert versus["mup_adam_standard", 32]["method"] == "none"
-  sens = transfer.sensitivity_rows(everything)
+  sens = transfer_sensitivity.sensitivity_rows(everything)
   slopes = {r["label"]: r for r in transfer_sensitivity.sensitivity_slope_rows(
       sens, per_seed, "sp_adam_standard")}
   sp, double = slopes["sp_adam_standard"], slopes["sp_double"]
@@ -444,3 +444,8 @@ def test_the_pages_glance_table_is_the_committed_summary():
     page = f.read()
   assert table in page
   assert len(table.splitlines()) == 2 + len(transfer_summary.PAGE_NAMES)
+
+
+def test_a_name_asked_of_the_wrong_module_says_where_it_lives():
+  with pytest.raises(AttributeError, match="transfer_runs.transfer_label"):
+    transfer.transfer_label  # noqa: B018

@@ -81,12 +81,12 @@ from attnscale.studies.transfer_runs import (
 
 
 def __getattr__(name: str):
-  """The runs' labels and rows (transfer_runs.py) and S across width
-  (transfer_sensitivity.py) moved beside this module; `transfer.read_rows`,
-  `transfer.sensitivity_rows` and the like still resolve here, for notebooks."""
+  """The runs' labels and rows live in transfer_runs.py, S across width in
+  transfer_sensitivity.py: a name of theirs asked for here is a one-line error
+  naming its module."""
   for module in (transfer_runs, transfer_sensitivity):
     if hasattr(module, name):
-      return getattr(module, name)
+      raise AttributeError(f"attnscale.studies.transfer.{name} is {module.__name__}.{name}")
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
