@@ -22,9 +22,10 @@ from flax import nnx
 from attnscale import tasks
 from attnscale.config import imports as config_imports
 from attnscale.config import migration
+from attnscale.config import run as run_config
 from attnscale.evaluation import diagnostics, length_eval
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import provenance, run_config, startup, steps
+from attnscale.runtime import provenance, startup, steps
 from attnscale.runtime import train_state as ts
 
 

@@ -2,7 +2,6 @@
 
     configlib.py       the runtime's names for the config (attnscale/config): run_label,
                        validate, migrate, the resume rules
-    run_config.py      the runtime's name for attnscale.config.run (RunConfig, read, of)
     startup.py         one start-up: the config read, task, mesh, optimizer, state shapes
     config_reference.py  docs/reference/config.md, generated from the declarations
     cli.py             the entry points' flags: one-line errors (imports no JAX)

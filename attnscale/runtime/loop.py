@@ -43,12 +43,12 @@ import jax
 import numpy as np
 
 from attnscale import tasks
+from attnscale.config.run import RunConfig
 from attnscale.runtime import checkpoints as ckpt
 from attnscale.runtime import hostmem, interrupts, metrics_writer, profiling, run_summary, rundir
 from attnscale.runtime import metric_keys as keys
 from attnscale.runtime import train_state as ts
 from attnscale.runtime.metrics_writer import MetricsWriter
-from attnscale.runtime.run_config import RunConfig
 
 
 class NonFiniteLossError(RuntimeError):

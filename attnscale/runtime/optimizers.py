@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from attnscale.config import run as run_config
 from attnscale.models import ModelConfig, mup
-from attnscale.runtime import run_config
 
 
 class Optimizer(NamedTuple):

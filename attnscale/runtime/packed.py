@@ -65,11 +65,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attnscale import tasks
+from attnscale.config import run as run_config
 from attnscale.runtime import (
   loop,
   packing,
   provenance,
-  run_config,
   rundir,
   startup,
   steps,

@@ -31,9 +31,10 @@ import numpy as np
 import optax
 from flax import nnx
 
+from attnscale.config import run as run_config
 from attnscale.models import base as models_base
 from attnscale.models import layer_stats
-from attnscale.runtime import optimizers, run_config
+from attnscale.runtime import optimizers
 from attnscale.runtime import train_state as ts
 from attnscale.tasks import losses
 

@@ -13,7 +13,7 @@ existed restores with an empty one (`Checkpoints.restore`).
 
 The optimizer is built in `attnscale/runtime/optimizers.py`, checkpoints are read
 and written by `attnscale/runtime/checkpoints.py`. The functions that build a
-model or a state take the run's `RunConfig` (`attnscale.runtime.run_config`), or
+model or a state take the run's `RunConfig` (`attnscale.config.run`), or
 a ConfigDict, which they read with `run_config.of`.
 
 Parallelism: one `jax.sharding.Mesh` over all devices (of all processes) with
@@ -45,8 +45,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attnscale import models
+from attnscale.config import run as run_config
 from attnscale.core import sharding
-from attnscale.runtime import configlib, optimizers, run_config
+from attnscale.runtime import configlib, optimizers
 from attnscale.runtime.checkpoints import State
 
 # Graphcore's final training loss is the mean of the last 20 steps' losses.
