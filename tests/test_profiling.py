@@ -11,22 +11,25 @@ import sys
 import pytest
 
 from attnscale import testing
-from attnscale.runtime import configlib, profiling
+from attnscale.config import validation
+from attnscale.runtime import configlib
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_parse():
-  assert profiling.parse("") is None
-  assert profiling.parse("20:25", 100) == (20, 25)
-  assert profiling.parse(" 0 : 3 ") == (0, 3)
+def test_profile_steps_parse_to_a_window_and_the_old_name_points_there():
+  assert validation.profile_window("") is None
+  assert validation.profile_window("20:25", 100) == (20, 25)
+  assert validation.profile_window(" 0 : 3 ") == (0, 3)
+  with pytest.raises(AttributeError, match="attnscale.config.validation.profile_window"):
+    profiling.parse  # noqa: B018
 
 
 @pytest.mark.parametrize("value", ["20", "25:20", "5:5", "a:b", "-1:3", "10:20", 7])
 def test_bad_values_fail_in_one_line_naming_the_field_and_the_form(value):
   with pytest.raises(ValueError) as e:
-    profiling.parse(value, num_train_steps=20)
+    validation.profile_window(value, num_train_steps=20)
   message = str(e.value)
   assert "\n" not in message and message.startswith("config.profile_steps must be 'START:STOP'")
 

@@ -21,9 +21,6 @@ import os
 
 import jax
 
-# config.profile_steps is read where the config is (attnscale/config/validation.py).
-from attnscale.config.validation import profile_window as parse  # noqa: F401
-
 _tracing: set[str] = set()  # workdirs whose trace is running in this process
 _traced: set[str] = set()  # workdirs traced (or tracing) in this process: once each
 
@@ -35,8 +32,9 @@ def trace_dir(workdir: str) -> str:
 
 def at_step(steps: tuple[int, int] | None, workdir: str, step: int, state) -> None:
   """Called before each step of the training loop with the steps done so far and
-  `parse`'s (start, stop) (None: off): starts the trace at START, stops it (after
-  `state` is computed) at STOP."""
+  the run's `RunConfig.profile_window` (start, stop) (None: off; read from
+  config.profile_steps by `attnscale.config.validation.profile_window`): starts the
+  trace at START, stops it (after `state` is computed) at STOP."""
   if steps is None or jax.process_index() != 0:
     return
   start, stop = steps
@@ -67,3 +65,10 @@ def _stop_unfinished() -> None:
   written."""
   for workdir in list(_tracing):
     _stop(workdir)
+
+
+def __getattr__(name):
+  if name == "parse":
+    raise AttributeError("attnscale.runtime.profiling.parse is "
+                         "attnscale.config.validation.profile_window")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
