@@ -12,7 +12,7 @@ import pytest
 
 from attnscale import testing
 from attnscale.config import validation
-from attnscale.runtime import configlib
+from attnscale.runtime import configlib, profiling
 from configs import shakespeare_char
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
