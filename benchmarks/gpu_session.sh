@@ -5,6 +5,12 @@
 #      with its 200-batch estimate (eval_iters=200), then eval.py (whole split, sink rate)
 #      and benchmarks/baseline_summary.py's row beside 1.4697; $OUT/nanogpt/ keeps
 #      metrics.jsonl, config.json and eval.json (docs/getting-started.md's table);
+#   0b. (`probes`, second in the queue) the length probes at a GPU size (configs/probes.py
+#      mqar_gpu, max_retrieval_gpu): softmax with the standard scaling and with log_n,
+#      trained at 256 / 64 tokens and evaluated at 1x-16x (eval.py --lengths): does
+#      attention solve MQAR in distribution at Zoology's size, and does a fixed
+#      temperature lose the maximum as the items grow? $OUT/probes/<run>/ keeps
+#      metrics.jsonl, config.json and eval.json;
 #   1. the attention and kernel tests on the GPU (cuDNN for every scaling, fused ==
 #      reference, causality, kernel options, precision, packing);
 #   2. benchmarks/attention.py in bfloat16: which kernel each scaling compiles to, time
@@ -101,6 +107,12 @@ run() {  # run STEP: one of the steps below
       && $PY eval.py --workdir=/tmp/nanogpt \
       && $PY benchmarks/baseline_summary.py --published 1.4697 /tmp/nanogpt"
     cp /tmp/nanogpt/{metrics.jsonl,config.json,eval.json} "$OUT/nanogpt/" 2>/dev/null ;;
+  probes) rm -rf /tmp/probes && mkdir -p "$OUT/probes" \
+      && PY=$PY step $1 300 bash benchmarks/probes_gpu.sh /tmp/probes
+    for w in /tmp/probes/*/; do
+      mkdir -p "$OUT/probes/$(basename "$w")" && cp "$w"{metrics.jsonl,config.json,eval.json} \
+        "$OUT/probes/$(basename "$w")/" 2>/dev/null
+    done ;;
   attention) step $1 90 $PY benchmarks/attention.py --dtype bfloat16 --seq 1024,4096 --iters 5 ;;
   train) step $1 240 $PY benchmarks/train_throughput.py --sizes "${SIZES:-gpt2,nanogpt,cpu}" \
       --frameworks jax --dtype bfloat16 --rounds 3 --steps 10 ;;
@@ -108,7 +120,7 @@ run() {  # run STEP: one of the steps below
       --dtype bfloat16 --rounds 3 --steps 10 --dropout 0.2 ;;  # warm-up vs train's nanogpt row
   finish) rm -rf /tmp/sweep_finish && mkdir -p /tmp/sweep_finish "$OUT/raw" \
       && $PY -m attnscale.experiments.results_store unpack \
-        "${RAW:?RAW=the study's results store, docs/results/<study>/runs.parquet}" /tmp/sweep_finish \
+        "${RAW:?RAW=a results store, docs/results/<study>/runs.parquet}" /tmp/sweep_finish \
       && ls /tmp/sweep_finish > /tmp/sweep_finish.had \
       && KILL_AFTER=${KILL_AFTER:-30} JAX_DEFAULT_MATMUL_PRECISION=highest \
       XLA_FLAGS="--xla_gpu_autotune_level=0 ${XLA_FLAGS:-}" step $1 420 $PY sweep.py \
@@ -124,11 +136,11 @@ run() {  # run STEP: one of the steps below
       && tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$OUT/raw" ;;
   sweep) step $1 150 $PY benchmarks/sweep_throughput.py --presets graphcore_cpu --packs "${PACKS:-1,8,32}" \
       --packs_jobs2= --steps 100 ;;
-  *) echo "unknown step $1 (nanogpt, tests_attention, tests_more, attention, train, dropout, sweep, finish)"; exit 2 ;;
+  *) echo "unknown step $1 (nanogpt, probes, tests_attention, tests_more, attention, train, dropout, sweep, finish)"; exit 2 ;;
   esac
 }
-# The default order puts first what has never run on a GPU (nanogpt, #64), then what the
-# 2026-11-26 session could not finish in its minutes.
-for s in "${@:-nanogpt train sweep tests_attention tests_more attention}"; do
+# The default order puts first what has never run on a GPU (nanogpt, then the probes), then
+# what the 2026-11-26 session could not finish in its minutes.
+for s in "${@:-nanogpt probes train sweep tests_attention tests_more attention}"; do
   for one in $s; do run "$one"; done
 done

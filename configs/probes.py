@@ -10,7 +10,7 @@ Launch (any scaling from `attnscale.scalings.names()`; every field overridable):
   python eval.py --workdir=runs/mqar --lengths=64,128,256,512,1024
 
 Config argument keys: preset (TASK_SIZE: trigger_cpu | trigger_test | mqar_cpu |
-mqar_test | max_retrieval_cpu | max_retrieval_test), scaling, p, temperature, s,
+mqar_test | mqar_gpu | max_retrieval_cpu | max_retrieval_test | max_retrieval_gpu), scaling, p, temperature, s,
 gamma, a and seed, as configs/shakespeare_char.py's, and gain: with a QK-norm
 scaling (qk_rmsnorm, qk_layernorm), its logits' fixed multiplier g (logits =
 g RMSNorm(q) . RMSNorm(k) / sqrt(d): the "QK-norm gain" peers' record runs raised
@@ -36,6 +36,10 @@ Presets and what to expect (measured: docs/experiments/probes.md, a pilot):
   max_retrieval_cpu  the running max over up to 16 items (rows of 32) of 256
             priorities, 8 labels; rotary; evaluate up to 16x (256 items). Not
             solved in distribution in the pilot (accuracy 0.39).
+  mqar_gpu, max_retrieval_gpu  the length tasks at Zoology's vocabulary (8192, 64
+            pairs in rows of 256) and with 2048 priorities in rows of 64, width 128,
+            batch 256, 20,000 steps: for a GPU (benchmarks/gpu_session.sh `probes`),
+            evaluated to 16x; not run on a chip yet.
   *_test    seconds: for the test suite.
 """
 
@@ -47,7 +51,9 @@ from attnscale import tasks
 from attnscale.config import builders
 
 TASKS = ("trigger", "mqar", "max_retrieval")
-PRESETS = tuple(f"{t}_{size}" for t in TASKS for size in ("cpu", "test"))
+# The length tasks at Zoology's and the paper's sizes, for a GPU (benchmarks/gpu_session.sh).
+GPU_PRESETS = ("mqar_gpu", "max_retrieval_gpu")
+PRESETS = tuple(f"{t}_{size}" for t in TASKS for size in ("cpu", "test")) + GPU_PRESETS
 QK_NORM_SCALINGS = ("qk_rmsnorm", "qk_layernorm")  # the scalings the `gain` argument takes
 
 
@@ -117,6 +123,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.vocab_size = c.probe.num_priorities + c.probe.num_labels
     m.positions = "rope"
 
+  if size == "gpu":
+    # MQAR at Zoology's vocabulary and densest rows (4 N = T: 64 pairs in 256 tokens;
+    # at 16 x, 4096 tokens and 1024 pairs grown, within the 4095 keys of [1, V/2)),
+    # width 128, batch 256: 5.1M training rows (Zoology trains 100k x 64 epochs).
+    # Max retrieval over up to 32 items of 2048 priorities (16 x: 512 items).
+    m.width, c.batch_size, c.num_train_steps, c.warmup_steps = 128, 256, 20_000, 500
+    c.log_every, c.eval_every, c.checkpoint_every = 200, 2_000, 5_000
+    if task == "mqar":
+      c.seq_len = m.block_size = 256
+      c.probe.vocab_size, c.probe.num_pairs = 8192, 64
+      m.vocab_size, c.learning_rate = c.probe.vocab_size, 2.0**-9
+    else:
+      c.seq_len = m.block_size = 64
+      c.probe.num_priorities = 2048
+      m.vocab_size = c.probe.num_priorities + c.probe.num_labels
   if size == "test":
     c.batch_size, c.num_train_steps, c.warmup_steps = 8, 20, 2
     c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every = 5, 10, 2, 10

@@ -1,5 +1,5 @@
 """The one training loop (attnscale/runtime/loop.py) and what it stands on: the
-config read once per start (run_config.py), every metric key named once
+config read once per start (attnscale/config/run.py), every metric key named once
 (metric_keys.py).
 
 Needs $ATTNSCALE_DATA (CI sets it).
