@@ -52,7 +52,7 @@ LR_RANGE = (1, 12)
 # that failed at every rate tried searches smaller rates instead of adding seeds to a
 # failure. The test preset's short runs end higher: no threshold there.
 NO_LEARNING = {"cpu": 6.0}
-# Points packed into one program by default (sweep.py --pack=K overrides): the 3
+# Points packed into one program by default (sweep.py --pack=R overrides): the 3
 # rates of a label's first stage, or its band's seeds.
 PACK_BY_PRESET = {"cpu": 3, "test": 4}
 

@@ -28,7 +28,7 @@ from attnscale.experiments.sweep_builders import Sweep, staged
 
 CONFIG = "probes.py"  # the config file (next to this one) these sweeps run
 
-# Points trained together in one vmapped program by default (sweep.py --pack=K).
+# Points trained together in one vmapped program by default (sweep.py --pack=R).
 PACK_BY_PRESET = {"trigger_cpu": 2, "mqar_cpu": 2, "max_retrieval_cpu": 2, "trigger_test": 4,
                   "mqar_test": 4, "max_retrieval_test": 4}
 

@@ -24,7 +24,7 @@ from attnscale.experiments.sweep_builders import (
 
 CONFIG = "shakespeare_char.py"  # the config file (next to this one) these sweeps run
 
-# Points trained together in one vmapped program by default (sweep.py --pack=K
+# Points trained together in one vmapped program by default (sweep.py --pack=R
 # overrides), by preset: docs/benchmarks.md, "Sweeps: runs per hour and packing".
 PACK_BY_PRESET = {"graphcore_cpu": 8, "test": 4, "cpu": 2, "graphcore": 8}
 

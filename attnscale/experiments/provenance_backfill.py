@@ -5,7 +5,7 @@ Since packing recorded them, each start's record in provenance.json
 (`pack_size`) and the run's place in it (`slot`). Older records do not, though
 most of them show both, read in this order:
 
-  * `--pack_size=K` on the packed trainer's command line: K;
+  * `--pack_size=R` on the packed trainer's command line: R;
   * `--runs=[...]` on it (the pack's configs and workdirs, in slot order): its
     length, the trainer's default of one slot per config (no record without
     `pack_size` comes from a commit whose trainer padded a pack it was not asked

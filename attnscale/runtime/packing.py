@@ -10,7 +10,7 @@ rate and the cosine's floor, AdamW's weight decay, the clipping thresholds,
 QK-clip's tau, the z-loss coefficient and the seed (init, data order and dropout
 are functions of it and the step). Runs that differ only in those, and in
 bookkeeping (where each logs, evaluates and saves), train as one vmapped program
-with the numbers passed in as arrays of K values. Adam's b1 and b2 stay out: optax computes 1 - b in Python
+with the numbers passed in as arrays of R values (R: the pack size). Adam's b1 and b2 stay out: optax computes 1 - b in Python
 (float64) from a number but in float32 from an array, which would move every
 step's moments by up to 1e-5 relative, not a rounding.
 """
@@ -114,8 +114,8 @@ def command(runs: list[dict], python: str, pack_size: int | None = None) -> list
   """The argv that trains `runs` ({"config": "FILE:ARG", "overrides": {...},
   "workdir": DIR}, each as train.py would) packed: train.py's command with `--runs`.
 
-  `pack_size`: the program's K (default: one slot per run). A sweep passes its own,
+  `pack_size`: the program's R slots (default: one slot per run). A sweep passes its own,
   so that a short pack trains its runs as a full one would (a run's numbers depend
-  on K, not on its pack-mates: attnscale/runtime/packed.py)."""
+  on R, not on its pack-mates: attnscale/runtime/packed.py)."""
   size = [] if pack_size is None else [f"--pack_size={pack_size}"]
   return [python, "-m", "attnscale.commands.train", *size, "--runs=" + json.dumps(runs)]

@@ -33,8 +33,8 @@ here. On an accelerator the host CPU only
 feeds it ("device_kind" names the chip).
 
 "pack_size" is how many runs shared the compiled program (1: train.py's own,
-unvmapped program; K: a pack of `sweep.py --pack=K`, its short last pack padded
-to K), "slot" the run's place in it, and "pack" (packed runs) the directories of
+unvmapped program; R: a pack of `sweep.py --pack=R`, its short last pack padded
+to R), "slot" the run's place in it, and "pack" (packed runs) the directories of
 the pack's runs: the same config and seed round differently at another pack size,
 never with other pack-mates at the same one (docs/guides/sweeps.md, "Packing").
 A record from before the fields has them written in afterwards from its command

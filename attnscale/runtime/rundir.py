@@ -3,7 +3,7 @@
     with workdir_lock(workdir, force) as lock: save_config(config, workdir); ...
     state = resume(checkpoints, state, shardings, workdir)
 
-What `train_lib` (one run) and `packed` (K runs, each in its own directory) do to
+What `train_lib` (one run) and `packed` (R runs, each in its own directory) do to
 a run directory before the loop (`attnscale.runtime.loop`) trains in it.
 """
 
