@@ -108,7 +108,7 @@ run() {  # run STEP: one of the steps below
       && $PY benchmarks/baseline_summary.py --published 1.4697 /tmp/nanogpt"
     cp /tmp/nanogpt/{metrics.jsonl,config.json,eval.json} "$OUT/nanogpt/" 2>/dev/null ;;
   probes) rm -rf /tmp/probes && mkdir -p "$OUT/probes" \
-      && PY=$PY step $1 300 bash benchmarks/probes_gpu.sh /tmp/probes
+      && step $1 300 env PY="$PY" bash benchmarks/probes_gpu.sh /tmp/probes
     for w in /tmp/probes/*/; do
       mkdir -p "$OUT/probes/$(basename "$w")" && cp "$w"{metrics.jsonl,config.json,eval.json} \
         "$OUT/probes/$(basename "$w")/" 2>/dev/null

@@ -146,8 +146,10 @@ def test_every_committed_run_declares_its_label_and_the_study_reads_it(study, tm
   first = results_store.runs_frame(store)["run"].iloc[0]
   run = results_store.unpack(store, str(tmp_path), only=f"^{first}$")[0]
   config_path = os.path.join(run, "config.json")
-  config = json.load(open(config_path))
-  json.dump(config | {"label": "declared"}, open(config_path, "w"))
+  with open(config_path) as f:
+    config = json.load(f)
+  with open(config_path, "w") as f:
+    json.dump(config | {"label": "declared"}, f)
   assert [r["label"] for r in transfer_runs.read_rows(str(tmp_path))] == ["declared"]
 
 

@@ -215,9 +215,10 @@ def thin(store: str) -> int:
     changed = 0
     for r in rows:
       text = _files(r).get(METRICS)
-      if text is None or thin_lists(text) == text:
+      kept = None if text is None else thin_lists(text)
+      if kept == text:
         continue
-      _put(r, METRICS, thin_lists(text))
+      _put(r, METRICS, kept)
       changed += 1
     if changed:
       _write(_table(rows), store)
