@@ -37,15 +37,17 @@ GRAPHCORE_CPU_LR_START = {"standard": 9, "fully_scaled": 10, "unit_scaled": 5,
                           "key_norm_sum": 5, "cosine": 9}
 
 # Today's practice against the seeds' scalings (docs/experiments/practice.md): every
-# registered scaling and attention option. Label -> (the argument's scaling, overrides).
+# registered scaling and attention option. Label -> (the argument's scaling, overrides);
+# each label is the run's config.label, the study's row name (here and below: a
+# scaling's name, its fixed parameters and options as the pages write them).
 PRACTICE = {
     "standard": ("standard", {}),
     "none": ("none", {}),
     "key_norm_sum": ("key_norm_sum", {}),
     "key_norm_mean": ("key_norm_mean", {}),
-    "key_norm_power": ("key_norm_power", {}),  # p = 2
+    "key_norm_power(p=2)": ("key_norm_power", {}),
     "cosine": ("cosine", {}),  # learned temperature from g0 = log2(L^2 - L) = 12
-    "cosine_fixed": ("cosine,temperature=12", {}),
+    "cosine(temperature=12)": ("cosine,temperature=12", {}),
     "qk_layernorm": ("qk_layernorm", {}),
     "qk_rmsnorm": ("qk_rmsnorm", {}),
     "inverse_d": ("inverse_d", {}),
@@ -54,17 +56,17 @@ PRACTICE = {
     "fully_scaled": ("fully_scaled", {}),
     "umup": ("umup", {}),
     "unit_scaled": ("unit_scaled", {}),
-    "softcap": ("standard", {"model.logit_softcap": 50.0}),  # Gemma 2's attention cap
-    "sink_zero": ("standard", {"model.sink": "zero"}),
-    "sink_learned": ("standard", {"model.sink": "learned"}),
-    "gate_headwise": ("standard", {"model.attn_gate": "headwise"}),
-    "gate_elementwise": ("standard", {"model.attn_gate": "elementwise"}),
-    "sigmoid": ("standard", {"model.normalizer": "sigmoid"}),
+    "standard+softcap50": ("standard", {"model.logit_softcap": 50.0}),  # Gemma 2's cap
+    "standard+sink_zero": ("standard", {"model.sink": "zero"}),
+    "standard+sink_learned": ("standard", {"model.sink": "learned"}),
+    "standard+gate_headwise": ("standard", {"model.attn_gate": "headwise"}),
+    "standard+gate_elementwise": ("standard", {"model.attn_gate": "elementwise"}),
+    "standard+sigmoid": ("standard", {"model.normalizer": "sigmoid"}),
 }
 # Starts: graphcore_cpu's best where it ran, else a guess from the logits' scale at
 # init (smaller logits, larger rate); the search brackets wherever the best is.
 PRACTICE_LR_START = dict.fromkeys(PRACTICE, 9) | {
-    "key_norm_sum": 5, "key_norm_power": 5, "unit_scaled": 5, "umup": 5,
+    "key_norm_sum": 5, "key_norm_power(p=2)": 5, "unit_scaled": 5, "umup": 5,
     "fully_scaled": 10, "none": 10, "inverse_d": 8}
 PRACTICE_LR_RANGE = (3, 12)  # the search never leaves 2^-3 ... 2^-12
 
@@ -74,37 +76,38 @@ PRACTICE_LR_RANGE = (3, 12)  # the search never leaves 2^-3 ... 2^-12
 SHARED_KV = {}
 for _name in ("standard", "cosine", "qk_rmsnorm", "key_norm_sum"):
   SHARED_KV[_name] = PRACTICE[_name]
-  SHARED_KV[_name + "_shared"] = (PRACTICE[_name][0], {"model.shared_kv": True})
-SHARED_KV["standard_kv2"] = ("standard", {"model.num_kv_heads": 2})
+  SHARED_KV[_name + "+shared_kv"] = (PRACTICE[_name][0], {"model.shared_kv": True})
+SHARED_KV["standard+kv_heads2"] = ("standard", {"model.num_kv_heads": 2})
 SHARED_KV_LR_START = {k: 4 if k.startswith("key_norm_sum") else 9 for k in SHARED_KV}
 # The larger model (the cpu preset) at its own rate, standard scaling.
-SHARED_KV_CPU = {"separate": ("standard", {}), "shared": ("standard", {"model.shared_kv": True}),
-                 "kv2": ("standard", {"model.num_kv_heads": 2})}
+SHARED_KV_CPU = {"standard": ("standard", {}),
+                 "standard+shared_kv": ("standard", {"model.shared_kv": True}),
+                 "standard+kv_heads2": ("standard", {"model.num_kv_heads": 2})}
 
 # The width study (docs/experiments/width.md): Graphcore's recipe at widths 32 ... 256.
 WIDTHS = (32, 64, 128, 256)
-WIDTH_LABELS = {
-    "sp": ("standard", {}),
-    "sp_qk_rmsnorm": ("qk_rmsnorm", {}),
-    "sp_inverse_d": ("inverse_d", {}),
+WIDTH_LABELS = {  # "sp/...": the standard parameterisation with that attention
+    "sp/standard": ("standard", {}),
+    "sp/qk_rmsnorm": ("qk_rmsnorm", {}),
+    "sp/inverse_d": ("inverse_d", {}),
     "mup": ("standard", {"model.parameterization": "mup"}),  # base width 64
     "unit_scaled": ("unit_scaled", {}),
-    "cosine": ("cosine", {}),
+    "sp/cosine": ("cosine", {}),
 }
 # Starts at width 64, one octave lower per doubling of width but for the labels that
 # claim a rate that transfers.
-WIDTH_START_64 = {"sp": 9, "sp_qk_rmsnorm": 9, "sp_inverse_d": 8, "unit_scaled": 5,
-                  "cosine": 9, "mup": 9}
-WIDTH_MOVES = ("sp", "sp_qk_rmsnorm", "sp_inverse_d", "cosine")
+WIDTH_START_64 = {"sp/standard": 9, "sp/qk_rmsnorm": 9, "sp/inverse_d": 8, "unit_scaled": 5,
+                  "sp/cosine": 9, "mup": 9}
+WIDTH_MOVES = ("sp/standard", "sp/qk_rmsnorm", "sp/inverse_d", "sp/cosine")
 WIDTH_BOUNDS = (2, 15)  # the search never leaves 2^-2 ... 2^-15
 
 # The depth variant (docs/experiments/width.md, "Depth"): 2, 4 and 8 layers at width
 # 64, with and without the depth rule (model.depth_alpha, base depth 4).
 DEPTHS = (2, 4, 8)
 DEPTH_LABELS = {
-    "sp": ("standard", {}),
-    "complete_p": ("standard", {"model.depth_alpha": 1.0}),  # CompleteP's 1/L
-    "depth_mup": ("standard", {"model.depth_alpha": 0.5}),  # depth-muP's 1/sqrt(L)
+    "sp/standard": ("standard", {}),
+    "sp/standard+depth_alpha1": ("standard", {"model.depth_alpha": 1.0}),  # CompleteP's 1/L
+    "sp/standard+depth_alpha0.5": ("standard", {"model.depth_alpha": 0.5}),  # depth-muP's
 }
 
 # The transfer study (docs/experiments/transfer.md): {sp + Adam, muP + Adam, sp + Muon}
@@ -160,9 +163,9 @@ SENSITIVITY = {
     "qk_layernorm": ("qk_layernorm", {}),
     "qk_rmsnorm": ("qk_rmsnorm", {}),
     "cosine": ("cosine", {}),
-    "softcap": ("standard", {"model.logit_softcap": 50.0}),
-    "qk_clip": ("standard", {"qk_clip": 50.0}),  # the soft-cap's value
-    "sink_learned": ("standard", {"model.sink": "learned"}),
+    "standard+softcap50": ("standard", {"model.logit_softcap": 50.0}),
+    "standard+qk_clip50": ("standard", {"qk_clip": 50.0}),  # the soft-cap's value
+    "standard+sink_learned": ("standard", {"model.sink": "learned"}),
     "unit_scaled": ("unit_scaled", {}),
 }
 SENSITIVITY_BEST = dict.fromkeys(SENSITIVITY, 9) | {"unit_scaled": 5}  # practice's best e
@@ -246,18 +249,18 @@ SWEEPS: dict[str, Sweep] = {
         bounds=(3, 12), window=9, **PROTOCOL),
     "practice": staged("graphcore_cpu", PRACTICE, PRACTICE_LR_START,
                        bounds=PRACTICE_LR_RANGE, **PROTOCOL),
-    "practice_test": staged("test", _pick(PRACTICE, ("standard", "sink_zero")),
-                            {"standard": 7, "sink_zero": 7}, bounds=PRACTICE_LR_RANGE,
+    "practice_test": staged("test", _pick(PRACTICE, ("standard", "standard+sink_zero")),
+                            {"standard": 7, "standard+sink_zero": 7}, bounds=PRACTICE_LR_RANGE,
                             more_seeds=(1,)),
     "shared_kv": staged("graphcore_cpu", SHARED_KV, SHARED_KV_LR_START,
                         bounds=PRACTICE_LR_RANGE, **PROTOCOL),
-    "shared_kv_test": staged("test", _pick(SHARED_KV, ("standard", "standard_shared")),
-                             {"standard": 7, "standard_shared": 7}, bounds=PRACTICE_LR_RANGE,
+    "shared_kv_test": staged("test", _pick(SHARED_KV, ("standard", "standard+shared_kv")),
+                             {"standard": 7, "standard+shared_kv": 7}, bounds=PRACTICE_LR_RANGE,
                              more_seeds=(1,)),
     "shared_kv_cpu": seeds_first("cpu", SHARED_KV_CPU, (0, 1, 2)),
     "width": axis_search("graphcore_cpu", WIDTH_LABELS, "model.width", WIDTHS, WIDTH_START_64,
                          bounds=WIDTH_BOUNDS, base=64, moves=WIDTH_MOVES, **PROTOCOL),
-    "width_test": axis_search("test", _pick(WIDTH_LABELS, ("sp", "mup")), "model.width",
+    "width_test": axis_search("test", _pick(WIDTH_LABELS, ("sp/standard", "mup")), "model.width",
                               (16, 32), WIDTH_START_64, bounds=WIDTH_BOUNDS, base=64,
                               moves=WIDTH_MOVES, more_seeds=(1,)),
     "transfer": axis_search("graphcore_cpu", TRANSFER_LABELS, "model.width", WIDTHS,
@@ -297,13 +300,16 @@ SWEEPS: dict[str, Sweep] = {
     "depth": axis_search("graphcore_cpu", DEPTH_LABELS, "model.num_layers", DEPTHS,
                          dict.fromkeys(DEPTH_LABELS, 9), tag="L", bounds=WIDTH_BOUNDS,
                          **PROTOCOL),
-    "depth_test": axis_search("test", _pick(DEPTH_LABELS, ("sp", "complete_p")),
+    "depth_test": axis_search("test", _pick(DEPTH_LABELS, ("sp/standard",
+                                                         "sp/standard+depth_alpha1")),
                               "model.num_layers", (1, 2), dict.fromkeys(DEPTH_LABELS, 9),
                               tag="L", bounds=WIDTH_BOUNDS, more_seeds=(1,)),
     "sensitivity": sensitivity("graphcore_cpu", SENSITIVITY, SENSITIVITY_BEST, (0, 1, 2),
                                top=SENSITIVITY_TOP),
-    "sensitivity_test": sensitivity("test", _pick(SENSITIVITY, ("standard", "qk_clip")),
-                                    {"standard": 4, "qk_clip": 4}, (0,), top=SENSITIVITY_TOP),
+    "sensitivity_test": sensitivity("test", _pick(SENSITIVITY, ("standard",
+                                                                "standard+qk_clip50")),
+                                    {"standard": 4, "standard+qk_clip50": 4}, (0,),
+                                    top=SENSITIVITY_TOP),
     "length": length("graphcore_cpu", LENGTH_LRS, ("rope", "none"), LENGTHS, (0, 1, 2)),
     "length_2025": length("graphcore_cpu", LENGTH_2025_LRS, ("rope",), LENGTHS, (0, 1, 2)),
     "length_test": length("test", {"standard": 2.0**-8, "log_n": 2.0**-8}, ("rope",),

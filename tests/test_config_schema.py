@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from attnscale import models
-from attnscale.config import builders, migration, schema
+from attnscale.config import builders, labels, migration, schema
 from attnscale.core import scalings
 from attnscale.models import ModelConfig, UnitConfig
 from attnscale.runtime import cli, config_reference, configlib, rundir
@@ -139,10 +139,10 @@ def test_a_run_saved_with_qk_layernorm_loads_resumes_and_keeps_its_label(tmp_pat
   old = _old_config_json(config)
   migrated = migration.migrate(json.loads(json.dumps(old)))
   assert migrated == json.loads(config.to_json())
-  assert configlib.run_label(config) == "standard+qk_layernorm"
+  assert labels.run_label(config) == "standard+qk_layernorm"
   # A label read straight from an old config.json (no migrate) is the same too.
   import ml_collections
-  assert configlib.run_label(ml_collections.ConfigDict(old)) == "standard+qk_layernorm"
+  assert labels.run_label(ml_collections.ConfigDict(old)) == "standard+qk_layernorm"
   # Resuming: train.py compares today's config with the saved one.
   with open(tmp_path / "config.json", "w") as f:
     json.dump(old, f)

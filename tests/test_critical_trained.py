@@ -15,11 +15,11 @@ LENGTHS = (64, 128, 256, 512)
 
 
 def _run(root, label, scaling, positions, seed, losses, slope):
-  """A finished, evaluated run: loss losses[i] at LENGTHS[i], entropy H(n) = slope *
+  """A finished, evaluated run of a sweep (its declared label): loss losses[i] at LENGTHS[i], entropy H(n) = slope *
   log n + 0.5 past the training length (64)."""
   run = root / f"{label}-{positions}-{seed}"
   run.mkdir()
-  config = {"seed": seed, "seq_len": 64, "num_train_steps": 10,
+  config = {"seed": seed, "seq_len": 64, "num_train_steps": 10, "label": label,
             "model": {"scaling": scaling, "positions": positions}}
   (run / "config.json").write_text(json.dumps(config))
   (run / "provenance.json").write_text(json.dumps([{"commit": "abc1234", "dirty": False}]))

@@ -54,7 +54,7 @@ def test_recomputed_study_equals_eval_json(run, request, tmp_path):
   config, workdir, result = request.getfixturevalue(run)
   recomputed = studies.run_diagnostics(workdir, recompute=True)
   assert recomputed.source == "checkpoint" and recomputed.step == STEPS
-  # configlib.run_label: BERT's post-LN encoder is marked.
+  # labels.run_label: BERT's post-LN encoder is marked.
   assert recomputed.scaling == result["scaling"] == (
       "standard+post_ln" if run == "bert_run" else "standard")
   assert recomputed.layers == result["attention"]  # the same function, the same floats

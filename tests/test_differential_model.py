@@ -17,9 +17,10 @@ from flax import nnx
 
 import attnscale
 from attnscale import models, testing
+from attnscale.config import labels
 from attnscale.core import differential, fused, scalings, xla_attention
 from attnscale.evaluation import diagnostics
-from attnscale.runtime import configlib, packing
+from attnscale.runtime import packing
 from attnscale.testing import padding_mask, random_qkv
 from configs import shakespeare_char
 
@@ -218,10 +219,10 @@ def test_run_label_and_packing():
   config = shakespeare_char.get_config("preset=test")
   other = shakespeare_char.get_config("preset=test")
   other.model.differential = True
-  assert configlib.run_label(config) == "standard"
-  assert configlib.run_label(other) == "standard+diff"
+  assert labels.run_label(config) == "standard"
+  assert labels.run_label(other) == "standard+diff"
   other.model.forget_gate = True
-  assert configlib.run_label(other) == "standard+fox+diff"
+  assert labels.run_label(other) == "standard+fox+diff"
   # A model field: a pack's runs are all differential or none.
   assert packing.pack_key(config) != packing.pack_key(other)
   other.model.forget_gate = False

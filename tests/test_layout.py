@@ -129,15 +129,16 @@ def test_public_names():
     ("import_modules", "attnscale.config.imports.import_modules"),
     ("migrate", "attnscale.config.migration.migrate"),
     ("RENAMED_FIELDS", "attnscale.config.schema.RENAMED_FIELDS"),
+    ("run_label", "attnscale.config.labels.run_label"),
 ])
 def test_a_name_moved_out_of_configlib_says_where_it_went(name, new):
-  from attnscale.config import builders, imports, migration, schema
+  from attnscale.config import builders, imports, labels, migration, schema
   from attnscale.runtime import configlib
   with pytest.raises(AttributeError, match=f"^attnscale.runtime.configlib.{name} is {new}$"):
     getattr(configlib, name)
   module, attribute = new.rsplit(".", 1)
   assert getattr({"attnscale.config.builders": builders, "attnscale.config.imports": imports,
-                  "attnscale.config.migration": migration,
+                  "attnscale.config.labels": labels, "attnscale.config.migration": migration,
                   "attnscale.config.schema": schema}[module], attribute) is not None
 
 

@@ -13,11 +13,11 @@ from flax import nnx
 
 import attnscale
 from attnscale import models
-from attnscale.config import migration, schema
+from attnscale.config import labels, migration, schema
 from attnscale.core import scalings
 from attnscale.core.scalings import Learned, Scaled
 from attnscale.runtime import checkpoints as ckpt
-from attnscale.runtime import configlib, train_lib
+from attnscale.runtime import train_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
 
@@ -134,22 +134,22 @@ def test_old_saved_configs_migrate():
 
 
 def test_one_label_per_run():
-  label = lambda arg: configlib.run_label(shakespeare_char.get_config(f"preset=test,{arg}"))
+  label = lambda arg: labels.run_label(shakespeare_char.get_config(f"preset=test,{arg}"))
   assert label("scaling=unit_scaled") == "unit_scaled"  # not "fully_scaled"
   assert label("scaling=fully_scaled") == "fully_scaled"
   config = shakespeare_char.get_config("preset=test,scaling=standard")
   config.model.qk_norm = "layernorm"  # the label of model.qk_layernorm=True before the rename
-  assert configlib.run_label(config) == "standard+qk_layernorm"
+  assert labels.run_label(config) == "standard+qk_layernorm"
   config.model.qk_norm = "rmsnorm"
-  assert configlib.run_label(config) == "standard+qk_rmsnorm"
+  assert labels.run_label(config) == "standard+qk_rmsnorm"
   config = shakespeare_char.get_config("preset=test,scaling=unit_scaled")
   config.model.scaling = "umup"
-  assert configlib.run_label(config) == "unit/umup"
+  assert labels.run_label(config) == "unit/umup"
   assert label("scaling=key_norm_power,p=3") == "key_norm_power(p=3)"
   config = shakespeare_char.get_config("preset=test,scaling=cosine")
   config.model.scaling_params = {"temperature": 10.0}
   config.model.logit_softcap, config.model.sink, config.model.attn_gate = 50.0, "zero", "headwise"
-  assert configlib.run_label(config) == "cosine(temperature=10)+softcap50+sink_zero+gate_headwise"
+  assert labels.run_label(config) == "cosine(temperature=10)+softcap50+sink_zero+gate_headwise"
 
 
 def test_a_new_variant_is_one_class_and_one_registry_line(monkeypatch):

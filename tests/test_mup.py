@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from attnscale import tasks, testing
+from attnscale.config import labels
 from attnscale.models import ModelConfig, mup
-from attnscale.runtime import configlib, optimizers, train_lib
+from attnscale.runtime import optimizers, train_lib
 from attnscale.runtime import steps as steps_lib
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
@@ -122,7 +123,7 @@ def test_mup_base_multipliers():
   config = shakespeare_char.get_config("preset=test")
   config.update_from_flattened_dict({"model.parameterization": "mup",
                                      "model.mup_output_mult": 4.0})
-  assert configlib.run_label(config) == "standard+mup+output_mult4"
+  assert labels.run_label(config) == "standard+mup+output_mult4"
 
 
 def test_mup_vector_lr_per_width_scales_every_rate():
@@ -138,7 +139,7 @@ def test_mup_vector_lr_per_width_scales_every_rate():
   config = shakespeare_char.get_config("preset=test")
   config.update_from_flattened_dict({"model.parameterization": "mup",
                                      "model.mup_vector_lr": "per_width"})
-  assert configlib.run_label(config) == "standard+mup+vector_lr_per_width"
+  assert labels.run_label(config) == "standard+mup+vector_lr_per_width"
 
 
 def test_mup_output_mult_scales_the_logits(tfds_dir):
@@ -199,7 +200,7 @@ def test_mup_trains_and_resumes(tfds_dir, tmp_path_factory):
   b = testing.restore_checkpoint(config, half.workdir)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
-  assert configlib.run_label(config) == "standard+mup"
+  assert labels.run_label(config) == "standard+mup"
 
 
 @pytest.mark.parametrize("fields, field", [
@@ -287,7 +288,7 @@ def test_depth_rule_trains_and_resumes(tfds_dir, tmp_path_factory):
   resumed = train_lib.train_and_evaluate(make_config(tfds_dir, "preset=test", **overrides),
                                          half.workdir)
   assert resumed["loss"] == full.metrics["loss"]
-  assert configlib.run_label(config) == "standard+depth_alpha0.5"
+  assert labels.run_label(config) == "standard+depth_alpha0.5"
 
 
 @pytest.mark.parametrize("fields, field", [

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from attnscale import testing
+from attnscale.config import labels
 from attnscale.experiments import results_store, stats
 from attnscale.studies import __main__ as cli
 from attnscale.studies import normalisers, normalisers_runs
@@ -89,9 +90,9 @@ def test_the_labels_are_the_sweeps_own():
   assert set(normalisers_runs.LABELS) == set(sweep_configs.NORMALISERS)
   assert normalisers_runs.BERT_LABELS == tuple(bert_small_sweeps.BERT_NORMALISERS)
   config = shakespeare_char.get_config("preset=graphcore_cpu,scaling=standard,seed=0")
-  assert normalisers_runs.normaliser_label(config.to_dict()) == "standard"
+  assert labels.of(config.to_dict()) == "standard"
   config.label = "softmax"
-  assert normalisers_runs.normaliser_label(config.to_dict()) == "softmax"
+  assert labels.of(config.to_dict()) == "softmax"
 
 
 def test_the_full_store_gives_every_table_in_order(full):

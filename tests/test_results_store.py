@@ -28,7 +28,7 @@ LINES = ('{"step": 0, "train/loss": 3.3172714710235596, "train/lr": 0.0001220703
 
 
 def _runs(tmp_path, names=("a", "b")):
-  """Two archived runs (a committed depth run's config and provenance, a metrics
+  """Two archived runs (a committed depth run's config and provenance, unlabelled; a metrics
   log with every kind of float, a binary file) in tmp_path/raw/."""
   with open(DEPTH, "rb"):  # skip cleanly below when the store is absent
     pass
@@ -40,6 +40,13 @@ def _runs(tmp_path, names=("a", "b")):
     run.mkdir(parents=True)
     for record in ("config.json", "provenance.json", "archived.json"):
       (run / record).write_bytes(open(os.path.join(source, record), "rb").read())
+    # As a sweep archived it before labels were declared (the store's label is backfilled).
+    config = json.loads((run / "config.json").read_text())
+    config.pop("label")
+    (run / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    archived = json.loads((run / "archived.json").read_text())
+    archived.pop("backfilled")
+    (run / "archived.json").write_text(json.dumps(archived))
     (run / "metrics.jsonl.gz").write_bytes(gzip.compress(LINES.encode(), mtime=0))
     (run / "blob.bin").write_bytes(bytes([0xFF, 0x00, i]))
   return folder

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from attnscale import fields, tasks
-from attnscale.config import migration, run
+from attnscale.config import labels, migration, run
 from attnscale.fields import field
 from attnscale.runtime import config_reference, configlib, packing
 from configs import shakespeare_char
@@ -87,13 +87,12 @@ def test_task_fields_are_declared_by_the_task_and_read_as_top_level():
 
 
 def test_a_sweep_declares_the_label_and_the_study_reads_it():
-  from attnscale.studies import normalisers_runs
   config = json.loads(shakespeare_char.get_config("preset=test").to_json())
   config["model"]["positions"] = "rope"
-  assert normalisers_runs.normaliser_label(config) == "standard"  # a run by hand: derived
+  assert labels.of(config) == "standard"  # a run by hand: derived
   config["label"] = "my_label"
-  assert normalisers_runs.normaliser_label(config) == "my_label"
-  assert configlib.run_label(config) == "standard"  # the attention setup, still derived
+  assert labels.of(config) == "my_label"
+  assert labels.run_label(config) == "standard"  # the attention setup, still derived
 
 
 def test_no_config_get_below_the_entry_points():

@@ -14,11 +14,10 @@ import pytest
 from flax import nnx
 
 from attnscale import models
-from attnscale.config import builders, schema
+from attnscale.config import builders, labels, schema
 from attnscale.core import scalings
 from attnscale.core.scalings import MupRule, Preset, Scaled
 from attnscale.models import ModelConfig, mup
-from attnscale.runtime import configlib
 from configs import shakespeare_char
 from tests.test_mup import losses, make_config
 
@@ -120,7 +119,7 @@ def test_config_args_and_presets_come_from_the_registration(registered):
   with pytest.raises(ValueError, match=r"gamma=2 does not apply to scaling=log_n \(it takes: s\)"):
     shakespeare_char.get_config("preset=test,scaling=log_n,gamma=2")
   config = shakespeare_char.get_config("preset=test,scaling=log_n_power,p=0.5,gamma=2")
-  assert configlib.run_label(config) == "log_n_power(gamma=2,p=0.5)"
+  assert labels.run_label(config) == "log_n_power(gamma=2,p=0.5)"
   config = shakespeare_char.get_config("preset=test,scaling=n_power,a=0.25")
   assert dict(config.model.scaling_params) == {"gamma": 1.0, "a": 0.25}
   with pytest.raises(ValueError, match=r"config_args takes keywords of \('p', 'temperature', 's', "
@@ -129,6 +128,6 @@ def test_config_args_and_presets_come_from_the_registration(registered):
   m = builders.model("test_in_unit")
   assert (m.scaling, m.variant, m.unit.scaled_loss) == ("test_preset", "unit", False)
   config = shakespeare_char.get_config("preset=test,scaling=test_in_unit")
-  assert configlib.run_label(config) == "test_in_unit"
+  assert labels.run_label(config) == "test_in_unit"
   assert scalings.presets()["unit_scaled"] == (
       "fully_scaled", Preset("unit", {"unit.attn_residual": "relative"}))

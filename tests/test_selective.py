@@ -15,8 +15,8 @@ from flax import nnx
 
 import attnscale
 from attnscale import models, testing
+from attnscale.config import labels
 from attnscale.core import scalings, selective, xla_attention
-from attnscale.runtime import configlib
 from attnscale.testing import padding_mask, random_qkv
 from configs import shakespeare_char
 
@@ -179,7 +179,7 @@ def test_unit_variant_takes_it_and_the_run_label_says_so():
   np.testing.assert_allclose(m(tokens[:, :6]), m(tokens)[:, :6], rtol=1e-5, atol=1e-5)
   config = shakespeare_char.get_config("preset=test")
   config.model.selective = True
-  assert configlib.run_label(config) == "standard+selective"
+  assert labels.run_label(config) == "standard+selective"
 
 
 def test_trains_and_evaluates(tmp_path_factory):

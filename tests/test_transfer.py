@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from attnscale import testing
-from attnscale.config import schema
+from attnscale.config import labels, schema
 from attnscale.models import ModelConfig, mup
 from attnscale.runtime import configlib, optimizers, packed, packing, train_lib
 from attnscale.runtime import train_state as ts
@@ -180,7 +180,7 @@ def test_muon_adam_lr_mult_scales_only_the_adam_branch(tfds_dir):
                                 steps[1.0]["blocks"][0]["up"]["kernel"])
   for name in ("embed", "scale"):
     np.testing.assert_allclose(steps[0.25][name], 0.25 * steps[1.0][name], rtol=1e-6)
-  assert configlib.run_label(make_config(tfds_dir, "preset=test", muon_adam_lr_mult=0.25,
+  assert labels.run_label(make_config(tfds_dir, "preset=test", muon_adam_lr_mult=0.25,
                                          **kwargs)) == "standard+muon+adam_lr0.25"
 
 
@@ -202,7 +202,7 @@ def test_muon_adam_lr_base_width_is_adams_one_over_width(tfds_dir):
   np.testing.assert_array_equal(steps[64]["blocks"][0]["up"]["kernel"],
                                 steps[0]["blocks"][0]["up"]["kernel"])
   np.testing.assert_allclose(steps[64]["embed"], 2 * steps[0]["embed"], rtol=1e-6)
-  assert configlib.run_label(make_config(tfds_dir, "preset=test", muon_adam_lr_base_width=64,
+  assert labels.run_label(make_config(tfds_dir, "preset=test", muon_adam_lr_base_width=64,
                                          **kwargs)) == "standard+muon+adam_per_width64"
 
 
@@ -232,7 +232,7 @@ def test_muon_adam_lr_mult_refusals_are_one_line(tfds_dir, overrides, match):
 def test_trains_and_resumes(tfds_dir, tmp_path_factory, arg, overrides, label):
   overrides = overrides | {"lr_schedule": "constant", "warmup_steps": 0, "log_every": 1}
   config = make_config(tfds_dir, arg, **overrides)
-  assert configlib.run_label(config) == label
+  assert labels.run_label(config) == label
   full = testing.train_tiny_run(tmp_path_factory, config=config, name="full")
   assert full.metrics["loss"] < 4.1  # from ln 65 = 4.17
   stopped = make_config(tfds_dir, arg, num_train_steps=10, **overrides)
@@ -315,5 +315,5 @@ def test_the_transfer_sweeps():
       config = shakespeare_char.get_config(point.arg)
       config.update_from_flattened_dict(dict(point.overrides))
       configlib.validate(config)
-      seen.add(configlib.run_label(config))
+      seen.add(labels.run_label(config))
     assert len(seen) == kinds, seen

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from attnscale import tasks, testing
+from attnscale.config import labels
 from attnscale.runtime import configlib, metric_keys, metrics_writer, packing, steps
 from attnscale.runtime import train_state as ts
 from configs import shakespeare_char
@@ -96,8 +97,8 @@ def test_z_loss_is_a_traced_switch_of_a_pack():
 
 
 def test_run_label_names_z_loss():
-  assert configlib.run_label(_config(z_loss=1e-4)) == "standard+z_loss0.0001"
-  assert configlib.run_label(_config()) == "standard"
+  assert labels.run_label(_config(z_loss=1e-4)) == "standard+z_loss0.0001"
+  assert labels.run_label(_config()) == "standard"
 
 
 def test_tiny_run_logs_z_loss_and_output_logits(tmp_path_factory):

@@ -9,7 +9,7 @@ The same command as `python compare.py ...` at the repository root. A folder
 without a config.json of its own is a sweep's (or any folder of runs): it stands
 for the run directories directly inside it; a committed results store
 (docs/results/<study>/runs.parquet, or one folder of it) is read as its runs. Each
-curve is labelled by its run's own config (`configlib.run_label`: the scaling and
+curve is labelled by its run's own config (`labels.run_label`: the scaling and
 the options that change attention), and runs that share a label by the config
 fields in which they differ (learning_rate=0.002, seed=1). Nothing is trained or
 evaluated: what the runs logged is what is drawn.
@@ -74,14 +74,14 @@ def _is_run(folder: str) -> bool:
 
 
 def labels(configs: list[dict]) -> list[str]:
-  """Each run's label: `configlib.run_label` of its config, and for runs that share
+  """Each run's label: `labels.run_label` of its config, and for runs that share
   one, the fields in which their configs differ (bookkeeping aside:
   `configlib.RESUMABLE_CHANGES`)."""
   import ml_collections
 
-  from attnscale.config import migration
+  from attnscale.config import labels, migration
   from attnscale.runtime import configlib
-  names = [configlib.run_label(ml_collections.ConfigDict(c)) for c in configs]
+  names = [labels.run_label(ml_collections.ConfigDict(c)) for c in configs]
   out = list(names)
   for name in set(names):
     group = [i for i, n in enumerate(names) if n == name]

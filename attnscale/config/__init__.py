@@ -8,7 +8,8 @@
                    `model`, `parse_arg`, ...), from the declared defaults
     schema.py      what the schemas share: fields as a ConfigDict, `model_config`, renames
     migration.py   a saved config.json in today's names (`migrate`)
-    labels.py      the name of a run's attention setup (`derived_label`)
+    labels.py      a run's label: the sweep's declared one, else derived (`of`,
+                   `run_label`; the derivation is `run.derived_label`)
     loggers.py     the names config.loggers takes (trackers register theirs here)
     imports.py     config.imports: the user's own modules, imported before the checks
 

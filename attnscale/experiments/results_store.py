@@ -496,19 +496,22 @@ def pack(store: str, folders: Sequence[str]) -> int:
   return len(rows)
 
 
-def set_labels(store: str, labels: dict[str, str], note: str) -> int:
+def set_labels(path: str, labels: dict[str, str], note: str) -> int:
   """Declares the label of runs archived before sweeps stored one: writes
-  `config.label` into the config.json of each run of `store` named in `labels` (its
-  directory name -> the label its sweep's point declares) that has none, and the
-  `label` column; its archived.json lists the field under "backfilled" with `note`
-  (how it was found). Returns the number of runs changed. Atomic, as `add`.
+  `config.label` into the config.json of each run of `path` (a store, or STORE/FOLDER:
+  that folder's runs only) named in `labels` (its directory name -> the label its
+  sweep's point declares) that has none, and the `label` column; its archived.json
+  lists the field under "backfilled" with `note` (how it was found). Returns the
+  number of runs changed. Atomic, as `add`.
   """
+  store, folder = split(path)
   with _Locked(store):
     rows = _read_rows(store)
     changed = 0
     for r in rows:
       config = json.loads(r["config.json"])
-      if r["run"] not in labels or config.get("label"):
+      if (folder is not None and r["folder"] != folder) or r["run"] not in labels or (
+          config.get("label")):
         continue
       config["label"] = r["label"] = labels[r["run"]]
       r["config.json"] = json.dumps(config, indent=2, sort_keys=True)
@@ -712,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   lab = sub.add_parser("label", help="write each run's label into its config.json "
                        "(config.label), from the point of the sweep that made it, for "
                        "runs archived before sweeps stored it")
-  lab.add_argument("store", help=f"X{SUFFIX}")
+  lab.add_argument("store", help=f"X{SUFFIX} (or X{SUFFIX}/FOLDER: that folder's runs)")
   lab.add_argument("--config", required=True, help="the sweep's config file "
                    "(configs/shakespeare_char.py)")
   lab.add_argument("--sweep", required=True, help="the sweep that made the runs (several, "
@@ -748,6 +751,8 @@ def main(argv: Sequence[str] | None = None) -> None:
       print(f"unpacked {n} runs into {args.dest}")
     elif args.command == "label":
       from attnscale.experiments import sweeps
+      if split(args.store)[1] is not None:
+        _selected(args.store)
       labels: dict[str, str] = {}
       for name in args.sweep.split(","):
         for point in sweeps.load_sweep(args.config, name, workdir=workdir(args.store)):

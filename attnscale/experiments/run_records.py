@@ -19,11 +19,9 @@ import os
 import shutil
 from collections.abc import Sequence
 
-import ml_collections
-
-from attnscale.config import migration
-from attnscale.runtime import configlib, metrics_writer
+from attnscale.config import labels, migration
 from attnscale.runtime import metric_keys as keys
+from attnscale.runtime import metrics_writer
 
 
 def checkpoint_steps(run_dir: str) -> list[int]:
@@ -203,6 +201,8 @@ def evaluated(run_dir: str) -> bool:
 def read_run(run_dir: str) -> dict | None:
   """One row of the results table from a run directory (None if never started).
 
+  scaling is the run's label, what its studies group it by (`labels.of`: the one
+  its sweep declared in config.label, else derived from the config);
   final_train_loss is the last logged `train/loss_last20` (Graphcore's metric:
   the mean training loss over the last 20 steps); wall_s sums every process's
   `elapsed_s` (a resumed run adds its segments). A run that stopped on a NaN
@@ -235,7 +235,7 @@ def read_run(run_dir: str) -> dict | None:
   logits = [per_layer for per_layer in logits if per_layer]
   model = config["model"]
   return {
-      "scaling": configlib.run_label(ml_collections.ConfigDict(config)),
+      "scaling": labels.of(config),
       "variant": model.get("variant", "standard"),
       "learning_rate": config["learning_rate"],
       "seed": config["seed"],

@@ -25,6 +25,8 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
+from attnscale.config import labels
+
 Labels = Mapping[str, tuple[str, dict]]  # label -> (the argument's scaling, field overrides)
 
 
@@ -133,11 +135,13 @@ def sensitivity(preset: str, labels: Labels, best: Mapping[str, int], seeds: Seq
 
 def length(preset: str, lrs: Mapping[str, float], positions: Sequence[str], lengths: str,
            seeds: Sequence[int]) -> Sweep:
-  """Each {scaling: learning rate} x positions x seed, then eval.py `lengths`.
+  """Each {scaling: learning rate} x positions x seed, then eval.py `lengths`; a run
+  declares its scaling as its label (`labels.of_argument`: "log_n(s=1)"), the
+  positions are its field.
   Seed-major: after the first seed, every (scaling, positions) has one run."""
   return Sweep(preset, lambda workdir: [
       point(preset, scaling, seed, {"learning_rate": lr, "model.positions": pos},
-            eval=[lengths, "--length=100"])
+            eval=[lengths, "--length=100"], label=labels.of_argument(scaling))
       for seed in seeds for pos in positions for scaling, lr in lrs.items()])
 
 
@@ -152,12 +156,14 @@ def length_search(preset: str, baselines: Sequence[str], laws: Sequence[str],
   its gammas finished: the other seeds at its best gamma, the lowest seeds[0]
   validation loss at length `choose_at` (eval.json's; a diverged run counts as
   worst). `choose_at` should be neither the training length nor a length the
-  study reports, so the choice is not fitted to what it is judged on.
+  study reports, so the choice is not fitted to what it is judged on. Each run
+  declares its scaling argument as its label (`labels.of_argument`:
+  "log_n_power(gamma=0.5,p=1)").
   """
   def run(scaling, seed, pos):
     return point(preset, scaling, seed, {"learning_rate": learning_rate,
                                          "model.positions": pos},
-                 eval=[lengths, "--length=100"])
+                 eval=[lengths, "--length=100"], label=labels.of_argument(scaling))
 
   def law(name, gamma):
     return f"{name},gamma={gamma:g}"
@@ -196,9 +202,10 @@ def precision(preset: str, scalings: Sequence[str], formats: Mapping[str, dict],
               seeds: Mapping[int, Sequence[str]],
               lrs: Mapping[str, float] | None = None) -> Sweep:
   """Each scaling x format ({label: overrides}) x seed ({seed: its formats}), at
-  `lrs[scaling]` (None: the preset's rate)."""
+  `lrs[scaling]` (None: the preset's rate); a run declares its scaling as its label
+  (the format is its fields)."""
   def lr(scaling):
     return {"learning_rate": lrs[scaling]} if lrs else {}
   return Sweep(preset, lambda workdir: [
-      point(preset, scaling, seed, lr(scaling) | formats[f])
+      point(preset, scaling, seed, lr(scaling) | formats[f], label=labels.of_argument(scaling))
       for seed, seed_formats in seeds.items() for scaling in scalings for f in seed_formats])

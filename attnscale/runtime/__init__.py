@@ -1,7 +1,7 @@
 """Running experiments: what train.py, eval.py, sweep.py and compile.py stand on.
 
-    configlib.py       the runtime's names for the config (attnscale/config): run_label,
-                       validate, migrate, the resume rules
+    configlib.py       the runtime's names for the config (attnscale/config): validate,
+                       mesh_shape, the resume rules
     startup.py         one start-up: the config read, task, mesh, optimizer, state shapes
     config_reference.py  docs/reference/config.md, generated from the declarations
     cli.py             the entry points' flags: one-line errors (imports no JAX)

@@ -1,4 +1,4 @@
-"""What the runtime asks of a config: its label, its checks, its mesh, its history.
+"""What the runtime asks of a config: its checks, its mesh, its resume rules.
 
 The schema itself is `attnscale.config` (each top-level field declared once in
 `RunConfig`; the builders `configs/*.py` use, `attnscale.config.builders`); this
@@ -7,12 +7,10 @@ module keeps the runtime's names for it.
 
 from __future__ import annotations
 
-import copy
-
 import ml_collections
 
-from attnscale.config import migration, validation
 from attnscale.config import run as run_config
+from attnscale.config import validation
 from attnscale.models.config import ModelConfig
 
 # Fields that may change when a run resumes (each field's kind: bookkeeping or
@@ -20,20 +18,6 @@ from attnscale.models.config import ModelConfig
 # learning rate: it is the length of the cosine decay, so changing it would change
 # the finished steps' run (`rundir.save_config`).
 RESUMABLE_CHANGES = run_config.resumable_fields()
-
-
-def run_label(config) -> str:
-  """The one name of a run's attention setup (log line, eval.json, sweep tables),
-  derived from its config (`attnscale.config.labels.derived_label`); a sweep's own
-  name for the run is its declared `config.label`.
-
-  `config`: a `RunConfig`, a ConfigDict or a config.json's dict (migrated first, so a
-  run saved before a rename keeps its label).
-  """
-  if isinstance(config, run_config.RunConfig):
-    return config.run_label
-  saved = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  return run_config.of(ml_collections.ConfigDict(migration.migrate(copy.deepcopy(saved)))).run_label
 
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int = 1) -> ModelConfig:
@@ -57,7 +41,7 @@ _MOVED = {
                      "check_choice", "check_positive", "model", "model_fields", "parse_arg",
                      "schema_default", "schema_fields"), "builders"),
     **dict.fromkeys(("import_files", "import_modules"), "imports"),
-    "flat_diff": "migration", "migrate": "migration",
+    "flat_diff": "migration", "migrate": "migration", "run_label": "labels",
     **dict.fromkeys(("RENAMED_FIELD_VALUES", "RENAMED_FIELDS", "model_config", "value_hint"),
                     "schema"),
 }

@@ -30,11 +30,13 @@ step). Writes:
 
 Labels are the sweep's: the post-LN encoder (BERT's) under its scaling's name,
 `standard_pre` the pre-LN one, `unit_scaled` the unit-scaled, residual-weighted
-model (pre-LN). A run's own label (`configlib.run_label`) marks post-LN "+post_ln".
+model (pre-LN), each declared by the sweep in the run's config.label. A run's derived
+label (`labels.run_label`) marks post-LN "+post_ln".
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -64,7 +66,8 @@ CHAR_RESULTS = os.path.join("docs", "results", "practice", "results.csv")
 
 
 def bert_label(row: Mapping) -> str:
-  """The sweep's label of a run row: 'cosine+post_ln' -> 'cosine', a pre-LN
+  """The sweep's label of a run row that declares none (made before sweeps declared
+  labels), from its derived one: 'cosine+post_ln' -> 'cosine', a pre-LN
   standard-variant run 'standard' -> 'standard_pre', 'unit_scaled' as it is."""
   label = row["scaling"]
   if row.get("variant", "standard") != "standard":
@@ -73,9 +76,15 @@ def bert_label(row: Mapping) -> str:
 
 
 def read_rows(workdir: str) -> list[dict]:
-  """The sweep's started runs, `scaling` replaced by the sweep's label."""
-  return [dict(r, scaling=bert_label(r)) for r in sweeps.collect(workdir)
-          if r["status"] != "new"]
+  """The sweep's started runs, `scaling` the sweep's label: the one each run declares
+  (config.label: every committed run), else `bert_label`."""
+  rows = []
+  for r in sweeps.collect(workdir):
+    if r["status"] != "new":
+      with open(os.path.join(workdir, r["run"], "config.json")) as f:
+        declared = json.load(f).get("label")
+      rows.append(dict(r, scaling=declared or bert_label(r)))
+  return rows
 
 
 def at_best(rows: Sequence[dict], workdir: str, evaluate: bool = True) -> dict[str, dict]:

@@ -99,8 +99,8 @@ def trained_pool(workdir: str, *, layer: int, head: int, max_n: int):
   import jax  # imported here: the synthetic part needs no JAX
 
   from attnscale import tasks
+  from attnscale.config import labels
   from attnscale.evaluation import eval_lib
-  from attnscale.runtime import configlib
 
   config = eval_lib.load_config(workdir)
   task = tasks.get_task(config)
@@ -120,7 +120,7 @@ def trained_pool(workdir: str, *, layer: int, head: int, max_n: int):
   d = q.shape[-1]
   q_norm, k_rms = np.linalg.norm(q, axis=-1), math.sqrt(np.mean(np.sum(k * k, axis=-1)))
   beta_model = q_norm * k_rms / math.sqrt(d)
-  info = {"run": configlib.run_label(config), "step": int(step), "layer": layer, "head": head,
+  info = {"run": labels.run_label(config), "step": int(step), "layer": layer, "head": head,
           "d": d, "pool": len(k), "beta_model_median": float(np.median(beta_model)),
           "beta_model_q25": float(np.quantile(beta_model, 0.25)),
           "beta_model_q75": float(np.quantile(beta_model, 0.75)),

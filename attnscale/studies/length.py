@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from attnscale.config import migration
+from attnscale.config import labels, migration
 from attnscale.evaluation.length_eval import position_bins
 from attnscale.experiments import (
   reporting,
@@ -44,7 +44,8 @@ class RunLengths:
 
   Attributes:
     workdir: the run directory.
-    scaling: `configlib.run_label` of the run ("unit_scaled" for the unit model).
+    scaling: the run's label (`attnscale.config.labels.of`: its sweep's, else derived;
+      "unit_scaled" for the unit model).
     positions: model.positions.
     seed: config.seed.
     train_len: config.seq_len, the training window.
@@ -92,7 +93,7 @@ def read_run(workdir: str) -> RunLengths:
     config = migration.migrate(json.load(f))
   # A test's hand-written run has no rate and no metrics: its rate reads NaN.
   record = (run_records.read_run(workdir) if "learning_rate" in config else None) or {}
-  return RunLengths(workdir, result["scaling"], config["model"].get("positions", "learned"),
+  return RunLengths(workdir, labels.of(config), config["model"].get("positions", "learned"),
                     int(config["seed"]), int(config["seq_len"]),
                     {int(k): v for k, v in result["lengths"].items()},
                     float(config.get("learning_rate", math.nan)),

@@ -11,11 +11,10 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-import ml_collections
 import numpy as np
 
+from attnscale.config import labels
 from attnscale.experiments import run_records, stats, sweep_results, sweeps, verdicts
-from attnscale.runtime import configlib
 from attnscale.studies import sensitivity as sensitivity_study
 
 REFERENCE = "softmax"
@@ -42,14 +41,6 @@ SOFTMAX_FAMILY = tuple(k for k in LABELS
 BERT_LABELS = tuple(sweeps.declared("bert_small.py", "BERT_NORMALISERS"))
 
 
-def normaliser_label(config: Mapping) -> str:
-  """A run's label: its sweep's (`config.label`); a run made by hand has none and
-  keeps its `configlib.run_label`, never averaged into a sweep's label."""
-  if config.get("label"):
-    return config["label"]
-  return configlib.run_label(ml_collections.ConfigDict(dict(config)))
-
-
 def order(labels) -> list[str]:
   """The labels in the tables' order: the sweep's (`LABELS`), then any other, sorted."""
   present = set(labels)
@@ -64,7 +55,7 @@ def read_rows(workdir: str) -> list[dict]:
   label, width (what `transfer_sensitivity` groups by: one here), training length and
   its eval.json (None until eval.py has evaluated its last step), in table order."""
   rows = sensitivity_study.read_rows(workdir, lambda config: {
-      "label": normaliser_label(config), "width": config["model"]["width"],
+      "label": labels.of(config), "width": config["model"]["width"],
       "train_len": config["seq_len"]})
   for row in rows:
     run = os.path.join(workdir, row["run"])

@@ -34,7 +34,8 @@ class RunDiagnostics:
 
   Attributes:
     workdir: the run directory.
-    scaling: the run's attention label (`configlib.run_label`, eval.json's "scaling").
+    scaling: the run's label (`attnscale.config.labels.of`: its sweep's, else its
+      attention setup's, eval.json's "scaling").
     step: the checkpoint step the statistics come from.
     layers: per layer, {"output_std", "entropy", "max_logit", "sink_rate", "heads"}
       (eval.json's; runs evaluated before sink_rate and heads existed lack them).
@@ -66,18 +67,28 @@ def run_diagnostics(workdir: str, *, recompute: bool = False) -> RunDiagnostics:
   if not recompute and os.path.exists(path):
     with open(path) as f:
       result = json.load(f)
-    return RunDiagnostics(workdir, result["scaling"], int(result["step"]),
+    return RunDiagnostics(workdir, _label(workdir, result["scaling"]), int(result["step"]),
                           result["attention"], "eval.json")
   # Imported here: the synthetic studies need neither orbax nor the data sets.
   from attnscale import tasks
+  from attnscale.config import labels
   from attnscale.evaluation import diagnostics, eval_lib
-  from attnscale.runtime import configlib
 
   config = eval_lib.load_config(workdir)
   task = tasks.get_task(config)
   model, step, _ = eval_lib.restore(config, workdir)
   layers = diagnostics.task_attention_stats(model, task)  # exactly eval.py's
-  return RunDiagnostics(workdir, configlib.run_label(config), int(step), layers, "checkpoint")
+  return RunDiagnostics(workdir, _label(workdir, labels.run_label(config)), int(step), layers,
+                        "checkpoint")
+
+
+def _label(workdir: str, derived: str) -> str:
+  """The run's declared label (config.label) where its sweep gave one, else `derived`."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):  # a hand-written eval.json
+    return derived
+  with open(path) as f:
+    return json.load(f).get("label") or derived
 
 
 @dataclasses.dataclass(frozen=True)

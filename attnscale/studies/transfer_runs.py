@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from attnscale.config import labels
 from attnscale.experiments import reporting, stats
-from attnscale.runtime import configlib
 from attnscale.studies import sensitivity as sensitivity_study
 
 # The sweep's labels (configs/shakespeare_char_sweeps.py TRANSFER_LABELS), in its order.
@@ -40,7 +40,7 @@ def transfer_label(config: Mapping) -> str:
   "constant" "_vector_lr_<value>"; Muon's AdamW branch at a rate of its own appends
   "_adam_lr<m>" (muon_adam_lr_mult) and "_adam_per_width<B>" (muon_adam_lr_base_width).
   Adam and AdamW are "adam" (the sweep's Adam is AdamW with decay 0).
-  A run with anything else that changes attention (its `configlib.run_label` says
+  A run with anything else that changes attention (its `labels.run_label` says
   more than these fields do) keeps its run_label: never averaged into a sweep label.
   """
   import ml_collections
@@ -56,7 +56,7 @@ def transfer_label(config: Mapping) -> str:
     label = ("umup" if (scaling, residual) == ("umup", "rule") else
              f"umup_{scaling}_{residual}") + ("_muon" if optimizer == "muon" else "")
   else:  # the attention's run_label: the scaling, or "unit_scaled" for Graphcore's model
-    name = configlib.run_label(ml_collections.ConfigDict({"model": attention}))
+    name = labels.run_label(ml_collections.ConfigDict({"model": attention}))
     label = f"{param}_{optimizer}_{name}"
   if clip:
     label = label.removesuffix("_standard") + ("_qk_clip" if clip == QK_CLIP
@@ -76,8 +76,8 @@ def transfer_label(config: Mapping) -> str:
   known = {"model": attention | {"parameterization": param} | mults, "qk_clip": clip,
            "optimizer": config.get("optimizer"), "muon_adam_lr_mult": adam_mult,
            "muon_adam_lr_base_width": base_width}
-  full = configlib.run_label(ml_collections.ConfigDict(config))
-  return label if full == configlib.run_label(ml_collections.ConfigDict(known)) else full
+  full = labels.run_label(ml_collections.ConfigDict(config))
+  return label if full == labels.run_label(ml_collections.ConfigDict(known)) else full
 
 
 def read_rows(workdir: str) -> list[dict]:
