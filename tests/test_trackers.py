@@ -19,6 +19,7 @@ import threading
 import pytest
 
 from attnscale import testing
+from attnscale.config import loggers
 from attnscale.runtime import configlib, packing, trackers
 from configs import shakespeare_char
 
@@ -36,14 +37,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ])
 def test_bad_loggers_fail_in_one_line(value, words):
   with pytest.raises(ValueError) as e:
-    trackers.parse(value)
+    loggers.parse(value)
   message = str(e.value)
   assert "\n" not in message and all(w in message for w in words), message
 
 
 def test_validate_checks_loggers():
   config = shakespeare_char.get_config("preset=test")
-  assert trackers.parse(config.loggers) == ("tensorboard", "jsonl")  # today's default
+  assert loggers.parse(config.loggers) == ("tensorboard", "jsonl")  # today's default
   config.loggers = "jsonl,nope"
   with pytest.raises(ValueError, match="config.loggers"):
     configlib.validate(config)
@@ -99,7 +100,7 @@ def test_sink_never_waits_for_a_tracker_and_keeps_its_id(tmp_path):
   (workdir / "provenance.json").write_text(json.dumps([{"commit": "old"}, {"commit": "new"}]))
   Recorder.release.clear()
   Recorder.runs.clear()
-  sink = trackers.Sink(str(workdir), trackers.parse("jsonl,recorder"))
+  sink = trackers.Sink(str(workdir), loggers.parse("jsonl,recorder"))
   for step in range(1, 101):  # all queued while the tracker is still starting
     sink.log(step, {"train/loss": 1.0 / step, "heads": [step, -step]})
   assert not Recorder.runs

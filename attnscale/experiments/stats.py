@@ -37,7 +37,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from attnscale.experiments.student_t import incomplete_beta, t_quantile, t_tail  # noqa: F401
+from attnscale.experiments.student_t import t_quantile, t_tail
 
 LEVEL = 0.95  # every interval and verdict: two-sided 95%
 # Nats: the near-best margin where there are not yet the seeds to measure noise.

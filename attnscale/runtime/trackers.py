@@ -54,7 +54,7 @@ from typing import Any
 
 # The names config.loggers takes are the config's (attnscale/config/loggers.py): a
 # tracker registers its class under its name there, and the sink starts it from there.
-from attnscale.config.loggers import BUILTIN, DEFAULT, names, parse, register  # noqa: F401
+from attnscale.config.loggers import BUILTIN, register
 from attnscale.config.loggers import registered as _registered
 
 IDS_FILE = "tracker_ids.json"
