@@ -77,11 +77,9 @@ def labels(configs: list[dict]) -> list[str]:
   """Each run's label: `labels.run_label` of its config, and for runs that share
   one, the fields in which their configs differ (bookkeeping aside:
   `configlib.RESUMABLE_CHANGES`)."""
-  import ml_collections
-
   from attnscale.config import labels, migration
   from attnscale.runtime import configlib
-  names = [labels.run_label(ml_collections.ConfigDict(c)) for c in configs]
+  names = [labels.run_label(c) for c in configs]
   out = list(names)
   for name in set(names):
     group = [i for i, n in enumerate(names) if n == name]

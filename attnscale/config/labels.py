@@ -17,10 +17,6 @@ from attnscale.config import migration
 from attnscale.config import run as run_config
 
 
-def _number(v) -> str:
-  return f"{v:g}" if isinstance(v, (int, float)) else f"{v}"
-
-
 def of(config: Mapping) -> str:
   """A run's label in its studies, from its config (a config.json's dict, a
   ConfigDict): the label its sweep declared (`config.label`); a run without one, its
@@ -49,4 +45,4 @@ def of_argument(scaling: str) -> str:
   if not params:
     return name
   pairs = sorted(kv.split("=", 1) for kv in params)
-  return name + "(" + ",".join(f"{k}={_number(float(v))}" for k, v in pairs) + ")"
+  return name + "(" + ",".join(f"{k}={float(v):g}" for k, v in pairs) + ")"

@@ -160,7 +160,8 @@ class MetricsWriter:
       drop_rows_after(jsonl_path, resume_step)
       if glob.glob(os.path.join(tb_dir, "events.out.tfevents.*")):
         purge_step = resume_step + 1
-    # `loggers`: config.loggers as `attnscale.config.loggers.parse` gives it (the default: no tracker).
+    # `loggers`: config.loggers as `attnscale.config.loggers.parse` gives it (the
+    # default: no tracker).
     self.trackers = trackers.Sink(workdir, loggers)
     # events.out.tfevents.<unix time>.<host>.<pid>: a rerun within the same second
     # gets its own file (the time and host alone would name the killed run's).

@@ -78,12 +78,12 @@ def run_diagnostics(workdir: str, *, recompute: bool = False) -> RunDiagnostics:
   task = tasks.get_task(config)
   model, step, _ = eval_lib.restore(config, workdir)
   layers = diagnostics.task_attention_stats(model, task)  # exactly eval.py's
-  return RunDiagnostics(workdir, _label(workdir, labels.run_label(config)), int(step), layers,
-                        "checkpoint")
+  return RunDiagnostics(workdir, labels.of(config), int(step), layers, "checkpoint")
 
 
 def _label(workdir: str, derived: str) -> str:
-  """The run's declared label (config.label) where its sweep gave one, else `derived`."""
+  """The run's declared label (config.label) where its sweep gave one, else `derived`
+  (eval.json's, the run's attention setup)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):  # a hand-written eval.json
     return derived

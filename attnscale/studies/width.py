@@ -48,12 +48,10 @@ AXES = {"width": "width", "depth": "num_layers"}
 def width_label(config: dict) -> str:
   """The study's label of a run: the one its sweep declared (config.label), else its
   parameterisation and attention setup ("sp/standard", "mup", "unit_scaled")."""
-  import ml_collections
-
   from attnscale.config import labels
   if config.get("label"):
     return config["label"]
-  label = labels.run_label(ml_collections.ConfigDict(config))
+  label = labels.run_label(config)
   model = config["model"]
   if model.get("parameterization", "sp") == "mup":  # run_label ends "+mup"
     return "mup" if label == "standard+mup" else label
